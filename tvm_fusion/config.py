@@ -1,0 +1,151 @@
+"""Pipeline config: one TOML file per target in configs/, validated into a dataclass.
+
+Every mistake in a config file is reported with the file, the key and the allowed values,
+because a silently ignored typo would compile a different pipeline than the user asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "x86_64-host.toml"
+
+TARGET_KINDS = ("llvm", "cuda")
+TARGET_KEYS = ("kind", "mcpu", "mtriple", "mattr", "num-cores", "arch", "host")
+SCHEDULE_MODES = ("default", "none")
+SECTIONS = {
+    "target": TARGET_KEYS,
+    "pipeline": ("patterns", "schedule"),
+    "verify": ("rtol", "atol", "seed"),
+    "runtime": ("threads",),
+    "inputs": None,  # free-form: dynamic dim name -> size
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """A validated pipeline config; ``target`` is a TVM target JSON dict with host values resolved."""
+
+    name: str
+    path: str
+    target: dict[str, Any]
+    patterns: tuple[str, ...]
+    schedule: str = "default"
+    rtol: float = 1e-4
+    atol: float = 1e-4
+    seed: int = 0
+    threads: int = 1
+    dim_defaults: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def tvm_target(self):
+        import tvm
+
+        target = dict(self.target)
+        host = target.pop("host", None)
+        return tvm.target.Target(target, host=host) if host else tvm.target.Target(target)
+
+
+def host_cpu_name() -> str:
+    """The LLVM CPU name of this machine: without it LLVM emits generic x86-64 (no AVX-512)."""
+    import tvm
+
+    return str(tvm.target.Target.from_device(tvm.cpu()).attrs["mcpu"])
+
+
+def host_core_count() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def load_config(path: str | os.PathLike | None = None) -> PipelineConfig:
+    """Read and validate a config file; ``None`` means the bundled host config."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist",
+                          "pass an existing file with --config, e.g. configs/x86_64-host.toml")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}", "fix the syntax of the file") from err
+    return parse_config(raw, name=path.stem, path=str(path))
+
+
+def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> PipelineConfig:
+    """Validate a parsed TOML document; every error names the file, the key and what is allowed."""
+    from .patterns import registered_patterns
+
+    def fail(key: str, problem: str, allowed: str) -> ConfigError:
+        return ConfigError(f"{path}: key '{key}' {problem}", f"allowed: {allowed}")
+
+    for section, value in raw.items():
+        if section not in SECTIONS:
+            raise fail(section, "is not a known section", ", ".join(SECTIONS))
+        if not isinstance(value, dict):
+            raise fail(section, "must be a table ([section])", ", ".join(SECTIONS))
+        allowed = SECTIONS[section]
+        for key in value:
+            if allowed is not None and key not in allowed:
+                raise fail(f"{section}.{key}", "is not a known key", ", ".join(allowed))
+
+    target = dict(raw.get("target", {"kind": "llvm", "mcpu": "host", "num-cores": "host"}))
+    kind = target.get("kind")
+    if kind not in TARGET_KINDS:
+        raise fail("target.kind", f"has value {kind!r}", ", ".join(TARGET_KINDS))
+    if target.get("mcpu") == "host":
+        target["mcpu"] = host_cpu_name()
+    if target.get("num-cores") == "host":
+        target["num-cores"] = host_core_count()
+    cores = target.get("num-cores", 1)
+    if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1:
+        raise fail("target.num-cores", f"has value {cores!r}", "a positive integer or \"host\"")
+    if "mattr" in target and not (isinstance(target["mattr"], list)
+                                  and all(isinstance(a, str) for a in target["mattr"])):
+        raise fail("target.mattr", f"has value {target['mattr']!r}", 'a list of strings like ["+avx2"]')
+    if kind == "cuda" and "arch" not in target:
+        raise fail("target.arch", "is missing for a cuda target", 'an arch like "sm_80" or "sm_90"')
+
+    pipeline = raw.get("pipeline", {})
+    known = registered_patterns()
+    patterns = pipeline.get("patterns", list(known))
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise fail("pipeline.patterns", f"has value {patterns!r}", "a list of pattern names")
+    for pattern in patterns:
+        if pattern not in known:
+            raise fail("pipeline.patterns", f"names unknown pattern {pattern!r}", ", ".join(known))
+    if len(set(patterns)) != len(patterns):
+        raise fail("pipeline.patterns", "lists a pattern twice", "each pattern at most once")
+    schedule = pipeline.get("schedule", "default")
+    if schedule not in SCHEDULE_MODES:
+        raise fail("pipeline.schedule", f"has value {schedule!r}", ", ".join(SCHEDULE_MODES))
+
+    verify = raw.get("verify", {})
+    tolerances = {}
+    for key in ("rtol", "atol"):
+        value = verify.get(key, 1e-4)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise fail(f"verify.{key}", f"has value {value!r}", "a non-negative number such as 1e-4")
+        tolerances[key] = float(value)
+    seed = verify.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise fail("verify.seed", f"has value {seed!r}", "an integer")
+
+    threads = raw.get("runtime", {}).get("threads", 0)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise fail("runtime.threads", f"has value {threads!r}", "0 (= target num-cores) or a positive integer")
+
+    dims = raw.get("inputs", {})
+    for dim, size in dims.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise fail(f"inputs.{dim}", f"has value {size!r}", "a positive integer size for that dynamic dim")
+
+    return PipelineConfig(
+        name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule,
+        rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
+        threads=threads or cores, dim_defaults=dict(dims))

@@ -1,0 +1,44 @@
+"""Artifacts out: ``build/<model>.<target>/`` with the library and its metadata, atomically.
+
+The directory is assembled under a temporary name beside the final one and renamed into place,
+so an interrupted or failed export never leaves a half-written artifact, and a previous
+artifact of the same name stays intact until the new one is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .runtime import LIBRARY_NAME, METADATA_NAME, sha256_of
+
+
+def artifact_dir(output_dir: str | os.PathLike, model_name: str, target_name: str) -> Path:
+    return Path(output_dir) / f"{model_name}.{target_name}"
+
+
+def write_artifact(executable, metadata: dict, final_dir: Path) -> Path:
+    """Export ``executable`` and ``metadata`` into ``final_dir``, replacing it only when complete."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = final_dir.with_name(f".{final_dir.name}.tmp-{os.getpid()}")
+    retired = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        library = staging / LIBRARY_NAME
+        executable.export_library(str(library))
+        metadata = {**metadata, "library": LIBRARY_NAME, "library_sha256": sha256_of(library)}
+        (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+        if final_dir.exists():
+            final_dir.rename(retired)
+        staging.rename(final_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if retired.exists() and not final_dir.exists():
+            retired.rename(final_dir)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+    return final_dir

@@ -1,0 +1,1 @@
+"""Model frontends (ONNX for now)."""

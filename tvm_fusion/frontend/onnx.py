@@ -1,0 +1,204 @@
+"""ONNX in: load and check, bind dynamic dims, simplify, import into Relax.
+
+Real exporter graphs compute reshape targets with Shape -> Gather -> Concat subgraphs that
+TVM 0.27's importer cannot turn into shape expressions. Once every input dim is bound, those
+subgraphs are constant, so we let onnxslim fold them at the ONNX level before import. The
+original model is kept untouched as the reference for verification.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..errors import ModelError, ShapeError
+
+ONNX_DTYPES = {
+    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+def load_onnx(path: str | Path) -> onnx.ModelProto:
+    """Load and check a model file; anything that is not a valid ONNX model is a ModelError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"model file {path} does not exist", "check the path")
+    try:
+        model = onnx.load(str(path))
+    except Exception as err:  # protobuf raises DecodeError, truncated files raise others
+        raise ModelError(f"{path} is not an ONNX model: {err}",
+                         "pass a .onnx file written by an ONNX exporter") from err
+    if not model.graph.node:
+        raise ModelError(f"{path} is not an ONNX model: it has no graph nodes",
+                         "pass a .onnx file written by an ONNX exporter")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        first_line = str(err).strip().splitlines()[0]
+        raise ModelError(f"{path} is not a valid ONNX model: {first_line}",
+                         "re-export the model; onnx.checker.check_model must pass") from err
+    return model
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The real inputs: graph inputs that are not initializers (old exporters list both)."""
+    initializers = {init.name for init in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in initializers]
+
+
+def parse_shape_flag(flag: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``name:1x3x224x224`` (``,`` also accepted between dims)."""
+    match = re.fullmatch(r"(.+):(\d+(?:[x,]\d+)*)", flag.strip())
+    if not match:
+        raise ShapeError(f"cannot parse --input-shape {flag!r}",
+                         "write it as NAME:DIMxDIM..., e.g. input_ids:1x128")
+    return match.group(1), tuple(int(d) for d in re.split(r"[x,]", match.group(2)))
+
+
+def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None,
+                      dim_defaults: dict[str, int] | None = None) -> list[TensorSpec]:
+    """Give every input a static shape: explicit shapes first, then config defaults by dim name."""
+    shapes = dict(shapes or {})
+    dim_defaults = dim_defaults or {}
+    inputs = graph_inputs(model)
+    names = [value.name for value in inputs]
+    for name in shapes:
+        if name not in names:
+            raise ShapeError(f"--input-shape names {name!r}, which is not an input of the model",
+                             f"the model's inputs are: {', '.join(names)}")
+    specs = []
+    for value in inputs:
+        tensor_type = value.type.tensor_type
+        dtype = ONNX_DTYPES.get(tensor_type.elem_type)
+        if dtype is None:
+            raise ModelError(f"input {value.name!r} has unsupported element type "
+                             f"{onnx.TensorProto.DataType.Name(tensor_type.elem_type)}",
+                             f"supported: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
+        dims = tensor_type.shape.dim
+        if value.name in shapes:
+            given = shapes[value.name]
+            if len(given) != len(dims):
+                raise ShapeError(f"input {value.name!r} has rank {len(dims)} but --input-shape gives "
+                                 f"{len(given)} dims {given}", f"give {len(dims)} dims")
+            for axis, (dim, size) in enumerate(zip(dims, given)):
+                if dim.HasField("dim_value") and dim.dim_value != size:
+                    raise ShapeError(f"input {value.name!r} dim {axis} is fixed to {dim.dim_value} "
+                                     f"in the model, but --input-shape gives {size}",
+                                     f"use {dim.dim_value} for that dim")
+            specs.append(TensorSpec(value.name, tuple(given), dtype))
+            continue
+        shape = []
+        for axis, dim in enumerate(dims):
+            if dim.HasField("dim_value"):
+                shape.append(dim.dim_value)
+            elif dim.dim_param and dim.dim_param in dim_defaults:
+                shape.append(dim_defaults[dim.dim_param])
+            else:
+                label = f" ({dim.dim_param!r})" if dim.dim_param else ""
+                example = "x".join(str(d.dim_value) if d.HasField("dim_value") else "N" for d in dims)
+                raise ShapeError(
+                    f"input {value.name!r} dim {axis}{label} is dynamic and unbound",
+                    f"pass --input-shape {value.name}:{example} (N = the size you deploy with)"
+                    + (f", or set {dim.dim_param} = N under [inputs] in the config" if dim.dim_param else ""))
+        specs.append(TensorSpec(value.name, tuple(shape), dtype))
+    return specs
+
+
+def output_specs(model: onnx.ModelProto) -> list[str]:
+    return [value.name for value in model.graph.output]
+
+
+def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
+    """Fold shape subgraphs with onnxslim at the bound shapes; our fusions stay ours."""
+    import onnxslim
+    from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
+
+    try:
+        return onnxslim.slim(
+            model,
+            input_shapes=[f"{spec.name}:{','.join(map(str, spec.shape))}" for spec in inputs],
+            # onnxslim's own fusions (MatMul+Add -> Gemm, Conv+BN, ...) would pre-empt ours.
+            skip_fusion_patterns=[p for p in DEFAULT_FUSION_PATTERNS if p.startswith("Fusion")],
+        )
+    except Exception as err:
+        raise ModelError(f"simplifying the model at shapes "
+                         f"{', '.join(f'{s.name}:{s.shape}' for s in inputs)} failed: {err}",
+                         "check that the input shapes are ones the model accepts") from err
+
+
+def unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """Op type -> node names, for every node TVM's ONNX importer has no converter for."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    supported = _get_convert_map()
+    missing: dict[str, list[str]] = collections.defaultdict(list)
+    for index, node in enumerate(model.graph.node):
+        if node.op_type not in supported or node.domain not in ("", "ai.onnx"):
+            missing[node.op_type].append(node.name or f"#{index}")
+    return dict(missing)
+
+
+def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):
+    """Import a simplified model into a Relax IRModule with static input shapes."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    missing = unsupported_ops(model)
+    if missing:
+        listing = "; ".join(f"{op} (nodes: {', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''})"
+                            for op, nodes in sorted(missing.items()))
+        raise ModelError(f"the model uses ONNX ops TVM cannot import: {listing}",
+                         "replace these ops in the exporter (or export at another opset)")
+    try:
+        return from_onnx(model, shape_dict={s.name: list(s.shape) for s in inputs},
+                         dtype_dict={s.name: s.dtype for s in inputs})
+    except Exception as err:
+        message = str(err).strip().splitlines()
+        raise ModelError(f"TVM's ONNX importer failed: {message[-1] if message else type(err).__name__}",
+                         "report the model; check that the input shapes are right") from err
+
+
+def random_inputs(model: onnx.ModelProto, inputs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:
+    """Seeded inputs that are valid for the model: indices stay inside the table they index."""
+    rng = np.random.default_rng(seed)
+    index_limits = _gather_index_limits(model)
+    values = {}
+    for spec in inputs:
+        if spec.dtype.startswith("float"):
+            values[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        elif spec.dtype == "bool":
+            values[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
+        else:
+            high = index_limits.get(spec.name, 2)
+            values[spec.name] = rng.integers(0, high, spec.shape).astype(spec.dtype)
+    return values
+
+
+def _gather_index_limits(model: onnx.ModelProto) -> dict[str, int]:
+    """Input name -> number of rows of the initializer it gathers from (token ids, positions)."""
+    rows = {init.name: init.dims[0] for init in model.graph.initializer if init.dims}
+    limits = {}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in rows:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if axis == 0:
+                limits[node.input[1]] = min(limits.get(node.input[1], rows[node.input[0]]),
+                                            rows[node.input[0]])
+    return limits

@@ -1,0 +1,79 @@
+"""FusePatterns: group each matched chain into a composite that FuseTIR makes one kernel."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from ..patterns.base import FusionRule, NearMiss, PatternReport, binding_name
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.FusePatterns")
+class FusePatterns:
+    """FuseOpsByPattern over our rules, recording which fired and why the others declined."""
+
+    def __init__(self, rules: list[FusionRule], report: PatternReport):
+        self.rules = rules
+        self.report = report
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        declined: dict[str, NearMiss] = {}
+        patterns = [
+            relax.transform.FusionPattern(f"{rule.name}.{variant}", root, annotations,
+                                          self._check(rule, declined))
+            for rule in self.rules
+            for variant, root, annotations in rule.variants()
+        ]
+        # Weights are constants; binding them into the composite would stop FuseTIR
+        # ("Tensor constants are not supported in primitive functions").
+        mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
+                                               annotate_codegen=False)(mod)
+        for composite in composite_calls(mod):
+            self.report.fired[composite.split(".")[0]] += 1
+            self.report.fired[composite] += 1
+        still_unfused = unfused_anchor_names(mod)
+        for anchor, miss in declined.items():
+            if anchor in still_unfused:
+                self.report.add_near_miss(miss)
+        return mod
+
+    @staticmethod
+    def _check(rule: FusionRule, declined: dict[str, NearMiss]):
+        def check(context: relax.transform.PatternCheckContext) -> bool:
+            reason = rule.check(context)
+            if reason is None:
+                return True
+            anchor = binding_name(context, rule.anchor(context))
+            declined.setdefault(anchor, NearMiss(rule.name, f"at {anchor}", reason))
+            return False
+
+        return check
+
+
+def composite_calls(mod: tvm.IRModule) -> list[str]:
+    """The Composite name of every call site of a fused composite in the module's Relax code."""
+    composites = {gvar: func.attrs["Composite"] for gvar, func in mod.functions_items()
+                  if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs}
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op in composites:
+            found.append(str(composites[expr.op]))
+
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function) and gvar not in composites:
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def unfused_anchor_names(mod: tvm.IRModule) -> set[str]:
+    """Names of the variables still bound to a plain op call outside any composite."""
+    names = set()
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or (func.attrs and "Composite" in func.attrs):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding.value, relax.Call) and isinstance(binding.value.op, tvm.ir.Op):
+                    names.add(binding.var.name)
+    return names

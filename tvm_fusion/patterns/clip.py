@@ -1,0 +1,42 @@
+"""ONNX Clip as TVM's importer emits it -> ``R.clip``.
+
+The importer lowers Clip(x, lo, hi) straight to two TE kernels, ``call_tir(maximum, (x, lo))``
+then ``call_tir(minimum, (., hi))``, which no Relax-level fusion can see through. With constant
+bounds (after FoldConstant) this is exactly ``R.clip(x, lo, hi)`` (Relu6 when lo=0, hi=6).
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
+
+from .base import RewriteRule, dtype_of, scalar_constant
+
+
+class Clip(RewriteRule):
+    name = "clip"
+    description = "call_tir(minimum, call_tir(maximum, x, lo), hi) with constant bounds -> clip"
+
+    def variants(self):
+        x, lo, hi, maximum, minimum = wildcard(), is_const(), is_const(), wildcard(), wildcard()
+        lower = is_op("relax.call_tir")(maximum, is_tuple([x, lo]))
+        root = is_op("relax.call_tir")(minimum, is_tuple([lower, hi]))
+        return [(root, {"x": x, "lo": lo, "hi": hi, "maximum": maximum, "minimum": minimum})]
+
+    def check(self, matched):
+        for role in ("maximum", "minimum"):
+            name = getattr(matched[role], "name_hint", "")
+            if not name.startswith(role):
+                return f"kernel {name!r} is not the importer's {role}"
+        if dtype_of(matched["x"]) not in ("float32", "float16", "bfloat16"):
+            return f"dtype {dtype_of(matched['x'])} is not a float type"
+        lo, hi = scalar_constant(matched["lo"]), scalar_constant(matched["hi"])
+        if lo is None or hi is None:
+            return "clip bounds are not scalar constants"
+        if lo > hi:
+            return f"lower bound {lo} is above upper bound {hi}"
+        return None
+
+    def rewrite(self, matched):
+        lo, hi = scalar_constant(matched["lo"]), scalar_constant(matched["hi"])
+        return relax.op.clip(matched["x"], relax.PrimValue(lo), relax.PrimValue(hi))

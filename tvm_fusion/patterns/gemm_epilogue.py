@@ -1,0 +1,89 @@
+"""GEMM epilogue: MatMul/Gemm + bias + activation + residual Add as one kernel.
+
+Each step after the matmul is elementwise, so unfused it is a full memory round trip of the
+output; fused, the epilogue runs on the output tile while it is still in registers/cache.
+Variants are generated from three choices (bias, activation, residual), longest first so the
+biggest chain that passes the check wins.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, wildcard
+
+from .base import FusionRule, dtype_of, static_shape
+
+ACTIVATIONS = {
+    "relu": lambda x: is_op("relax.nn.relu")(x),
+    "gelu": lambda x: is_op("relax.nn.gelu")(x),
+    "gelu_tanh": lambda x: is_op("relax.nn.gelu_tanh")(x),
+    "sigmoid": lambda x: is_op("relax.sigmoid")(x),
+    "silu": lambda x: is_op("relax.nn.silu")(x),
+    "clip": lambda x: is_op("relax.clip")(x, wildcard(), wildcard()),
+}
+FLOAT_TYPES = ("float32", "float16", "bfloat16")
+
+
+def gemm_epilogue_pattern(bias: bool, activation: str | None, residual: bool):
+    """The pattern ``[residual +] act(matmul(lhs, rhs) [+ bias])`` and its annotations."""
+    lhs, rhs = wildcard(), wildcard()
+    matmul = is_op("relax.matmul")(lhs, rhs)
+    annotations = {"lhs": lhs, "rhs": rhs, "matmul": matmul}
+    out = matmul
+    if bias:
+        annotations["bias"] = wildcard()
+        out = annotations["bias_add"] = is_op("relax.add")(out, annotations["bias"])
+    if activation:
+        out = annotations["activation"] = ACTIVATIONS[activation](out)
+    if residual:
+        annotations["residual"] = wildcard()
+        out = annotations["residual_add"] = is_op("relax.add")(out, annotations["residual"])
+    return out, annotations
+
+
+def variant_name(bias: bool, activation: str | None, residual: bool) -> str:
+    return "_".join(["matmul"] + (["bias"] if bias else []) + ([activation] if activation else [])
+                    + (["residual"] if residual else []))
+
+
+class GemmEpilogue(FusionRule):
+    name = "gemm_epilogue"
+    description = "matmul + bias + activation (relu/gelu/gelu_tanh/sigmoid/silu/clip) + residual add"
+
+    def variants(self):
+        choices = itertools.product((True, False), (*ACTIVATIONS, None), (True, False))
+        variants = [(variant_name(*choice), *gemm_epilogue_pattern(*choice))
+                    for choice in choices if any(choice)]
+        # Longest chain first; at equal length try bias before residual (a vector operand is a bias).
+        return sorted(variants, key=lambda v: -len(v[0].split("_")))
+
+    def anchor(self, context):
+        return context.annotated_expr["matmul"]
+
+    def check(self, context):
+        found = context.annotated_expr
+        out_shape = static_shape(found["matmul"])
+        dtype = dtype_of(found["matmul"])
+        if dtype not in FLOAT_TYPES:
+            return f"dtype {dtype} is not supported ({', '.join(FLOAT_TYPES)})"
+        if out_shape is None:
+            return "the matmul output shape is not static (bind the dynamic dims)"
+        if "bias" in found:
+            bias_shape = static_shape(found["bias"])
+            if (bias_shape is None or len(bias_shape) > len(out_shape) or not bias_shape
+                    or bias_shape[-1] != out_shape[-1] or any(d != 1 for d in bias_shape[:-1])):
+                return (f"bias shape {bias_shape} is not a vector along the output's last axis "
+                        f"(output {out_shape})")
+        if "residual" in found:
+            out_full = static_shape(context.matched_expr)
+            if static_shape(found["residual"]) != out_full:
+                return (f"residual shape {static_shape(found['residual'])} does not equal the "
+                        f"output shape {out_full}")
+            if dtype_of(found["residual"]) != dtype:
+                return f"residual dtype {dtype_of(found['residual'])} differs from {dtype}"
+        if has_leaking_intermediate_variables(context):
+            return "an intermediate result is also used outside the chain"
+        return None
+

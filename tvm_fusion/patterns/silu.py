@@ -1,0 +1,25 @@
+"""Exporter-decomposed SiLU/Swish ``x * Sigmoid(x)`` -> ``R.nn.silu``."""
+
+from __future__ import annotations
+
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+
+from .base import RewriteRule, dtype_of
+
+
+class Silu(RewriteRule):
+    name = "silu"
+    description = "x * sigmoid(x) -> nn.silu"
+
+    def variants(self):
+        x = wildcard()
+        return [(is_op("relax.multiply")(x, is_op("relax.sigmoid")(x)), {"x": x})]
+
+    def check(self, matched):
+        if dtype_of(matched["x"]) not in ("float32", "float16", "bfloat16"):
+            return f"dtype {dtype_of(matched['x'])} is not a float type"
+        return None
+
+    def rewrite(self, matched):
+        return relax.op.nn.silu(matched["x"])

@@ -1,0 +1,24 @@
+"""Plain-text tables for the CLI."""
+
+from __future__ import annotations
+
+
+def table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    """A fixed-width table; ``align`` is one of 'l'/'r' per column (numbers right by default)."""
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    align = align or "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l"
+                             for i in range(len(headers)))
+    lines = []
+    for index, row in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if a == "r" else c.ljust(w)
+                               for c, w, a in zip(row, widths, align)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:,.3f}".rstrip("0").rstrip(".")
+    return str(value)

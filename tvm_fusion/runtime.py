@@ -1,0 +1,113 @@
+"""Artifacts back in: load a built directory, check it, run it with checked inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ArtifactError
+
+LIBRARY_NAME = "model.so"
+METADATA_NAME = "metadata.json"
+
+
+def set_threads(count: int) -> None:
+    """TVM's pool defaults to half the hardware threads here; it reads this before its first run."""
+    os.environ["TVM_NUM_THREADS"] = str(count)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class CompiledModel:
+    """A Relax VM over a built module, taking and returning numpy arrays by name."""
+
+    def __init__(self, module, metadata: dict):
+        import tvm
+        from tvm import relax
+
+        self.metadata = metadata
+        self.inputs = metadata["inputs"]
+        self.outputs = metadata["outputs"]
+        set_threads(metadata.get("threads", 1))
+        self._device = tvm.cpu()
+        self._vm = relax.VirtualMachine(module, self._device)
+        self._main = self._vm["main"]
+
+    def prepare(self, inputs: Mapping[str, np.ndarray]) -> list:
+        """Check names, shapes and dtypes against the metadata; return device tensors in order."""
+        import tvm
+
+        expected = [spec["name"] for spec in self.inputs]
+        unknown = sorted(set(inputs) - set(expected))
+        missing = [name for name in expected if name not in inputs]
+        if unknown or missing:
+            raise ArtifactError(
+                "inputs do not match the model: "
+                + "; ".join(part for part in (f"unknown {unknown}" if unknown else "",
+                                              f"missing {missing}" if missing else "") if part),
+                "the model takes: " + ", ".join(f"{s['name']} {s['dtype']}{s['shape']}" for s in self.inputs))
+        tensors = []
+        for spec in self.inputs:
+            value = np.asarray(inputs[spec["name"]])
+            if list(value.shape) != list(spec["shape"]):
+                raise ArtifactError(
+                    f"input {spec['name']!r} has shape {list(value.shape)}, the model was built for "
+                    f"{spec['shape']}", "recompile with --input-shape "
+                    f"{spec['name']}:{'x'.join(map(str, value.shape))} or pass the built shape")
+            if str(value.dtype) != spec["dtype"]:
+                raise ArtifactError(f"input {spec['name']!r} has dtype {value.dtype}, expected {spec['dtype']}",
+                                    f"convert it with .astype('{spec['dtype']}')")
+            tensors.append(tvm.runtime.tensor(np.ascontiguousarray(value), self._device))
+        return tensors
+
+    def run_prepared(self, tensors: list):
+        return self._main(*tensors)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = self.run_prepared(self.prepare(inputs))
+        values = [result] if hasattr(result, "numpy") else list(result)
+        return {spec["name"]: value.numpy() for spec, value in zip(self.outputs, values)}
+
+
+def load(directory: str | os.PathLike) -> CompiledModel:
+    """Load ``build/<model>.<target>/``: check the library's sha256 against the metadata first."""
+    import tvm
+
+    directory = Path(directory)
+    metadata_path = directory / METADATA_NAME
+    if not metadata_path.is_file():
+        raise ArtifactError(f"{directory} is not a tvm_fusion artifact: {METADATA_NAME} is missing",
+                            "pass the directory that `tvm-fusion compile` wrote (build/<model>.<target>/)")
+    try:
+        metadata = json.loads(metadata_path.read_text())
+        library = directory / metadata["library"]
+        expected_sha = metadata["library_sha256"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ArtifactError(f"{metadata_path} is damaged: {err}", "rebuild the artifact") from err
+    if not library.is_file():
+        raise ArtifactError(f"{library} is missing", "rebuild the artifact")
+    actual_sha = sha256_of(library)
+    if actual_sha != expected_sha:
+        raise ArtifactError(f"{library} does not match its metadata (sha256 {actual_sha[:12]}..., "
+                            f"expected {expected_sha[:12]}...): it was modified or damaged",
+                            "rebuild the artifact")
+    host_kind = metadata.get("target", {}).get("kind", "llvm")
+    if host_kind != "llvm":
+        raise ArtifactError(f"{directory} was built for a {host_kind} target", "run it on that device")
+    try:
+        module = tvm.runtime.load_module(str(library))
+    except Exception as err:
+        raise ArtifactError(f"cannot load {library} on this machine: {str(err).splitlines()[-1]}",
+                            "run it on the machine class it was built for") from err
+    return CompiledModel(module, metadata)
