@@ -7,6 +7,7 @@ bounds (after FoldConstant) this is exactly ``R.clip(x, lo, hi)`` (Relu6 when lo
 
 from __future__ import annotations
 
+import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 
@@ -39,4 +40,6 @@ class Clip(RewriteRule):
 
     def rewrite(self, matched):
         lo, hi = scalar_constant(matched["lo"]), scalar_constant(matched["hi"])
-        return relax.op.clip(matched["x"], relax.PrimValue(lo), relax.PrimValue(hi))
+        dtype = dtype_of(matched["x"])
+        return relax.op.clip(matched["x"], relax.prim_value(tvm.tirx.FloatImm(dtype, lo)),
+                             relax.prim_value(tvm.tirx.FloatImm(dtype, hi)))

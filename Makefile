@@ -1,0 +1,31 @@
+# `make demo` and `make test` set up .venv themselves (Python 3.11, gcc and make are all they need).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+MODEL ?= examples/models/bert_tiny.onnx
+
+.PHONY: setup test demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# Compile + verify the bundled BERT-style model, then time it against ONNX Runtime and stock TVM.
+demo: $(STAMP)
+	$(BIN)/tvm-fusion compile $(MODEL) -o build
+	$(BIN)/tvm-fusion bench $(MODEL) --repeat 20 --json build/bench-$(notdir $(basename $(MODEL))).json
+
+# The transformer examples side by side (see benchmarks/README.md).
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_examples.py
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,57 @@
+"""tvm_fusion vs ONNX Runtime vs stock TVM on the bundled transformer examples.
+
+Each model is timed in one process with the three runtimes interleaved round by round
+(tvm_fusion.api.bench_model), at the config's thread count. Writes a table to stdout and the
+raw numbers to benchmarks/results/examples.json.
+
+    .venv/bin/python benchmarks/bench_examples.py [--repeat 30] [--config configs/x86_64-host.toml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from tvm_fusion import api
+from tvm_fusion.report import table
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {
+    "bert_tiny": ["input_ids:1x128", "attention_mask:1x128"],
+    "gpt2_tiny": ["input_ids:1x128"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "examples.json"))
+    args = parser.parse_args()
+
+    rows, results = [], {}
+    for name, shapes in MODELS.items():
+        model = ROOT / "examples" / "models" / f"{name}.onnx"
+        report = api.bench_model(model, args.config, shapes, repeat=args.repeat,
+                                 progress=lambda m, n=name: print(f"[{n}] {m}", flush=True))
+        inspect = api.inspect_model(model, args.config, shapes)
+        results[name] = {**report.to_json(), "kernels": inspect.kernels,
+                         "stock_fusion_kernels": inspect.stock_kernels}
+        ratios = report.ratios()
+        rows.append([name, report.threads, report.medians_ms["onnxruntime"],
+                     report.medians_ms["stock_tvm"], report.medians_ms["tvm_fusion"],
+                     ratios["tvm_fusion"], report.medians_ms["stock_tvm"] / report.medians_ms["tvm_fusion"],
+                     inspect.kernels, inspect.stock_kernels])
+    print(table(["model", "threads", "ORT ms", "stock TVM ms", "tvm_fusion ms", "tvm_fusion/ORT",
+                 "speed-up vs stock", "kernels", "stock FuseOps kernels"], rows))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    staging.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(staging, out)
+
+
+if __name__ == "__main__":
+    main()

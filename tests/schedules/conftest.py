@@ -1,0 +1,70 @@
+"""Fixtures shared by the schedule tests: lower small Relax graphs, run them, compare runs."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+
+
+def _lower(fn, **shapes) -> tvm.IRModule:
+    """`fn(*params)` as the body of a one-function Relax module, lowered by the zero pipeline."""
+    params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in shapes.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(fn(*params))
+        bb.emit_func_output(out)
+    return relax.get_pipeline("zero")(bb.get())
+
+
+def _schedule_with(rule, mod: tvm.IRModule) -> tvm.IRModule:
+    scheduled = mod.clone()
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            sch = rule.apply(func, TARGET, False)
+            assert sch is not None, f"{type(rule).__name__} declined {gvar.name_hint}"
+            scheduled[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return scheduled
+
+
+def _run(mod: tvm.IRModule, inputs: list) -> np.ndarray:
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), dev)
+    return vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]).numpy()
+
+
+@pytest.fixture
+def target():
+    return TARGET
+
+
+@pytest.fixture
+def lowered():
+    """lowered(fn, x=shape, w=shape...) -> IRModule after the zero pipeline."""
+    return _lower
+
+
+@pytest.fixture
+def prim_funcs():
+    """prim_funcs(mod) -> {name: PrimFunc}."""
+    return lambda mod: {
+        gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+    }
+
+
+@pytest.fixture
+def assert_schedule_matches():
+    """Schedule every PrimFunc of the lowered graph with `rule` (it must answer for each),
+    build both modules and compare their outputs on random inputs."""
+
+    def check(rule, fn, rtol=1e-5, atol=1e-5, **shapes):
+        mod = _lower(fn, **shapes)
+        rng = np.random.default_rng(0)
+        inputs = [rng.standard_normal(shape).astype("float32") for shape in shapes.values()]
+        expected = _run(mod, inputs)
+        actual = _run(_schedule_with(rule, mod), inputs)
+        np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
+
+    return check

@@ -1,0 +1,58 @@
+"""Default schedules: one rule list per target family, and the pass that applies them."""
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+from . import cpu
+
+
+def schedule_rules(target: Target) -> list:
+    """The rules for `target`'s family, most specific first, a fallback that always answers last."""
+    if target.kind.name == "llvm":
+        return [cpu.MatmulEpilogue(), cpu.Reduction(), cpu.Injective(), cpu.Fallback()]
+    if target.kind.name == "cuda":
+        return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                dl.gpu.Fallback()]
+    raise ValueError(f"no default schedules for target kind {target.kind.name!r}")
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApplySchedules")
+class ApplySchedules:
+    """Schedule every PrimFunc not yet marked `tirx.is_scheduled` with the first rule that answers.
+
+    After a run, `applied` (the `log` dict, when given) maps each function it scheduled to the
+    name of the rule that did it.
+    """
+
+    def __init__(self, target: Target, log: dict[str, str] | None = None):
+        self.target = target
+        self.applied: dict[str, str] = log if log is not None else {}
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+                continue
+            target = func.attrs.get("target", self.target) if func.attrs else self.target
+            for rule in schedule_rules(target):
+                sch = _first_schedule(rule.apply(func, target, False))
+                if sch is not None:
+                    updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                    self.applied[gvar.name_hint] = type(rule).__name__
+                    break
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+
+def _is_scheduled(func: tirx.PrimFunc) -> bool:
+    return bool(func.attrs and func.attrs.get("tirx.is_scheduled", False))
+
+
+def _first_schedule(space) -> s_tir.Schedule | None:
+    """A rule answers None, one Schedule, or (when tunable) a list of them."""
+    if isinstance(space, list):
+        return space[0] if space else None
+    return space

@@ -1,0 +1,33 @@
+"""Inline the cheap element-wise blocks (casts, copies, reshapes, arithmetic) into their consumers."""
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir.expr import Call
+from tvm.s_tir.dlight.analysis import get_root_block
+
+
+def inline_cheap_blocks(sch: s_tir.Schedule) -> None:
+    """Inline every spatial block without math calls into its consumers.
+
+    Blocks that call exp, erf, rsqrt... are kept, because inlining them into several
+    consumers or a larger loop nest would recompute the call per use.
+    """
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        stmt = sch.get(block)
+        if not is_spatial(stmt) or _has_call(stmt.body):
+            continue
+        try:
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            continue  # an output block, or one whose consumers cannot take it
+
+
+def is_spatial(block: s_tir.SBlock) -> bool:
+    """True if every axis of the block is data-parallel (no reduction)."""
+    return all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
+
+
+def _has_call(stmt) -> bool:
+    calls = []
+    tvm_ffi.structural_walk(stmt, (Call, calls.append))
+    return bool(calls)

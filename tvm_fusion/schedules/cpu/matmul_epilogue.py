@@ -1,0 +1,164 @@
+"""Register-tiled CPU matmul with its injective epilogue computed inside each output tile."""
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .inline import is_spatial
+from .target_info import vector_lanes
+
+# Rows of the register tile: 8 rows x 2 vectors of columns keeps 16 accumulators in
+# AVX-512's 32 registers, with room for the B vectors and the broadcast A value.
+_MAX_TILE_ROWS = 8
+_TILE_VECTORS = 2
+_K_UNROLL = 4
+
+
+@dataclass
+class _MatmulAxes:
+    """Positions of the matmul block's loops: batch loops, then i, j, k."""
+
+    num_batch: int
+    m: int
+    n: int
+    k: int
+
+
+class MatmulEpilogue(ScheduleRule):
+    """C[b.., i, j] += A[b.., i, k] * B[(b..), k, j], then injective blocks, fused per tile.
+
+    The accumulator tile lives in registers; bias, activations and residual adds are computed
+    from it before the tile is stored, so the matmul result never goes through memory.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        # Read the blocks as legalized: normalizing would drop unit loops (M=1) and fuse batch loops.
+        blocks = sch.get_child_blocks(get_root_block(sch))
+        reductions = [i for i, block in enumerate(blocks) if not is_spatial(sch.get(block))]
+        if len(reductions) != 1 or reductions[0] != 0:
+            return None  # a prologue or a second reduction: not this rule's shape
+        matmul = blocks[0]
+        axes = _match_matmul(sch.get(matmul))
+        if axes is None:
+            return None
+        epilogue = list(blocks[1:])
+        dtype = sch.get(matmul).writes[0].source.dtype
+        return _schedule(sch, matmul, epilogue, axes, vector_lanes(target, dtype))
+
+
+def _match_matmul(block: s_tir.SBlock) -> _MatmulAxes | None:
+    """Axes of `C[b.., i, j] = C[b.., i, j] + A[.., i, k] * B[.., k, j]`, or None."""
+    iter_vars = [iv.var for iv in block.iter_vars]
+    kinds = [iv.iter_type for iv in block.iter_vars]
+    if len(iter_vars) < 3 or kinds[-1] != tirx.IterVar.CommReduce:
+        return None
+    if any(kind != tirx.IterVar.DataPar for kind in kinds[:-1]):
+        return None
+    if any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
+        return None  # symbolic extents: tile factors could not be chosen
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
+        return None
+    *batch, i, j, k = iter_vars
+    if not _indices_are(store.indices, [*batch, i, j]):
+        return None
+    acc, product = store.value.a, store.value.b
+    if not (isinstance(acc, TensorLoad) and acc.source.same_as(store.buffer)):
+        return None
+    if not isinstance(product, tirx.Mul):
+        return None
+    lhs, rhs = _strip_cast(product.a), _strip_cast(product.b)
+    if not (isinstance(lhs, TensorLoad) and isinstance(rhs, TensorLoad)):
+        return None
+    if not (_reads_as(lhs, batch, i, k) and _reads_as(rhs, batch, k, j)):
+        return None
+    return _MatmulAxes(num_batch=len(batch), m=len(batch), n=len(batch) + 1, k=len(batch) + 2)
+
+
+
+def _strip_cast(expr: tirx.Expr) -> tirx.Expr:
+    return expr.value if isinstance(expr, tirx.Cast) else expr
+
+
+def _indices_are(indices, variables) -> bool:
+    return len(indices) == len(variables) and all(
+        index.same_as(var) for index, var in zip(indices, variables)
+    )
+
+
+def _reads_as(load: TensorLoad, batch, row, col) -> bool:
+    """True if `load` reads [batch.., row, col], its batch dims indexed or broadcast (constant)."""
+    *load_batch, load_row, load_col = load.indices
+    if not (load_row.same_as(row) and load_col.same_as(col)):
+        return False
+    if len(load_batch) > len(batch):
+        return False
+    aligned = batch[len(batch) - len(load_batch):]
+    return all(
+        index.same_as(var) or isinstance(index, tirx.IntImm)
+        for index, var in zip(load_batch, aligned)
+    )
+
+
+def _largest_divisor(extent: int, limit: int) -> int:
+    return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
+
+
+def _tile_columns(extent: int, lanes: int) -> int:
+    """Columns per tile: whole vectors when they divide the extent, else the largest divisor."""
+    for vectors in (_TILE_VECTORS, 1):
+        if extent % (vectors * lanes) == 0:
+            return vectors * lanes
+    return _largest_divisor(extent, _TILE_VECTORS * lanes)
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def _schedule(sch, matmul, epilogue, axes: _MatmulAxes, lanes: int) -> s_tir.Schedule:
+    loops = sch.get_loops(matmul)
+    batch = loops[: axes.num_batch]
+    m_loop, n_loop, k_loop = loops[axes.m], loops[axes.n], loops[axes.k]
+    tile_rows = _largest_divisor(_extent(sch, m_loop), _MAX_TILE_ROWS)
+    tile_cols = _tile_columns(_extent(sch, n_loop), lanes)
+    k_unroll = _largest_divisor(_extent(sch, k_loop), _K_UNROLL)
+
+    m_outer, m_inner = sch.split(m_loop, [None, tile_rows])
+    n_outer, n_inner = sch.split(n_loop, [None, tile_cols])
+    k_outer, k_inner = sch.split(k_loop, [None, k_unroll])
+    # Column panels outermost: a K x tile_cols panel of B stays in cache while the
+    # row tiles of A stream past it.
+    sch.reorder(*batch, n_outer, m_outer, k_outer, k_inner, m_inner, n_inner)
+
+    # Accumulate in a tile-sized buffer; the epilogue (or a plain store) reads it per tile.
+    writeback = sch.cache_write(matmul, 0, "local")
+    chain = [writeback, *epilogue]
+    for block in chain[:-1]:
+        sch.compute_inline(block)
+    output = chain[-1]
+    sch.reverse_compute_at(output, m_outer, preserve_unit_loops=True)
+
+    tile = sch.fuse(*batch, n_outer, m_outer)
+    sch.parallel(tile)
+    sch.unroll(k_inner)
+    sch.unroll(m_inner)
+    sch.vectorize(n_inner)
+    init = sch.decompose_reduction(matmul, k_outer)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _vectorize_tile_store(sch, output, lanes)
+    return sch
+
+
+def _vectorize_tile_store(sch, output, lanes: int) -> None:
+    """Vectorize the epilogue's innermost loop (the tile's columns)."""
+    innermost = sch.get_loops(output)[-1]
+    if _extent(sch, innermost) > 1:
+        sch.vectorize(innermost)
