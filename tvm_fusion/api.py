@@ -18,9 +18,10 @@ import onnx
 
 from . import __version__
 from .config import PipelineConfig, load_config
-from .errors import TvmFusionError
+from .errors import ArtifactError, TvmFusionError
 from .export import artifact_dir, write_artifact
 from .frontend import onnx as onnx_frontend
+from .native_log import captured_native_stderr, summarize
 from .patterns import PatternReport
 from .runtime import CompiledModel, set_threads
 from .verify import OutputComparison, check_outputs, compare_outputs, reference_outputs
@@ -145,12 +146,19 @@ def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
     import tvm
 
     started = time.perf_counter()
-    prepared = prepare(model_path, config, input_shapes, progress)
-    cfg = prepared.config
-    progress(f"running the tvm_fusion pipeline ({', '.join(cfg.patterns)})")
-    optimized = optimize(prepared)
-    progress("building for " + str(cfg.target))
-    executable = build(optimized.module, cfg)
+    if Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise ArtifactError(f"output directory {output_dir} is an existing file",
+                            "pass a directory with -o/--output-dir")
+    native: list[str] = []
+    with captured_native_stderr(native):
+        prepared = prepare(model_path, config, input_shapes, progress)
+        cfg = prepared.config
+        progress(f"running the tvm_fusion pipeline ({', '.join(cfg.patterns)})")
+        optimized = optimize(prepared)
+        progress("building for " + str(cfg.target))
+        executable = build(optimized.module, cfg)
+    for message in summarize(native):
+        progress(f"tvm: {message}")
     metadata = {
         "model": prepared.name,
         "model_sha256": _sha256(prepared.onnx_model),
@@ -183,7 +191,8 @@ def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         metadata["verification"] = None
     target_dir = artifact_dir(output_dir, prepared.name, cfg.name)
     progress(f"writing {target_dir}")
-    write_artifact(executable, metadata, target_dir)
+    with captured_native_stderr([]):  # one "Scope Saving" line per function: noise
+        write_artifact(executable, metadata, target_dir)
     progress(f"done in {time.perf_counter() - started:.1f} s")
     return CompileResult(target_dir, metadata, optimized.report, comparisons)
 
@@ -229,10 +238,12 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
     """Op counts before/after fusion, which fusions fired how often, and near misses."""
     from .passes import fusion_pipeline
 
-    prepared = prepare(model_path, config, input_shapes)
-    report = PatternReport()
-    fused = fusion_pipeline(prepared.config, report, phases=("canonicalize", "fuse"))(prepared.relax_module)
-    lowered = fusion_pipeline(prepared.config, PatternReport(), phases=("lower",))(fused)
+    with captured_native_stderr([]):  # inspection builds nothing; TVM's build warnings are noise here
+        prepared = prepare(model_path, config, input_shapes)
+        report = PatternReport()
+        fused = fusion_pipeline(prepared.config, report, phases=("canonicalize", "fuse"))(prepared.relax_module)
+        lowered = fusion_pipeline(prepared.config, PatternReport(), phases=("lower",))(fused)
+        stock_kernels = stock_kernel_calls(prepared)
     simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
     return InspectReport(
         model=prepared.name,
@@ -242,7 +253,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         fused_ops=relax_op_counts(fused),
         report=report,
         kernels=kernel_calls(lowered),
-        stock_kernels=stock_kernel_calls(prepared),
+        stock_kernels=stock_kernels,
     )
 
 
@@ -273,19 +284,23 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     """
     from .verify import onnxruntime_session
 
-    prepared = prepare(model_path, config, input_shapes, progress)
-    cfg = prepared.config
-    set_threads(cfg.threads)
+    native: list[str] = []
+    with captured_native_stderr(native):
+        prepared = prepare(model_path, config, input_shapes, progress)
+        cfg = prepared.config
+        set_threads(cfg.threads)
+        progress("building tvm_fusion")
+        models = {"tvm_fusion": CompiledModel(build(optimize(prepared).module, cfg),
+                                              _bench_metadata(prepared))}
+        if include_stock:
+            progress("building stock TVM")
+            models["stock_tvm"] = CompiledModel(build_stock(prepared), _bench_metadata(prepared))
+    for message in summarize(native):
+        progress(f"tvm: {message}")
     inputs = onnx_frontend.random_inputs(prepared.onnx_model, prepared.inputs, cfg.seed)
     session = onnxruntime_session(prepared.onnx_model, cfg.threads)
     output_names = [o.name for o in session.get_outputs()]
-    progress("building tvm_fusion")
-    fused = CompiledModel(build(optimize(prepared).module, cfg), _bench_metadata(prepared))
     runners = {"onnxruntime": lambda: session.run(output_names, inputs)}
-    models = {"tvm_fusion": fused}
-    if include_stock:
-        progress("building stock TVM")
-        models["stock_tvm"] = CompiledModel(build_stock(prepared), _bench_metadata(prepared))
     reference = dict(zip(output_names, runners["onnxruntime"]()))
     errors = {}
     for name, model in models.items():

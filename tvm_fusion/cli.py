@@ -22,6 +22,19 @@ def _progress(verbose: bool):
     return say
 
 
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def _shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="pipeline config TOML (default: configs/x86_64-host.toml)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMxDIM",
@@ -45,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     run_cmd.add_argument("--fill", choices=["random", "zeros"],
                          help="generate inputs not given with --input")
-    run_cmd.add_argument("--repeat", type=int, default=1, help="run N times, report median latency")
+    run_cmd.add_argument("--repeat", type=_count(1), default=1, help="run N times, report median latency")
     run_cmd.add_argument("--save", metavar="DIR", help="write each output to DIR/<name>.npy")
 
     inspect_cmd = commands.add_parser("inspect", help="op counts before/after fusion, fusions fired")
@@ -56,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd = commands.add_parser("bench", help="ONNX Runtime vs stock TVM vs tvm_fusion")
     bench_cmd.add_argument("model")
     _shape_args(bench_cmd)
-    bench_cmd.add_argument("--repeat", type=int, default=30)
-    bench_cmd.add_argument("--warmup", type=int, default=3)
+    bench_cmd.add_argument("--repeat", type=_count(1), default=30)
+    bench_cmd.add_argument("--warmup", type=_count(0), default=3)
     bench_cmd.add_argument("--no-stock", action="store_true", help="skip stock TVM (it is slow)")
     bench_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     return parser
@@ -124,7 +137,7 @@ def _run(args, say) -> int:
             given[spec["name"]] = rng.integers(0, 2, spec["shape"]).astype(spec["dtype"])
     tensors = model.prepare(given)
     times = []
-    for _ in range(max(1, args.repeat)):
+    for _ in range(args.repeat):
         start = time.perf_counter()
         model.run_prepared(tensors)
         times.append(time.perf_counter() - start)

@@ -21,7 +21,7 @@ TARGET_KEYS = ("kind", "mcpu", "mtriple", "mattr", "num-cores", "arch", "host")
 SCHEDULE_MODES = ("default", "none")
 SECTIONS = {
     "target": TARGET_KEYS,
-    "pipeline": ("patterns", "schedule"),
+    "pipeline": ("patterns", "schedule", "fast_math"),
     "verify": ("rtol", "atol", "seed"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
@@ -37,6 +37,7 @@ class PipelineConfig:
     target: dict[str, Any]
     patterns: tuple[str, ...]
     schedule: str = "default"
+    fast_math: bool = True
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
@@ -68,12 +69,16 @@ def load_config(path: str | os.PathLike | None = None) -> PipelineConfig:
     """Read and validate a config file; ``None`` means the bundled host config."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist",
+        problem = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"config file {path} {problem}",
                           "pass an existing file with --config, e.g. configs/x86_64-host.toml")
     try:
         raw = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid TOML: {err}", "fix the syntax of the file") from err
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror or err}",
+                          "check the file's permissions") from err
     return parse_config(raw, name=path.stem, path=str(path))
 
 
@@ -125,6 +130,10 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     if schedule not in SCHEDULE_MODES:
         raise fail("pipeline.schedule", f"has value {schedule!r}", ", ".join(SCHEDULE_MODES))
 
+    fast_math = pipeline.get("fast_math", True)
+    if not isinstance(fast_math, bool):
+        raise fail("pipeline.fast_math", f"has value {fast_math!r}", "true or false")
+
     verify = raw.get("verify", {})
     tolerances = {}
     for key in ("rtol", "atol"):
@@ -146,6 +155,6 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
             raise fail(f"inputs.{dim}", f"has value {size!r}", "a positive integer size for that dynamic dim")
 
     return PipelineConfig(
-        name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule,
+        name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
         rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
         threads=threads or cores, dim_defaults=dict(dims))

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+from .errors import ArtifactError
 from .runtime import LIBRARY_NAME, METADATA_NAME, sha256_of
 
 
@@ -22,7 +23,11 @@ def artifact_dir(output_dir: str | os.PathLike, model_name: str, target_name: st
 def write_artifact(executable, metadata: dict, final_dir: Path) -> Path:
     """Export ``executable`` and ``metadata`` into ``final_dir``, replacing it only when complete."""
     final_dir = Path(final_dir)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ArtifactError(f"cannot create the output directory {final_dir.parent}: {err.strerror or err}",
+                            "pass a writable directory with -o/--output-dir") from err
     staging = final_dir.with_name(f".{final_dir.name}.tmp-{os.getpid()}")
     retired = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

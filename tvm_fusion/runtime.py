@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from .errors import ArtifactError
+from .native_log import captured_native_stderr, summarize
 
 LIBRARY_NAME = "model.so"
 METADATA_NAME = "metadata.json"
@@ -90,11 +92,11 @@ def load(directory: str | os.PathLike) -> CompiledModel:
         raise ArtifactError(f"{directory} is not a tvm_fusion artifact: {METADATA_NAME} is missing",
                             "pass the directory that `tvm-fusion compile` wrote (build/<model>.<target>/)")
     try:
-        metadata = json.loads(metadata_path.read_text())
-        library = directory / metadata["library"]
-        expected_sha = metadata["library_sha256"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        metadata = _checked_metadata(metadata_path.read_text())
+    except ValueError as err:  # also JSONDecodeError and UnicodeDecodeError
         raise ArtifactError(f"{metadata_path} is damaged: {err}", "rebuild the artifact") from err
+    library = directory / metadata["library"]
+    expected_sha = metadata["library_sha256"]
     if not library.is_file():
         raise ArtifactError(f"{library} is missing", "rebuild the artifact")
     actual_sha = sha256_of(library)
@@ -105,9 +107,30 @@ def load(directory: str | os.PathLike) -> CompiledModel:
     host_kind = metadata.get("target", {}).get("kind", "llvm")
     if host_kind != "llvm":
         raise ArtifactError(f"{directory} was built for a {host_kind} target", "run it on that device")
+    native: list[str] = []
     try:
-        module = tvm.runtime.load_module(str(library))
+        with captured_native_stderr(native):
+            module = tvm.runtime.load_module(str(library))
     except Exception as err:
         raise ArtifactError(f"cannot load {library} on this machine: {str(err).splitlines()[-1]}",
                             "run it on the machine class it was built for") from err
+    for message in summarize(native):
+        print(f"tvm: {message}", file=sys.stderr)
     return CompiledModel(module, metadata)
+
+
+def _checked_metadata(text: str) -> dict:
+    """Parse metadata.json; a ValueError names the field that is missing or malformed."""
+    metadata = json.loads(text)
+    if not isinstance(metadata, dict):
+        raise ValueError("it is not a JSON object")
+    for key, kind in (("library", str), ("library_sha256", str), ("inputs", list), ("outputs", list)):
+        if not isinstance(metadata.get(key), kind):
+            raise ValueError(f"field {key!r} is missing or not a {kind.__name__}")
+    for section, fields in (("inputs", ("name", "shape", "dtype")), ("outputs", ("name",))):
+        for spec in metadata[section]:
+            if not isinstance(spec, dict) or any(field not in spec for field in fields):
+                raise ValueError(f"an entry of {section!r} lacks one of {', '.join(fields)}")
+    if not isinstance(metadata.get("target", {}), dict):
+        raise ValueError("field 'target' is not an object")
+    return metadata

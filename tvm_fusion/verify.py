@@ -28,6 +28,9 @@ def onnxruntime_session(model: onnx.ModelProto, threads: int):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Spinning intra-op threads would keep both cores busy between ORT runs and starve the TVM
+    # runs interleaved with them in one benchmark process.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -51,11 +54,15 @@ def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarra
                                             f"shape {value.shape} != {reference.shape}"))
             continue
         a, e = value.astype(np.float64), reference.astype(np.float64)
-        diff = np.abs(a - e)
+        both = np.isfinite(a) & np.isfinite(e)
+        # Where either side is inf or nan, both must hold the same value (+inf != -inf, nan == nan).
+        finite = bool(np.array_equal(a[~both], e[~both], equal_nan=True))
+        diff, e = np.abs(a[both] - e[both]), e[both]
         max_abs = float(diff.max()) if diff.size else 0.0
         max_rel = float((diff / np.maximum(np.abs(e), 1e-12)).max()) if diff.size else 0.0
-        finite = bool(np.array_equal(np.isfinite(a), np.isfinite(e)))
-        ok = finite and bool(np.all(diff[np.isfinite(e)] <= atol + rtol * np.abs(e[np.isfinite(e)])))
+        if not finite:
+            max_abs = max_rel = float("inf")
+        ok = finite and bool(np.all(diff <= atol + rtol * np.abs(e)))
         results.append(OutputComparison(name, max_abs, max_rel, ok, "" if finite else "non-finite values differ"))
     return results
 

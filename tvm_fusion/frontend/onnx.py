@@ -40,7 +40,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     """Load and check a model file; anything that is not a valid ONNX model is a ModelError."""
     path = Path(path)
     if not path.is_file():
-        raise ModelError(f"model file {path} does not exist", "check the path")
+        problem = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ModelError(f"model file {path} {problem}", "check the path")
     try:
         model = onnx.load(str(path))
     except Exception as err:  # protobuf raises DecodeError, truncated files raise others
@@ -70,7 +71,10 @@ def parse_shape_flag(flag: str) -> tuple[str, tuple[int, ...]]:
     if not match:
         raise ShapeError(f"cannot parse --input-shape {flag!r}",
                          "write it as NAME:DIMxDIM..., e.g. input_ids:1x128")
-    return match.group(1), tuple(int(d) for d in re.split(r"[x,]", match.group(2)))
+    dims = tuple(int(d) for d in re.split(r"[x,]", match.group(2)))
+    if 0 in dims:
+        raise ShapeError(f"--input-shape {flag!r} has a zero-sized dim", "every dim must be at least 1")
+    return match.group(1), dims
 
 
 def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None,
@@ -93,6 +97,12 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
                              f"{onnx.TensorProto.DataType.Name(tensor_type.elem_type)}",
                              f"supported: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
         dims = tensor_type.shape.dim
+        if not tensor_type.HasField("shape"):  # rank unknown: only an explicit shape can bind it
+            if value.name not in shapes:
+                raise ShapeError(f"input {value.name!r} has no shape in the model (its rank is unknown)",
+                                 f"pass --input-shape {value.name}:DIMxDIM... with all of its dims")
+            specs.append(TensorSpec(value.name, tuple(shapes[value.name]), dtype))
+            continue
         if value.name in shapes:
             given = shapes[value.name]
             if len(given) != len(dims):
@@ -151,8 +161,11 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
     supported = _get_convert_map()
     missing: dict[str, list[str]] = collections.defaultdict(list)
     for index, node in enumerate(model.graph.node):
-        if node.op_type not in supported or node.domain not in ("", "ai.onnx"):
-            missing[node.op_type].append(node.name or f"#{index}")
+        default_domain = node.domain in ("", "ai.onnx")
+        if node.op_type not in supported or not default_domain:
+            # A custom-domain op is named with its domain: "com.microsoft.Gelu", not "Gelu".
+            op = node.op_type if default_domain else f"{node.domain}.{node.op_type}"
+            missing[op].append(node.name or f"#{index}")
     return dict(missing)
 
 
@@ -191,14 +204,27 @@ def random_inputs(model: onnx.ModelProto, inputs: list[TensorSpec], seed: int) -
     return values
 
 
+VIEW_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity")
+
+
 def _gather_index_limits(model: onnx.ModelProto) -> dict[str, int]:
-    """Input name -> number of rows of the initializer it gathers from (token ids, positions)."""
+    """Input name -> rows of the initializer it indexes (token ids, positions), seen through views."""
     rows = {init.name: init.dims[0] for init in model.graph.initializer if init.dims}
-    limits = {}
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
     for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in rows:
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            if axis == 0:
-                limits[node.input[1]] = min(limits.get(node.input[1], rows[node.input[0]]),
-                                            rows[node.input[0]])
+        for name in node.input:
+            consumers[name].append(node)
+    limits = {}
+    for value in graph_inputs(model):
+        frontier, seen = [value.name], set()
+        while frontier:
+            tensor = frontier.pop()
+            seen.add(tensor)
+            for node in consumers[tensor]:
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if (node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == tensor
+                        and node.input[0] in rows and axis == 0):
+                    limits[value.name] = min(limits.get(value.name, rows[node.input[0]]), rows[node.input[0]])
+                elif node.op_type in VIEW_OPS and node.input[0] == tensor:
+                    frontier.extend(out for out in node.output if out not in seen)
     return limits

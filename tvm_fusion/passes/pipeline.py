@@ -3,7 +3,8 @@
     canonicalize  recognize exporter-decomposed activations (one op instead of five), so that
                   fusion patterns see the graph the model author wrote
     fuse          our fusion patterns: each match becomes one composite = one kernel
-    lower         LegalizeOps + TVM's own FuseOps/FuseTIR for everything our patterns left
+    lower         LegalizeOps (vectorizable exp/erf/tanh when fast_math is on) + TVM's own
+                  FuseOps/FuseTIR for everything our patterns left
     schedule      a hand-written TensorIR schedule for every kernel (stock CPU schedules none)
 
 The stock comparison pipeline is TVM's "zero" pipeline: the same lowering without our
@@ -18,6 +19,7 @@ from tvm import relax
 from ..config import PipelineConfig
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
 from .apply_rewrite_rules import ApplyRewriteRules
+from .fast_math import fast_math_legalize_map
 from .fuse_patterns import FusePatterns
 
 
@@ -42,16 +44,16 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             relax.transform.ConvertToDataflow(),
         ],
         "fuse": lambda: [FusePatterns(fusions, report)],
-        "lower": lowering_passes,
+        "lower": lambda: lowering_passes(config.fast_math),
         "schedule": lambda: schedule_passes(config, schedule_log),
     }
     return tvm.transform.Sequential([p for phase in phases for p in passes[phase]()],
                                     name="tvm_fusion.Pipeline")
 
 
-def lowering_passes() -> list[tvm.transform.Pass]:
+def lowering_passes(fast_math: bool = True) -> list[tvm.transform.Pass]:
     return [
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(fast_math_legalize_map() if fast_math else None),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
