@@ -18,23 +18,24 @@ class Expected:
         return gv
 
 
-def test_pytorch_export_order():
+@I.ir_module
+class TorchExport:
     """torch.onnx: Mul(Mul(x, Add(Erf(Div(x, 1.4142)), 1)), 0.5)."""
 
-    @I.ir_module
-    class Before:
-        @R.function
-        def main(x: R.Tensor((4, 8), "float32")) -> R.Tensor((4, 8), "float32"):
-            with R.dataflow():
-                lv = R.divide(x, R.const(1.4142135381698608, "float32"))
-                lv1 = R.erf(lv)
-                lv2 = R.add(lv1, R.const(1.0, "float32"))
-                lv3 = R.multiply(x, lv2)
-                gv = R.multiply(lv3, R.const(0.5, "float32"))
-                R.output(gv)
-            return gv
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32")) -> R.Tensor((4, 8), "float32"):
+        with R.dataflow():
+            lv = R.divide(x, R.const(1.4142135381698608, "float32"))
+            lv1 = R.erf(lv)
+            lv2 = R.add(lv1, R.const(1.0, "float32"))
+            lv3 = R.multiply(x, lv2)
+            gv = R.multiply(lv3, R.const(0.5, "float32"))
+            R.output(gv)
+        return gv
 
-    after, report = apply_rule(Before, "gelu_erf")
+
+def test_pytorch_export_order():
+    after, report = apply_rule(TorchExport, "gelu_erf")
     tvm.ir.assert_structural_equal(after, Expected)
     assert report.fired["gelu_erf"] == 1
 
@@ -99,22 +100,8 @@ def test_must_not_rewrite_when_erf_input_is_another_tensor():
 
 def test_rewrite_preserves_values():
     x = np.linspace(-4, 4, 32, dtype="float32").reshape(4, 8)
-
-    @I.ir_module
-    class Before:
-        @R.function
-        def main(x: R.Tensor((4, 8), "float32")) -> R.Tensor((4, 8), "float32"):
-            with R.dataflow():
-                lv = R.divide(x, R.const(1.4142135381698608, "float32"))
-                lv1 = R.erf(lv)
-                lv2 = R.add(lv1, R.const(1.0, "float32"))
-                lv3 = R.multiply(x, lv2)
-                gv = R.multiply(lv3, R.const(0.5, "float32"))
-                R.output(gv)
-            return gv
-
-    after, _ = apply_rule(Before, "gelu_erf")
-    np.testing.assert_allclose(run(after, x), run(Before, x), rtol=1e-6, atol=1e-6)
+    after, _ = apply_rule(TorchExport, "gelu_erf")
+    np.testing.assert_allclose(run(after, x), run(TorchExport, x), rtol=1e-6, atol=1e-6)
 
 
 def run(mod, *arrays):

@@ -116,6 +116,15 @@ def dtype_of(expr: relax.Expr) -> str | None:
     return getattr(getattr(expr, "ty", None), "dtype", None)
 
 
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def non_float_reason(expr: relax.Expr) -> str | None:
+    """The decline reason for a non-float operand (activation rewrites are float-only), else None."""
+    dtype = dtype_of(expr)
+    return None if dtype in FLOAT_DTYPES else f"dtype {dtype} is not a float type"
+
+
 def binding_name(context: relax.transform.PatternCheckContext, expr: relax.Expr) -> str:
     var = context.value_to_bound_var.get(expr)
     return var.name if var is not None else "<expr>"

@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, wildcard
 
-from .base import RewriteRule, dtype_of, scalar_constant
+from .base import RewriteRule, dtype_of, non_float_reason, scalar_constant
 
 
 class Clip(RewriteRule):
@@ -29,8 +29,8 @@ class Clip(RewriteRule):
             name = getattr(matched[role], "name_hint", "")
             if not name.startswith(role):
                 return f"kernel {name!r} is not the importer's {role}"
-        if dtype_of(matched["x"]) not in ("float32", "float16", "bfloat16"):
-            return f"dtype {dtype_of(matched['x'])} is not a float type"
+        if reason := non_float_reason(matched["x"]):
+            return reason
         lo, hi = scalar_constant(matched["lo"]), scalar_constant(matched["hi"])
         if lo is None or hi is None:
             return "clip bounds are not scalar constants"

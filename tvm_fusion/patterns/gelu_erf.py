@@ -12,7 +12,7 @@ import math
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .base import RewriteRule, close_to, dtype_of, scalar_constant
+from .base import RewriteRule, close_to, non_float_reason, scalar_constant
 
 
 def half_times_x_times(x, factor, half):
@@ -39,8 +39,8 @@ class GeluErf(RewriteRule):
         return variants
 
     def check(self, matched):
-        if dtype_of(matched["x"]) not in ("float32", "float16", "bfloat16"):
-            return f"dtype {dtype_of(matched['x'])} is not a float type"
+        if reason := non_float_reason(matched["x"]):
+            return reason
         scale = scalar_constant(matched["scale"])
         divides = matched["scaled"].op.name == "relax.divide"
         expected = math.sqrt(2.0) if divides else 1.0 / math.sqrt(2.0)

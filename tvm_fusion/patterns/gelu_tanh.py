@@ -10,7 +10,7 @@ import math
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .base import RewriteRule, close_to, dtype_of, scalar_constant
+from .base import RewriteRule, close_to, non_float_reason, scalar_constant
 from .gelu_erf import half_times_x_times
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -38,8 +38,8 @@ class GeluTanh(RewriteRule):
         return variants
 
     def check(self, matched):
-        if dtype_of(matched["x"]) not in ("float32", "float16", "bfloat16"):
-            return f"dtype {dtype_of(matched['x'])} is not a float type"
+        if reason := non_float_reason(matched["x"]):
+            return reason
         if matched["cube"].op.name == "relax.power" and not close_to(scalar_constant(matched["three"]), 3.0):
             return f"the power is {scalar_constant(matched['three'])}, not 3"
         if not close_to(scalar_constant(matched["coefficient"]), CUBIC_COEFFICIENT):

@@ -13,7 +13,7 @@ import itertools
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import FusionRule, dtype_of, static_shape
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
 
 ACTIVATIONS = {
     "relu": lambda x: is_op("relax.nn.relu")(x),
@@ -23,7 +23,6 @@ ACTIVATIONS = {
     "silu": lambda x: is_op("relax.nn.silu")(x),
     "clip": lambda x: is_op("relax.clip")(x, wildcard(), wildcard()),
 }
-FLOAT_TYPES = ("float32", "float16", "bfloat16")
 
 
 def gemm_epilogue_pattern(bias: bool, activation: str | None, residual: bool):
@@ -66,8 +65,8 @@ class GemmEpilogue(FusionRule):
         found = context.annotated_expr
         out_shape = static_shape(found["matmul"])
         dtype = dtype_of(found["matmul"])
-        if dtype not in FLOAT_TYPES:
-            return f"dtype {dtype} is not supported ({', '.join(FLOAT_TYPES)})"
+        if dtype not in FLOAT_DTYPES:
+            return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
         if out_shape is None:
             return "the matmul output shape is not static (bind the dynamic dims)"
         if "bias" in found:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import RewriteRule, dtype_of
+from .base import RewriteRule, non_float_reason
 
 
 class Silu(RewriteRule):
@@ -17,9 +17,7 @@ class Silu(RewriteRule):
         return [(is_op("relax.multiply")(x, is_op("relax.sigmoid")(x)), {"x": x})]
 
     def check(self, matched):
-        if dtype_of(matched["x"]) not in ("float32", "float16", "bfloat16"):
-            return f"dtype {dtype_of(matched['x'])} is not a float type"
-        return None
+        return non_float_reason(matched["x"])
 
     def rewrite(self, matched):
         return relax.op.nn.silu(matched["x"])
