@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 MODEL ?= examples/models/bert_tiny.onnx
 
-.PHONY: setup test demo bench clean
+.PHONY: setup setup-targets test demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Cross toolchain + qemu-user + aarch64 TVM runtime, and cuobjdump (needs root for apt-get).
+setup-targets: $(STAMP)
+	VENV=$(VENV) bash scripts/setup_targets.sh
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
-"""Export small randomly initialised transformer models to ONNX.
+"""Export small randomly initialised transformer and CNN models to ONNX.
 
 Produces real exporter output (``torch.onnx.export``) from standard
-Hugging Face architectures so that tvm_fusion can be exercised on graphs
-that look like the ones users actually feed it:
+Hugging Face architectures and hand-written torchvision-style CNNs so that
+tvm_fusion can be exercised on graphs that look like the ones users actually
+feed it:
 
 * ``bert_tiny.onnx``  - BERT encoder (erf GELU, eager attention)
 * ``gpt2_tiny.onnx``  - GPT-2 decoder (tanh GELU "gelu_new", eager attention)
+* ``resnet_tiny.onnx`` - ResNet-style classifier (Conv+BN+ReLU, basic blocks, residual adds)
+* ``mobilenetv3_tiny.onnx`` - MobileNetV3-style classifier (depthwise convs, SE blocks,
+  HardSwish/HardSigmoid)
 
 Usage (from the repository root)::
 
-    .venv-export/bin/python scripts/export_examples.py [--out examples/models] [--only bert|gpt2]
+    .venv-export/bin/python scripts/export_examples.py [--out examples/models] [--only bert|gpt2|resnet|mobilenet]
 
 The export is deterministic: weights come from ``torch.manual_seed(0)``.
 Each model is checked with ``onnx.checker`` and compared against torch with
-onnxruntime at (batch=1, sequence=128) and (batch=2, sequence=16).
+onnxruntime: transformers at (batch=1, sequence=128) and (batch=2, sequence=16),
+CNNs at 1x3x224x224, 1x3x48x320 (OCR-style) and 2x3x64x64. The CNNs keep their
+BatchNormalization nodes (exported with ``TrainingMode.PRESERVE`` from eval mode,
+which skips the exporter's own Conv+BN folding) as many published models do.
 """
 
 from __future__ import annotations
@@ -114,10 +121,168 @@ def build_gpt2() -> _LastHidden:
     return _LastHidden(model, with_mask=False).eval()
 
 
+def _randomize_batch_norm(model: torch.nn.Module) -> None:
+    """Random running stats and affine params: fresh BN layers are identities (mean 0, var 1,
+    scale 1, shift 0), and folding an identity would prove nothing."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.normal_(0.0, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+                module.weight.normal_(1.0, 0.1)
+                module.bias.normal_(0.0, 0.1)
+
+
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1,
+             activation: type[torch.nn.Module] | None = torch.nn.ReLU) -> torch.nn.Sequential:
+    layers = [torch.nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+              torch.nn.BatchNorm2d(cout)]
+    if activation is not None:
+        layers.append(activation())
+    return torch.nn.Sequential(*layers)
+
+
+class _BasicBlock(torch.nn.Module):
+    """torchvision's ResNet BasicBlock: two 3x3 Conv+BN, a 1x1 Conv+BN shortcut when the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.body = torch.nn.Sequential(_conv_bn(cin, cout, 3, stride), _conv_bn(cout, cout, 3, activation=None))
+        self.shortcut = (_conv_bn(cin, cout, 1, stride, activation=None)
+                         if stride != 1 or cin != cout else torch.nn.Identity())
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x):
+        return self.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNetTiny(torch.nn.Module):
+    """A ResNet-18-shaped network at 16-96 channels: stem, max pool, four stages, pool, classifier."""
+
+    def __init__(self, widths=(16, 32, 64, 96), classes: int = 10):
+        super().__init__()
+        self.stem = _conv_bn(3, widths[0], 3, stride=2)
+        self.pool = torch.nn.MaxPool2d(3, 2, 1)
+        stages, cin = [], widths[0]
+        for index, width in enumerate(widths):
+            stride = 1 if index == 0 else 2
+            stages += [_BasicBlock(cin, width, stride), _BasicBlock(width, width, 1)]
+            cin = width
+        self.stages = torch.nn.Sequential(*stages)
+        self.head = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                        torch.nn.Linear(cin, classes))
+
+    def forward(self, x):
+        return self.head(self.stages(self.pool(self.stem(x))))
+
+
+class _SqueezeExcitation(torch.nn.Module):
+    """torchvision's SE block: pool, 1x1 conv, ReLU, 1x1 conv, HardSigmoid, rescale the input."""
+
+    def __init__(self, channels: int, squeezed: int):
+        super().__init__()
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc1 = torch.nn.Conv2d(channels, squeezed, 1)
+        self.relu = torch.nn.ReLU()
+        self.fc2 = torch.nn.Conv2d(squeezed, channels, 1)
+        self.gate = torch.nn.Hardsigmoid()
+
+    def forward(self, x):
+        return x * self.gate(self.fc2(self.relu(self.fc1(self.pool(x)))))
+
+
+class _InvertedResidual(torch.nn.Module):
+    """MobileNetV3 block: 1x1 expand, depthwise kxk, optional SE, 1x1 project, residual if shapes match."""
+
+    def __init__(self, cin, kernel, expanded, cout, use_se, activation, stride):
+        super().__init__()
+        layers = []
+        if expanded != cin:
+            layers.append(_conv_bn(cin, expanded, 1, activation=activation))
+        layers.append(_conv_bn(expanded, expanded, kernel, stride, groups=expanded, activation=activation))
+        if use_se:
+            layers.append(_SqueezeExcitation(expanded, max(8, (expanded // 4 + 4) // 8 * 8)))
+        layers.append(_conv_bn(expanded, cout, 1, activation=None))
+        self.block = torch.nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        out = self.block(x)
+        return out + x if self.residual else out
+
+
+# kernel, expanded channels, output channels, SE, activation, stride (MobileNetV3-Small, narrowed)
+_MOBILENET_BLOCKS = [
+    (3, 16, 16, True, torch.nn.ReLU, 2),
+    (3, 64, 24, False, torch.nn.ReLU, 2),
+    (3, 88, 24, False, torch.nn.ReLU, 1),
+    (5, 96, 40, True, torch.nn.Hardswish, 2),
+    (5, 96, 40, True, torch.nn.Hardswish, 1),
+    (5, 96, 48, True, torch.nn.Hardswish, 1),
+    (5, 96, 64, True, torch.nn.Hardswish, 2),
+    (5, 96, 64, True, torch.nn.Hardswish, 1),
+]
+
+
+class MobileNetV3Tiny(torch.nn.Module):
+    """A MobileNetV3-Small-shaped network: HardSwish stem, inverted residuals with SE, classifier."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        layers, cin = [_conv_bn(3, 16, 3, stride=2, activation=torch.nn.Hardswish)], 16
+        for kernel, expanded, cout, use_se, activation, stride in _MOBILENET_BLOCKS:
+            layers.append(_InvertedResidual(cin, kernel, expanded, cout, use_se, activation, stride))
+            cin = cout
+        layers.append(_conv_bn(cin, 96, 1, activation=torch.nn.Hardswish))
+        self.features = torch.nn.Sequential(*layers)
+        self.head = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                        torch.nn.Linear(96, 128), torch.nn.Hardswish(),
+                                        torch.nn.Linear(128, classes))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def build_resnet() -> torch.nn.Module:
+    _seed(0)
+    model = ResNetTiny()
+    _randomize_batch_norm(model)
+    return model.eval()
+
+
+def build_mobilenet() -> torch.nn.Module:
+    _seed(0)
+    model = MobileNetV3Tiny()
+    _randomize_batch_norm(model)
+    return model.eval()
+
+
 MODELS = {
     "bert": ("bert_tiny.onnx", build_bert, ["input_ids", "attention_mask"]),
     "gpt2": ("gpt2_tiny.onnx", build_gpt2, ["input_ids"]),
+    "resnet": ("resnet_tiny.onnx", build_resnet, ["input"]),
+    "mobilenet": ("mobilenetv3_tiny.onnx", build_mobilenet, ["input"]),
 }
+CNN_MODELS = {"resnet", "mobilenet"}
+CNN_EXPORT_SHAPE = (1, 3, 64, 64)
+CNN_CHECK_SHAPES = [(1, 3, 224, 224), (1, 3, 48, 320), (2, 3, 64, 64)]
+
+
+def _make_image(shape, seed=1):
+    g = torch.Generator().manual_seed(seed * 1000 + sum(shape))
+    return {"input": torch.randn(*shape, generator=g)}
+
+
+def _io_spec(key: str):
+    """Output name, dynamic axes, export feeds and check feeds of one example."""
+    if key in CNN_MODELS:
+        axes = {"input": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}}
+        return "logits", axes, _make_image(CNN_EXPORT_SHAPE), [_make_image(s) for s in CNN_CHECK_SHAPES]
+    input_names = MODELS[key][2]
+    axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
+    axes["last_hidden_state"] = {0: "batch", 1: "sequence"}
+    return ("last_hidden_state", axes, _make_inputs(input_names, *EXPORT_SHAPE),
+            [_make_inputs(input_names, *shape) for shape in CHECK_SHAPES])
 
 
 def _make_inputs(names, batch, seq, seed=1):
@@ -136,9 +301,8 @@ def export_one(key: str, out_dir: str) -> str:
     filename, builder, input_names = MODELS[key]
     module = builder()
     path = os.path.join(out_dir, filename)
-    args = tuple(_make_inputs(input_names, *EXPORT_SHAPE).values())
-    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
-    dynamic_axes["last_hidden_state"] = {0: "batch", 1: "sequence"}
+    output_name, dynamic_axes, export_feeds, _ = _io_spec(key)
+    args = tuple(export_feeds.values())
 
     fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", suffix=".tmp", dir=out_dir)
     os.close(fd)
@@ -150,10 +314,12 @@ def export_one(key: str, out_dir: str) -> str:
                 args,
                 tmp,
                 input_names=input_names,
-                output_names=["last_hidden_state"],
+                output_names=[output_name],
                 opset_version=OPSET,
                 dynamic_axes=dynamic_axes,
                 do_constant_folding=True,
+                # EVAL would fold BatchNormalization into the convs; keep it for our pass.
+                training=torch.onnx.TrainingMode.PRESERVE,
                 dynamo=False,
             )
         # Re-save as one self-contained file (weights inline) with a stable
@@ -172,7 +338,9 @@ def export_one(key: str, out_dir: str) -> str:
         model.producer_version = torch.__version__
         model.doc_string = (
             f"tvm_fusion example: {key} random init seed 0, "
-            f"transformers {transformers.__version__}, opset {OPSET}"
+            + ("hand-written torchvision-style modules" if key in CNN_MODELS
+               else f"transformers {transformers.__version__}")
+            + f", opset {OPSET}"
         )
         onnx.save(model, tmp, save_as_external_data=False)
         os.chmod(tmp, 0o644)
@@ -189,7 +357,8 @@ def _dims(vi):
 
 
 def verify_one(key: str, path: str) -> float:
-    _, builder, input_names = MODELS[key]
+    _, builder, _ = MODELS[key]
+    output_name, _, _, check_feeds = _io_spec(key)
     onnx.checker.check_model(path, full_check=True)
     model = onnx.load(path)
     print(f"== {os.path.basename(path)}: {os.path.getsize(path)} bytes, "
@@ -206,16 +375,16 @@ def verify_one(key: str, path: str) -> float:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     worst = 0.0
-    for batch, seq in CHECK_SHAPES:
-        feeds = _make_inputs(input_names, batch, seq)
+    for feeds in check_feeds:
         with torch.no_grad():
             ref = module(*feeds.values()).numpy()
-        got = sess.run(["last_hidden_state"], {k: v.numpy() for k, v in feeds.items()})[0]
+        got = sess.run([output_name], {k: v.numpy() for k, v in feeds.items()})[0]
         if got.shape != ref.shape:
             raise SystemExit(f"{key}: shape mismatch {got.shape} vs {ref.shape}")
         diff = float(np.max(np.abs(got - ref)))
         worst = max(worst, diff)
-        print(f"   ort vs torch at batch={batch} sequence={seq}: shape {tuple(got.shape)}, max abs diff {diff:.3e}")
+        at = ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in feeds.items())
+        print(f"   ort vs torch at {at}: shape {tuple(got.shape)}, max abs diff {diff:.3e}")
         if not diff <= TOLERANCE:
             raise SystemExit(f"{key}: ORT/torch mismatch {diff} > {TOLERANCE}")
     return worst

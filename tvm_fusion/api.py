@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +20,7 @@ import onnx
 
 from . import __version__
 from .config import PipelineConfig, load_config
-from .errors import ArtifactError, TvmFusionError
+from .errors import ArtifactError, ConfigError, TvmFusionError, VerificationError
 from .export import artifact_dir, write_artifact
 from .frontend import onnx as onnx_frontend
 from .native_log import captured_native_stderr, summarize
@@ -51,6 +53,8 @@ class OptimizedModule:
     module: object
     report: PatternReport
     schedule_rules: dict[str, str]
+    # kernel -> tuning.apply.TunedKernel, for kernels a tuning-log record scheduled
+    tuned: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -88,14 +92,48 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                          onnx_frontend.output_specs(model), module)
 
 
-def optimize(prepared: PreparedModel) -> OptimizedModule:
-    """Run the configured tvm_fusion pipeline: canonicalize, fuse, lower, schedule."""
+def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = None,
+             progress: Progress = _quiet) -> OptimizedModule:
+    """Run the configured tvm_fusion pipeline: canonicalize, fuse, lower, schedule.
+
+    Kernels with a record in the tuning log (see ``load_tuning``) get the tuned schedule.
+    """
     from .passes import fusion_pipeline
 
     report = PatternReport()
     schedule_log: dict[str, str] = {}
-    module = fusion_pipeline(prepared.config, report, schedule_log=schedule_log)(prepared.relax_module)
-    return OptimizedModule(module, report, schedule_log)
+    records = load_tuning(prepared.config, tuning_log, progress)
+    module = fusion_pipeline(prepared.config, report, schedule_log=schedule_log,
+                             tuning=records)(prepared.relax_module)
+    return OptimizedModule(module, report, schedule_log, dict(records.applied) if records else {})
+
+
+def load_tuning(config: PipelineConfig, tuning_log: str | Path | bool | None = None,
+                progress: Progress = _quiet):
+    """The tuning records for the config's target: ``tuning_log`` is a log root (holding
+    ``<target-key>/`` stores), None for the config's ``[tuning] log_dir``, False for none.
+    What is not applied (damaged lines, other targets or TVM versions) is said via ``progress``."""
+    if tuning_log is False:
+        return None
+    from .tuning.apply import load_records
+
+    records = load_records(config.tuning.log_dir if tuning_log in (None, True) else tuning_log,
+                           config.tvm_target())
+    if records is not None:
+        records.say = lambda note: progress(f"tuning log: {note}")
+        for note in records.notes:
+            records.say(note)
+    return records
+
+
+def tuning_metadata(records) -> dict | None:
+    """metadata.json's ``tuning``: which log was used and the kernels its records scheduled."""
+    if records is None:
+        return None
+    return {"log": str(records.directory), "target_key": records.target_key,
+            "tuned_kernels": sorted(records.applied),
+            "hand_schedule_measured_fastest": sorted(records.hand_best),
+            "details": {name: dataclasses.asdict(k) for name, k in sorted(records.applied.items())}}
 
 
 def build(module, config: PipelineConfig):
@@ -138,63 +176,248 @@ def _sha256(model: onnx.ModelProto) -> str:
 
 def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                   output_dir: str | Path = "build", verify: bool = True,
-                  progress: Progress = _quiet) -> CompileResult:
+                  progress: Progress = _quiet, tuning_log: str | Path | bool | None = None) -> CompileResult:
     """Compile an ONNX model into ``<output_dir>/<model>.<target>/``, verified against ONNX Runtime.
 
-    With ``verify`` a mismatch raises VerificationError and nothing is written.
+    With ``verify`` a mismatch raises VerificationError and nothing is written. One target of
+    ``compile_targets``, whose error (missing toolchain, mismatch) is raised here.
     """
-    import tvm
+    (result,) = compile_targets(model_path, [config], input_shapes, output_dir, verify, progress,
+                                tuning_log=tuning_log)
+    if result.error is not None:
+        raise result.error
+    return result
+
+
+@dataclasses.dataclass
+class TargetResult(CompileResult):
+    """One target of ``compile_targets``: its artifact, or the error that stopped it."""
+
+    target: str = ""
+    # How the artifact was checked against ONNX Runtime, or why it was not.
+    verification: str = ""
+    error: TvmFusionError | None = None
+
+
+def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeArg = None,
+                    output_dir: str | Path = "build", verify: bool = True,
+                    progress: Progress = _quiet, tuning_log: str | Path | bool | None = None) -> list[TargetResult]:
+    """Compile one model for several targets (configs) into ``<output_dir>/<model>.<target>/`` each.
+
+    The ONNX import runs once per distinct ``[inputs]`` table and the fusion phases once per
+    distinct pattern list; lowering, schedules, build and export run per target. A target
+    whose toolchain is missing, or whose artifact disagrees with ONNX Runtime, gets its error
+    in its result and the other targets still build; a bad model, config or shape raises.
+    Each artifact is run (natively or under qemu-user) and compared with ONNX Runtime before
+    it is committed; where it cannot run here (CUDA without a GPU) its result says so.
+    """
+    from .targets import ToolchainError, check_toolchain
 
     started = time.perf_counter()
     if Path(output_dir).exists() and not Path(output_dir).is_dir():
         raise ArtifactError(f"output directory {output_dir} is an existing file",
                             "pass a directory with -o/--output-dir")
+    configs = [resolve_config(config) for config in (configs or [None])]
+    names = [cfg.name for cfg in configs]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"two configs are named {name!r}: both would write <model>.{name}/",
+                              "give each target's config file its own name")
+    shared = _SharedWork(model_path, input_shapes, progress)
+    results = []
+    for cfg in configs:
+        # With several targets, each line says which one it is about.
+        def say(message: str, label: str = f"[{cfg.name}] " if len(configs) > 1 else "") -> None:
+            progress(label + message)
+
+        try:
+            toolchain = check_toolchain(cfg.name, cfg.target)
+            results.append(_compile_target(shared, cfg, toolchain, output_dir, verify, say,
+                                           tuning_log=tuning_log))
+        except (ToolchainError, VerificationError, ArtifactError) as err:
+            say(f"FAILED: {err.message}")
+            results.append(TargetResult(None, {}, PatternReport(), [], target=cfg.name,
+                                        verification="not built", error=err))
+    progress(f"done in {time.perf_counter() - started:.1f} s")
+    return results
+
+
+class _SharedWork:
+    """Import, fusion and ONNX Runtime references, computed once and reused by every target."""
+
+    def __init__(self, model_path, input_shapes: ShapeArg, progress: Progress):
+        self.model_path, self.input_shapes, self.progress = model_path, input_shapes, progress
+        self.prepared: dict = {}
+        self.fused: dict = {}
+        self.references: dict = {}
+
+    def prepare(self, cfg: PipelineConfig) -> PreparedModel:
+        key = tuple(sorted(cfg.dim_defaults.items()))
+        if key not in self.prepared:
+            self.prepared[key] = prepare(self.model_path, cfg, self.input_shapes, self.progress)
+        return self.prepared[key]
+
+    def fuse(self, cfg: PipelineConfig, prepared: PreparedModel) -> tuple[object, PatternReport]:
+        from .passes import fusion_pipeline
+
+        key = (id(prepared), cfg.patterns)
+        if key not in self.fused:
+            self.progress(f"running the tvm_fusion pipeline ({', '.join(cfg.patterns)})")
+            report = PatternReport()
+            fused = fusion_pipeline(cfg, report, phases=("canonicalize", "fuse"))(prepared.relax_module)
+            self.fused[key] = (fused, report)
+        return self.fused[key]
+
+    def inputs_and_reference(self, cfg: PipelineConfig, prepared: PreparedModel, with_reference: bool):
+        key = (id(prepared), cfg.seed)
+        if key not in self.references:
+            self.references[key] = [onnx_frontend.random_inputs(prepared.onnx_model, prepared.inputs, cfg.seed),
+                                    None]
+        entry = self.references[key]
+        if with_reference and entry[1] is None:
+            entry[1] = reference_outputs(prepared.onnx_model, entry[0], cfg.threads)
+        return entry[0], entry[1]
+
+
+def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, output_dir,
+                    verify: bool, say: Progress, tuning_log: str | Path | bool | None = None) -> TargetResult:
+    import tvm
+
+    from .passes import fusion_pipeline
+    from .targets import execution_here, export_options, platform_of, unscheduled_gpu_kernels
+
     native: list[str] = []
     with captured_native_stderr(native):
-        prepared = prepare(model_path, config, input_shapes, progress)
-        cfg = prepared.config
-        progress(f"running the tvm_fusion pipeline ({', '.join(cfg.patterns)})")
-        optimized = optimize(prepared)
-        progress("building for " + str(cfg.target))
-        executable = build(optimized.module, cfg)
+        prepared = shared.prepare(cfg)
+        fused, report = shared.fuse(cfg, prepared)
+        records = load_tuning(cfg, tuning_log, say)
+        module = fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"), tuning=records)(fused)
+        if records and records.applied:
+            say(f"tuned schedules from {records.directory} for {len(records.applied)} kernel(s)")
+        plat = platform_of(cfg.target)
+        if plat.device == "cuda":
+            unscheduled = unscheduled_gpu_kernels(module)
+            if unscheduled:
+                raise ArtifactError(f"target {cfg.name}: no GPU schedule for {', '.join(unscheduled)}; "
+                                    "they would silently build as host code", "report the model")
+        say("building for " + str(cfg.target))
+        with _cuda_source_modules(plat.device == "cuda"):
+            executable = build(module, cfg)
     for message in summarize(native):
-        progress(f"tvm: {message}")
+        say(f"tvm: {message}")
     metadata = {
         "model": prepared.name,
         "model_sha256": _sha256(prepared.onnx_model),
         "inputs": [spec.to_json() for spec in prepared.inputs],
-        "outputs": [],
+        "outputs": _declared_outputs(module, prepared.output_names),
         "target": cfg.target,
         "config": cfg.name,
+        "platform": plat.to_json(),
+        "toolchain": toolchain,
         "pipeline": list(cfg.patterns),
         "schedule": cfg.schedule,
-        "fusions": {name: count for name, count in sorted(optimized.report.fired.items())},
-        "kernels": kernel_calls(optimized.module),
+        "fusions": {name: count for name, count in sorted(report.fired.items())},
+        "kernels": kernel_calls(module),
         "threads": cfg.threads,
         "versions": {"tvm": tvm.__version__, "tvm_fusion": __version__},
+        "verification": None,
+        "tuning": tuning_metadata(records),
     }
+    execution = execution_here(cfg.target)
     comparisons: list[OutputComparison] = []
-    # Output shapes come from running it once; ONNX files often leave them symbolic.
-    compiled = CompiledModel(executable, {**metadata, "outputs": [{"name": n} for n in prepared.output_names]})
-    inputs = onnx_frontend.random_inputs(prepared.onnx_model, prepared.inputs, cfg.seed)
-    outputs = compiled.run(inputs)
-    metadata["outputs"] = [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
-                           for name, value in outputs.items()]
-    if verify:
-        progress("verifying against ONNX Runtime")
-        expected = reference_outputs(prepared.onnx_model, inputs, cfg.threads)
-        comparisons = compare_outputs(outputs, expected, cfg.rtol, cfg.atol)
-        check_outputs(comparisons, cfg.rtol, cfg.atol)
-        metadata["verification"] = {"reference": "onnxruntime", "rtol": cfg.rtol, "atol": cfg.atol,
-                                    "seed": cfg.seed, "outputs": [c.to_json() for c in comparisons]}
-    else:
-        metadata["verification"] = None
+    device_code: dict = {}
+
+    def run_and_verify(library: Path) -> dict:
+        """Runs on the exported library in the staging directory: what ships is what is checked."""
+        updates: dict = {"device_code": dict(device_code)} if device_code else {}
+        if execution.how is None:
+            if verify:
+                say(f"NOT VERIFIED: the artifact cannot run here: {execution.reason} "
+                    "(pass --no-verify to say that is intended)")
+                updates["verification"] = {"reference": "onnxruntime", "status": "not run",
+                                           "reason": execution.reason}
+            return updates
+        inputs, expected = shared.inputs_and_reference(cfg, prepared, verify)
+        say(f"running the artifact ({'natively' if execution.how == 'native' else 'under qemu-aarch64'})")
+        outputs = _run_library(library, metadata, execution.how, inputs)
+        updates["outputs"] = [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
+                              for name, value in outputs.items()]
+        if verify:
+            say("verifying against ONNX Runtime")
+            comparisons.extend(compare_outputs(outputs, expected, cfg.rtol, cfg.atol))
+            check_outputs(comparisons, cfg.rtol, cfg.atol)
+            updates["verification"] = {"reference": "onnxruntime", "rtol": cfg.rtol, "atol": cfg.atol,
+                                       "seed": cfg.seed, "outputs": [c.to_json() for c in comparisons]}
+            if execution.how != "native":
+                updates["verification"]["ran"] = "qemu-aarch64"
+        return updates
+
     target_dir = artifact_dir(output_dir, prepared.name, cfg.name)
-    progress(f"writing {target_dir}")
+    options = export_options(cfg.name, cfg.target, device_code)
+    say(f"writing {target_dir}")
     with captured_native_stderr([]):  # one "Scope Saving" line per function: noise
-        write_artifact(executable, metadata, target_dir)
-    progress(f"done in {time.perf_counter() - started:.1f} s")
-    return CompileResult(target_dir, metadata, optimized.report, comparisons)
+        write_artifact(executable, metadata, target_dir, options, run_and_verify)
+    from .runtime import METADATA_NAME
+
+    metadata = json.loads((target_dir / METADATA_NAME).read_text())
+    if not verify:
+        status = "skipped (--no-verify)"
+    elif execution.how is None:
+        status = f"NOT VERIFIED: {execution.reason}"
+    else:
+        status = "matches ONNX Runtime" + (" (run under qemu-aarch64)" if execution.how == "qemu" else "")
+    return TargetResult(target_dir, metadata, report, comparisons, target=cfg.name, verification=status)
+
+
+def _declared_outputs(module, names: list[str]) -> list[dict]:
+    """Output names, shapes and dtypes from ``main``'s return type (static once shapes are bound)."""
+    returned = module["main"].ret_ty
+    fields = list(returned.fields) if hasattr(returned, "fields") else [returned]
+    specs = []
+    for name, field in zip(names, fields):
+        try:
+            shape = [int(dim) for dim in field.shape.values]
+        except (AttributeError, TypeError, ValueError):  # symbolic: known only from a run
+            shape = None
+        specs.append({"name": name, "shape": shape, "dtype": str(field.dtype)})
+    return specs
+
+
+def _run_library(library: Path, metadata: dict, how: str, inputs: dict) -> dict:
+    """Outputs by name of an exported library run in this process, or under qemu-user."""
+    import tvm
+
+    from .targets import run_emulated
+
+    if how == "qemu":
+        return run_emulated(library, metadata, inputs)
+    with captured_native_stderr([]):  # "Scope Loaded" per function
+        module = tvm.runtime.load_module(str(library))
+    return CompiledModel(module, metadata).run(inputs)
+
+
+class _cuda_source_modules:
+    """Have TVM keep CUDA kernels as source even where a CUDA runtime is loaded (a GPU host).
+
+    Otherwise it would JIT-compile them (NVRTC by default) at build time; export then compiles
+    the source with nvcc for the configured arch (targets.cuda_fatbin_packer) the same way on
+    every machine.
+    """
+
+    def __init__(self, active: bool):
+        self.active = active
+
+    def __enter__(self):
+        if self.active:
+            self.saved = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
+            os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
+
+    def __exit__(self, *_exc):
+        if self.active:
+            if self.saved is None:
+                os.environ.pop("TVM_COMPILE_FORCE_FALLBACK", None)
+            else:
+                os.environ["TVM_COMPILE_FORCE_FALLBACK"] = self.saved
 
 
 @dataclasses.dataclass
@@ -207,6 +430,7 @@ class InspectReport:
     report: PatternReport
     kernels: int
     stock_kernels: int
+    instances: list[FusedNodes] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -234,17 +458,78 @@ def relax_op_counts(module) -> dict[str, int]:
     return dict(counts.most_common())
 
 
-def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None) -> InspectReport:
-    """Op counts before/after fusion, which fusions fired how often, and near misses."""
-    from .passes import fusion_pipeline
+@dataclasses.dataclass
+class FusedNodes:
+    """One place a pattern fired, as the ONNX nodes (of the simplified graph) it absorbed."""
 
+    pattern: str
+    variant: str
+    nodes: list[str]
+    ops: list[str]
+    indices: list[int]
+
+
+def fused_nodes(report: PatternReport, model: onnx.ModelProto) -> list[FusedNodes]:
+    """Each fusion with the ONNX nodes it absorbed, rewrites it absorbed included; then the
+    rewrites no fusion absorbed. Bindings are named by ``provenance.import_with_node_names``."""
+    from .provenance import node_index
+
+    rewrites = {i.output: i for i in report.instances if i.variant == i.pattern}
+
+    def indices(names, seen) -> list[int]:
+        found = []
+        for name in names:
+            if name in rewrites and name not in seen:
+                seen.add(name)
+                found += indices(rewrites[name].absorbed, seen)
+            index = node_index(name, model)
+            if index is not None:
+                found.append(index)
+        return found
+
+    absorbed_rewrites: set[str] = set()
+    groups = []
+    fusions = [i for i in report.instances if i.variant != i.pattern]
+    for instance in fusions + [i for i in rewrites.values()]:
+        if instance.variant == instance.pattern and instance.output in absorbed_rewrites:
+            continue
+        seen: set[str] = set()
+        nodes = sorted(set(indices(instance.absorbed, seen)))
+        absorbed_rewrites |= seen
+        groups.append(FusedNodes(instance.pattern, instance.variant,
+                                 [model.graph.node[i].name or f"#{i}" for i in nodes],
+                                 [model.graph.node[i].op_type for i in nodes], nodes))
+    return groups
+
+
+def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
+                  graph: str | Path | None = None) -> InspectReport:
+    """Op counts before/after fusion, which fusions fired how often (with the ONNX nodes each
+    absorbed), and near misses; with ``graph``, the graph drawn before/after fusion (.svg/.png)."""
+    from .graph_render import check_graph_path, render_fusion_graph
+    from .passes import fusion_pipeline
+    from .provenance import import_with_node_names, node_index
+
+    if graph is not None:
+        check_graph_path(graph)  # before the work, not after it
     with captured_native_stderr([]):  # inspection builds nothing; TVM's build warnings are noise here
         prepared = prepare(model_path, config, input_shapes)
+        simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
+        # The same import with bindings named after ONNX nodes, to say what each fusion absorbed.
+        named = import_with_node_names(simplified, {s.name: list(s.shape) for s in prepared.inputs},
+                                       {s.name: s.dtype for s in prepared.inputs})
         report = PatternReport()
-        fused = fusion_pipeline(prepared.config, report, phases=("canonicalize", "fuse"))(prepared.relax_module)
+        fused = fusion_pipeline(prepared.config, report, phases=("canonicalize", "fuse"))(named)
         lowered = fusion_pipeline(prepared.config, PatternReport(), phases=("lower",))(fused)
         stock_kernels = stock_kernel_calls(prepared)
-    simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
+    for miss in report.near_misses:
+        index = node_index(miss.var, simplified)
+        if index is not None:
+            node = simplified.graph.node[index]
+            miss.where += f" (ONNX {node.op_type} {node.name or f'#{index}'})"
+    instances = fused_nodes(report, simplified)
+    if graph is not None:
+        render_fusion_graph(simplified, instances, graph, title=f"{prepared.name}: before / after fusion")
     return InspectReport(
         model=prepared.name,
         onnx_ops=dict(collections.Counter(n.op_type for n in prepared.onnx_model.graph.node).most_common()),
@@ -254,6 +539,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         report=report,
         kernels=kernel_calls(lowered),
         stock_kernels=stock_kernels,
+        instances=instances,
     )
 
 
@@ -331,5 +617,5 @@ def _bench_metadata(prepared: PreparedModel) -> dict:
             "threads": prepared.config.threads}
 
 
-__all__ = ["CompileResult", "InspectReport", "BenchReport", "compile_model", "inspect_model",
-           "bench_model", "prepare", "optimize", "TvmFusionError"]
+__all__ = ["CompileResult", "TargetResult", "InspectReport", "BenchReport", "compile_model",
+           "compile_targets", "inspect_model", "bench_model", "prepare", "optimize", "TvmFusionError"]

@@ -35,8 +35,13 @@ def _count(minimum: int):
     return parse
 
 
-def _shape_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="pipeline config TOML (default: configs/x86_64-host.toml)")
+def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) -> None:
+    if several_configs:
+        parser.add_argument("--config", action="append", default=[],
+                            help="pipeline config TOML, one per target (repeatable; default: "
+                                 "configs/x86_64-host.toml)")
+    else:
+        parser.add_argument("--config", help="pipeline config TOML (default: configs/x86_64-host.toml)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMxDIM",
                         help="static shape for an input, e.g. input_ids:1x128 (repeatable)")
 
@@ -48,10 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     compile_cmd = commands.add_parser("compile", help="ONNX -> fused, scheduled, verified library")
     compile_cmd.add_argument("model")
-    _shape_args(compile_cmd)
+    _shape_args(compile_cmd, several_configs=True)
     compile_cmd.add_argument("-o", "--output-dir", default="build", help="default: build/")
     compile_cmd.add_argument("--no-verify", action="store_true",
                              help="skip the comparison with ONNX Runtime")
+    _tuning_log_args(compile_cmd)
 
     run_cmd = commands.add_parser("run", help="run a built artifact directory")
     run_cmd.add_argument("artifact", help="build/<model>.<target>/")
@@ -65,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_cmd.add_argument("model")
     _shape_args(inspect_cmd)
     inspect_cmd.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    inspect_cmd.add_argument("--graph", metavar="FILE.svg|FILE.png",
+                             help="also draw the graph before and after fusion, side by side")
 
     bench_cmd = commands.add_parser("bench", help="ONNX Runtime vs stock TVM vs tvm_fusion")
     bench_cmd.add_argument("model")
@@ -73,7 +81,60 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--warmup", type=_count(0), default=3)
     bench_cmd.add_argument("--no-stock", action="store_true", help="skip stock TVM (it is slow)")
     bench_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    _tuning_parsers(commands)
     return parser
+
+
+def _tuning_log_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--tuning-log", metavar="DIR",
+                       help="tuning-log root with <target-key>/ stores (default: the config's [tuning] "
+                            "log_dir, tuning_logs/ for the bundled config)")
+    group.add_argument("--no-tuning-log", action="store_true", help="hand schedules only")
+
+
+def _tuning_log_choice(args):
+    return False if args.no_tuning_log else args.tuning_log
+
+
+def _tracker(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT, e.g. 127.0.0.1:9190")
+    return host, int(port)
+
+
+def _tuning_parsers(commands) -> None:
+    tune_cmd = commands.add_parser("tune", help="MetaSchedule-tune the fused kernels into the tuning log")
+    tune_cmd.add_argument("model")
+    _shape_args(tune_cmd)
+    tune_cmd.add_argument("--trials", type=_count(1), help="total trials, counting those already in the log "
+                                                            "(default: config [tuning] trials)")
+    tune_cmd.add_argument("--per-task-trials", type=_count(1), help="cap per kernel (default: config)")
+    tune_cmd.add_argument("--trials-per-iter", type=_count(1), help="candidates per batch (default: config)")
+    tune_cmd.add_argument("--time-limit", type=float, metavar="SECONDS",
+                          help="start no new batch after this long (default: config; 0 = none)")
+    tune_cmd.add_argument("--tuning-log", metavar="DIR", help="log root (default: the config's [tuning] log_dir)")
+    tune_cmd.add_argument("--rpc-tracker", type=_tracker, metavar="HOST:PORT",
+                          help="measure on the RPC servers registered with this TVM tracker")
+    tune_cmd.add_argument("--rpc-key", help="the servers' key at the tracker (with --rpc-tracker)")
+    tune_cmd.add_argument("--seed", type=int, default=0)
+
+    log_cmd = commands.add_parser("tuning-log", help="show, merge, prune or diff tuning logs")
+    actions = log_cmd.add_subparsers(dest="action", required=True)
+    show = actions.add_parser("show", help="kernels, trials, best latency per store")
+    show.add_argument("path", nargs="?", default="tuning_logs", help="store or log root (default: tuning_logs/)")
+    show.add_argument("--json", action="store_true")
+    merge = actions.add_parser("merge", help="combine logs, keeping the best records per kernel")
+    merge.add_argument("sources", nargs="+", help="stores or log roots")
+    merge.add_argument("-o", "--output", required=True, help="log root to write <target-key>/ stores into")
+    merge.add_argument("--keep", type=_count(1), default=1, help="records kept per kernel (default 1)")
+    prune = actions.add_parser("prune", help="drop records compile would never use")
+    prune.add_argument("path", help="store or log root")
+    prune.add_argument("--keep", type=_count(1), default=1, help="records kept per kernel (default 1)")
+    diff = actions.add_parser("diff", help="best latency per kernel in two stores")
+    diff.add_argument("a")
+    diff.add_argument("b")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,19 +155,51 @@ def _compile(args, say) -> int:
     from .report import table
     from .verify import format_comparisons
 
-    result = compile_model(args.model, args.config, args.input_shape, args.output_dir,
-                           verify=not args.no_verify, progress=say)
+    if len(args.config) > 1:
+        return _compile_targets(args, say)
+    result = compile_model(args.model, args.config[0] if args.config else None, args.input_shape,
+                           args.output_dir, verify=not args.no_verify, progress=say,
+                           tuning_log=_tuning_log_choice(args))
     meta = result.metadata
     fused = [[name, count] for name, count in meta["fusions"].items() if "." not in name]
     print(f"artifact: {result.artifact}")
     print(table(["pattern", "fired"], fused) if fused else "no fusion pattern fired")
     print(f"kernels per call: {meta['kernels']}")
+    if meta.get("tuning"):
+        tuning = meta["tuning"]
+        tuned, hand = tuning["tuned_kernels"], tuning["hand_schedule_measured_fastest"]
+        print(f"tuning log {tuning['log']}: {len(tuned)} kernel(s) tuned{': ' + ', '.join(tuned) if tuned else ''}"
+              f"; {len(hand)} kept the hand schedule (measured fastest)")
     if result.comparisons:
         print(format_comparisons(result.comparisons, meta["verification"]["rtol"],
                                  meta["verification"]["atol"]))
-    else:
+    elif meta["verification"] is None:
         print("verification: skipped (--no-verify)")
+    else:
+        print(f"verification: NOT RUN: {meta['verification']['reason']}")
     return 0
+
+
+def _compile_targets(args, say) -> int:
+    """Every target in one go; a failed target is reported and the exit is non-zero at the end."""
+    from .api import compile_targets
+    from .report import table
+
+    results = compile_targets(args.model, args.config, args.input_shape, args.output_dir,
+                              verify=not args.no_verify, progress=say, tuning_log=_tuning_log_choice(args))
+    built = [r for r in results if r.error is None]
+    if built:
+        fused = [[name, count] for name, count in built[0].metadata["fusions"].items() if "." not in name]
+        print(table(["pattern", "fired"], fused) if fused else "no fusion pattern fired")
+    rows = [[r.target, str(r.artifact) if r.artifact else "-",
+             r.metadata.get("platform", {}).get("arch", "-") if r.metadata else "-",
+             r.verification if r.error is None else "FAILED"] for r in results]
+    print(table(["target", "artifact", "arch", "verification"], rows))
+    for result in results:
+        if result.error is not None:
+            print(f"tvm-fusion: error: target {result.target}: {result.error}", file=sys.stderr)
+    failed = [r.error for r in results if r.error is not None]
+    return failed[0].exit_code if failed else 0
 
 
 def _run(args, say) -> int:
@@ -160,7 +253,7 @@ def _inspect(args, say) -> int:
     from .api import inspect_model
     from .report import table
 
-    result = inspect_model(args.model, args.config, args.input_shape)
+    result = inspect_model(args.model, args.config, args.input_shape, graph=args.graph)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0
@@ -174,6 +267,9 @@ def _inspect(args, say) -> int:
     variants = [[name, count] for name, count in fired if "." in name]
     if variants:
         print("\n" + table(["fused variant", "count"], variants))
+    if result.instances:
+        print("\n" + table(["fused", "ONNX nodes absorbed"],
+                           [[i.variant, ", ".join(i.nodes) or "-"] for i in result.instances]))
     if result.report.near_misses:
         print("\nnear misses (matched, but the check declined):")
         print(table(["pattern", "where", "reason"],
@@ -182,6 +278,8 @@ def _inspect(args, say) -> int:
                  key=lambda op: -result.relax_ops.get(op, 0))
     print("\n" + table(["Relax op / composite", "before", "after"],
                        [[op, result.relax_ops.get(op, 0), result.fused_ops.get(op, 0)] for op in ops]))
+    if args.graph:
+        print(f"\ngraph before/after fusion: {args.graph}")
     return 0
 
 
@@ -207,7 +305,74 @@ def _bench(args, say) -> int:
     return 0
 
 
-COMMANDS = {"compile": _compile, "run": _run, "inspect": _inspect, "bench": _bench}
+def _tune(args, say) -> int:
+    from .report import table
+    from .tuning.tune import RpcSettings, tune_model
+
+    rpc = None
+    if args.rpc_tracker or args.rpc_key:
+        if not (args.rpc_tracker and args.rpc_key):
+            raise TvmFusionError("--rpc-tracker and --rpc-key go together",
+                                 "pass both, e.g. --rpc-tracker 127.0.0.1:9190 --rpc-key myboard")
+        rpc = RpcSettings(args.rpc_tracker[0], args.rpc_tracker[1], args.rpc_key)
+    result = tune_model(args.model, args.config, args.input_shape, trials=args.trials,
+                        per_task_trials=args.per_task_trials, time_limit_s=args.time_limit,
+                        trials_per_iter=args.trials_per_iter, log_dir=args.tuning_log, rpc=rpc,
+                        seed=args.seed, show_progress=not args.quiet, say=say)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    rows = [[t.name, t.weight, t.trials_before, t.trials_run, t.hand_us if t.hand_us is not None else "-",
+             t.best_us if t.best_us is not None else "-",
+             t.hand_us / t.best_us if t.hand_us and t.best_us else "-"] for t in result.tasks]
+    print(table(["kernel", "calls", "trials before", "trials now", "hand us", "best us", "speed-up"], rows,
+                "lrrrrrr"))
+    if result.excluded:
+        print("excluded (hand schedules): " + ", ".join(f"{k} ({p})" for k, p in sorted(result.excluded.items())))
+    print(f"{result.trials_run} trials in {result.wall_s:.0f} s ({result.trials_before + result.trials_run}"
+          f" of {result.budget} in the log); stopped: {result.stopped_by}")
+    print(f"tuning log: {result.store}")
+    return 130 if result.stopped_by == "interrupted" else 0
+
+
+def _tuning_log(args, say) -> int:
+    from .report import table
+    from .tuning import logs
+
+    if args.action == "show":
+        rows, notes = logs.show(args.path)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        if args.json:
+            import dataclasses
+
+            print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+            return 0
+        print(table(["store", "kernel", "models", "trials", "failed", "best us", "hand us", "status"],
+                    [[Path(r.store).name, r.kernel, ",".join(r.models), r.trials, r.failed,
+                      r.best_us if r.best_us is not None else "-", r.hand_us if r.hand_us is not None else "-",
+                      r.status] for r in rows], "lllrrrrl"))
+    elif args.action == "merge":
+        report = logs.merge(args.sources, args.output, keep=args.keep)
+        for problem in report.problems:
+            print(f"note: {problem}", file=sys.stderr)
+        print(table(["store", "records kept"], [[k, v] for k, v in report.written.items()]))
+        print(f"{report.read} good records read")
+    elif args.action == "prune":
+        for report in logs.prune(args.path, keep=args.keep):
+            dropped = ", ".join(f"{n} {why}" for why, n in report.dropped.items()) or "nothing"
+            print(f"{report.directory}: kept {report.kept}, dropped {dropped}")
+    else:
+        rows = logs.diff(args.a, args.b)
+        print(table(["kernel", "A best us", "B best us", "A/B", "A trials", "B trials"],
+                    [[r.kernel, r.best_a_us if r.best_a_us is not None else "-",
+                      r.best_b_us if r.best_b_us is not None else "-",
+                      r.speedup if r.speedup is not None else "-", r.trials_a, r.trials_b] for r in rows],
+                    "lrrrrr"))
+    return 0
+
+
+COMMANDS = {"compile": _compile, "run": _run, "inspect": _inspect, "bench": _bench, "tune": _tune,
+            "tuning-log": _tuning_log}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,20 @@ SECTIONS = {
     "verify": ("rtol", "atol", "seed"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
+    "tuning": ("trials", "per_task_trials", "trials_per_iter", "time_limit_s", "exclude", "log_dir"),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningConfig:
+    """``[tuning]``: MetaSchedule budget and where the tuning logs live (``log_dir`` is absolute)."""
+
+    trials: int = 200
+    per_task_trials: int = 64
+    trials_per_iter: int = 16
+    time_limit_s: float = 0.0  # 0 = no limit
+    exclude: tuple[str, ...] = ()  # kernel-name glob patterns left to the hand schedules
+    log_dir: str = "tuning_logs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +57,7 @@ class PipelineConfig:
     seed: int = 0
     threads: int = 1
     dim_defaults: dict[str, int] = dataclasses.field(default_factory=dict)
+    tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
 
     def tvm_target(self):
         import tvm
@@ -82,6 +97,23 @@ def load_config(path: str | os.PathLike | None = None) -> PipelineConfig:
     return parse_config(raw, name=path.stem, path=str(path))
 
 
+def _check_platform_keys(target: dict[str, Any], fail) -> None:
+    """The keys tvm_fusion.targets needs to pick a toolchain: a triple it can link, an nvcc arch."""
+    triple = target.get("mtriple", "x86_64")
+    if not isinstance(triple, str) or not triple.startswith(("x86_64", "aarch64")):
+        raise fail("target.mtriple", f"has value {triple!r}", '"x86_64-linux-gnu" or "aarch64-linux-gnu"')
+    if target["kind"] == "llvm":
+        for key in ("arch", "host"):
+            if key in target:
+                raise fail(f"target.{key}", "is only for a cuda target", "remove it, or set kind = \"cuda\"")
+        return
+    if not (isinstance(target["arch"], str) and re.fullmatch(r"sm_\d+a?", target["arch"])):
+        raise fail("target.arch", f"has value {target['arch']!r}", 'an nvcc arch like "sm_80" or "sm_90"')
+    host = target.get("host", {"kind": "llvm"})
+    if not isinstance(host, dict) or host.get("kind") != "llvm":
+        raise fail("target.host", f"has value {host!r}", 'a table like {kind = "llvm", mcpu = "x86-64-v3"}')
+
+
 def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> PipelineConfig:
     """Validate a parsed TOML document; every error names the file, the key and what is allowed."""
     from .patterns import registered_patterns
@@ -115,6 +147,7 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
         raise fail("target.mattr", f"has value {target['mattr']!r}", 'a list of strings like ["+avx2"]')
     if kind == "cuda" and "arch" not in target:
         raise fail("target.arch", "is missing for a cuda target", 'an arch like "sm_80" or "sm_90"')
+    _check_platform_keys(target, fail)
 
     pipeline = raw.get("pipeline", {})
     known = registered_patterns()
@@ -157,4 +190,27 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     return PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
         rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
-        threads=threads or cores, dim_defaults=dict(dims))
+        threads=threads or cores, dim_defaults=dict(dims),
+        tuning=_parse_tuning(raw.get("tuning", {}), path, fail))
+
+
+def _parse_tuning(section: dict[str, Any], path: str, fail) -> TuningConfig:
+    """``log_dir`` is relative to the config file's folder, so a config finds its logs from any cwd."""
+    counts = {}
+    for key in ("trials", "per_task_trials", "trials_per_iter"):
+        value = section.get(key, getattr(TuningConfig, key))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise fail(f"tuning.{key}", f"has value {value!r}", "a positive integer")
+        counts[key] = value
+    limit = section.get("time_limit_s", 0)
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:
+        raise fail("tuning.time_limit_s", f"has value {limit!r}", "seconds as a non-negative number (0 = no limit)")
+    exclude = section.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(p, str) and p for p in exclude):
+        raise fail("tuning.exclude", f"has value {exclude!r}", 'a list of kernel-name patterns like ["*transpose*"]')
+    log_dir = section.get("log_dir", TuningConfig.log_dir)
+    if not isinstance(log_dir, str) or not log_dir:
+        raise fail("tuning.log_dir", f"has value {log_dir!r}", "a directory path (relative to the config file)")
+    base = Path(path).parent if path != "<config>" else Path.cwd()
+    return TuningConfig(**counts, time_limit_s=float(limit), exclude=tuple(exclude),
+                        log_dir=str((base / log_dir).resolve()))

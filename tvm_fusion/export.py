@@ -7,9 +7,11 @@ artifact of the same name stays intact until the new one is complete.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import ArtifactError
@@ -20,9 +22,17 @@ def artifact_dir(output_dir: str | os.PathLike, model_name: str, target_name: st
     return Path(output_dir) / f"{model_name}.{target_name}"
 
 
-def write_artifact(executable, metadata: dict, final_dir: Path) -> Path:
-    """Export ``executable`` and ``metadata`` into ``final_dir``, replacing it only when complete."""
+def write_artifact(executable, metadata: dict, final_dir: Path, export_options: dict | None = None,
+                   check: Callable[[Path], dict] | None = None) -> Path:
+    """Export ``executable`` and ``metadata`` into ``final_dir``, replacing it only when complete.
+
+    ``export_options`` go to ``export_library`` (``fcompile`` for a cross linker,
+    ``fpack_imports`` for CUDA device code). ``check(library)`` runs on the exported library
+    before anything is committed and returns metadata to add; if it raises, nothing is written.
+    """
     final_dir = Path(final_dir)
+    # Folders this call creates, deepest first: removed again if ``check`` rejects the artifact.
+    created = [folder for folder in (final_dir.parent, *final_dir.parent.parents) if not folder.exists()]
     try:
         final_dir.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -34,7 +44,13 @@ def write_artifact(executable, metadata: dict, final_dir: Path) -> Path:
     staging.mkdir()
     try:
         library = staging / LIBRARY_NAME
-        executable.export_library(str(library))
+        executable.export_library(str(library), **(export_options or {}))
+        if check is not None:
+            try:
+                metadata = {**metadata, **check(library)}
+            except BaseException:
+                _remove_empty(staging, *created)
+                raise
         metadata = {**metadata, "library": LIBRARY_NAME, "library_sha256": sha256_of(library)}
         (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
         if final_dir.exists():
@@ -47,3 +63,10 @@ def write_artifact(executable, metadata: dict, final_dir: Path) -> Path:
         raise
     shutil.rmtree(retired, ignore_errors=True)
     return final_dir
+
+
+def _remove_empty(staging: Path, *folders: Path) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -42,7 +42,8 @@ class CompiledModel:
         self.inputs = metadata["inputs"]
         self.outputs = metadata["outputs"]
         set_threads(metadata.get("threads", 1))
-        self._device = tvm.cpu()
+        # Kernels of a CUDA artifact run on the GPU; the VM adds the CPU for shape code itself.
+        self._device = tvm.cuda(0) if metadata.get("target", {}).get("kind") == "cuda" else tvm.cpu()
         self._vm = relax.VirtualMachine(module, self._device)
         self._main = self._vm["main"]
 
@@ -104,9 +105,7 @@ def load(directory: str | os.PathLike) -> CompiledModel:
         raise ArtifactError(f"{library} does not match its metadata (sha256 {actual_sha[:12]}..., "
                             f"expected {expected_sha[:12]}...): it was modified or damaged",
                             "rebuild the artifact")
-    host_kind = metadata.get("target", {}).get("kind", "llvm")
-    if host_kind != "llvm":
-        raise ArtifactError(f"{directory} was built for a {host_kind} target", "run it on that device")
+    check_runs_here(directory, metadata)
     native: list[str] = []
     try:
         with captured_native_stderr(native):
@@ -117,6 +116,21 @@ def load(directory: str | os.PathLike) -> CompiledModel:
     for message in summarize(native):
         print(f"tvm: {message}", file=sys.stderr)
     return CompiledModel(module, metadata)
+
+
+def check_runs_here(directory: Path, metadata: dict) -> None:
+    """An ArtifactError saying why, instead of a failed dlopen or an illegal-instruction crash."""
+    from .targets import execution_here
+
+    execution = execution_here(metadata.get("target", {"kind": "llvm"}))
+    if execution.how == "native":
+        return
+    target = metadata.get("config", "another target")
+    hint = (f"run it on a machine of its class ({target}); here, tvm_fusion.targets.run_emulated "
+            "runs it under qemu-aarch64" if execution.how == "qemu" else
+            f"run it on a machine of its class ({target}), or compile for this one "
+            "(configs/x86_64-host.toml)")
+    raise ArtifactError(f"{directory} cannot run on this machine: {execution.reason}", hint)
 
 
 def _checked_metadata(text: str) -> dict:

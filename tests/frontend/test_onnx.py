@@ -318,3 +318,19 @@ def test_random_inputs_for_bert_ids_within_vocab():
     assert 0 <= values["input_ids"].min() and values["input_ids"].max() < vocab
     assert values["input_ids"].max() >= 2
     assert set(np.unique(values["attention_mask"])) <= {0, 1}
+
+
+def test_a_graph_onnxslim_refuses_is_imported_as_it_is(monkeypatch):
+    import onnxslim
+
+    from tvm_fusion.frontend import onnx as onnx_frontend
+
+    model = helpers.mlp_model()
+    specs = bind_input_shapes(model, {"x": (4, helpers.IN_FEATURES)})
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("onnxslim cannot handle this graph")
+
+    monkeypatch.setattr(onnxslim, "slim", refuse)
+    assert onnx_frontend.simplify(model, specs) is model
+    assert onnx_frontend.import_model(model, specs)["main"] is not None

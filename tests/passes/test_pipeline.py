@@ -45,13 +45,16 @@ def test_fused_unfused_and_onnxruntime_agree(prepared):
 def test_every_linear_layer_and_gelu_is_fused(prepared):
     optimized = api.optimize(prepared)
     fired = optimized.report.fired
-    # Per layer: Q, K, V (one fused c_attn GEMM in GPT-2), attention output (+ residual),
-    # FFN up (+ GELU), FFN down (+ residual).
+    # Per layer: Q, K, V (one fused c_attn GEMM in GPT-2), attention output, FFN up (+ GELU),
+    # FFN down. The residual adds go with the LayerNorm (skip_layernorm runs first); where the
+    # bias add went too, that linear is a plain matmul and its bias is in a bias_skip norm.
     linear_layers = 6 if prepared.name == "bert_tiny" else 4
-    assert fired["gemm_epilogue"] == linear_layers * LAYERS
+    embedding_bias_skip = 1 if prepared.name == "bert_tiny" else 0  # word + type + position adds
+    linears_with_bias_in_norm = fired["skip_layernorm.bias_skip"] - embedding_bias_skip
+    assert fired["gemm_epilogue"] + linears_with_bias_in_norm == linear_layers * LAYERS
     gelu_variant = "matmul_bias_gelu" if prepared.name == "bert_tiny" else "matmul_bias_gelu_tanh"
     assert fired[f"gemm_epilogue.{gelu_variant}"] == LAYERS
-    assert fired["gemm_epilogue.matmul_bias_residual"] == 2 * LAYERS
+    assert fired["gemm_epilogue.matmul_bias_residual"] == 0
     assert not optimized.report.near_misses
     assert api.kernel_calls(optimized.module) <= api.stock_kernel_calls(prepared)
 
@@ -61,3 +64,34 @@ def test_no_kernel_is_left_unscheduled(prepared):
     unscheduled = [gv.name_hint for gv, f in optimized.module.functions_items()
                    if isinstance(f, tvm.tirx.PrimFunc) and not (f.attrs and f.attrs.get("tirx.is_scheduled"))]
     assert unscheduled == []
+
+
+def test_every_attention_is_one_scheduled_kernel(prepared):
+    """Per layer the head split, QKᵀ, scale, mask, softmax, ·V and head merge are one kernel."""
+    optimized = api.optimize(prepared)
+    variant = "masked" if prepared.name == "bert_tiny" else "qkv_causal_masked"
+    assert optimized.report.fired["attention"] == LAYERS
+    assert optimized.report.fired[f"attention.{variant}"] == LAYERS
+    attention_kernels = {name for name, rule in optimized.schedule_rules.items() if rule == "Attention"}
+    calls = [call.args[0].name_hint for call in _call_tirs(optimized.module["main"])]
+    assert sum(name in attention_kernels for name in calls) == LAYERS
+    assert not any("softmax" in name and name not in attention_kernels for name in calls)
+
+
+def _call_tirs(func):
+    found = []
+    relax.analysis.post_order_visit(
+        func, lambda e: found.append(e) if isinstance(e, relax.Call)
+        and getattr(e.op, "name", "") == "relax.call_tir" else None)
+    return found
+
+
+def test_every_layer_norm_is_fused_with_its_residual_add(prepared):
+    """BERT: embeddings + 2 per layer; GPT-2: 2 per layer + final. inspect names the ONNX
+    LayerNormalization and Add nodes each instance absorbed."""
+    report = api.inspect_model(EXAMPLES / f"{prepared.name}.onnx", input_shapes=SHAPES[prepared.name])
+    assert report.report.fired["skip_layernorm"] == 5
+    assert "nn.layer_norm" not in report.fused_ops and report.relax_ops["nn.layer_norm"] == 5
+    norms = [i for i in report.instances if i.pattern == "skip_layernorm"]
+    assert sorted(op for i in norms for op in i.ops if op == "LayerNormalization") == ["LayerNormalization"] * 5
+    assert all("Add" in i.ops for i in norms)

@@ -48,7 +48,7 @@ def test_leaves_no_primfunc_unscheduled(target):
     assert prim_funcs
     assert all(f.attrs["tirx.is_scheduled"] for f in prim_funcs.values())
     assert set(schedules.applied) == set(prim_funcs)
-    assert schedules.applied["softmax"] == "Reduction"
+    assert schedules.applied["softmax"] == "Softmax"
     assert schedules.applied["layer_norm"] == "Reduction"
     assert "MatmulEpilogue" in schedules.applied.values()
     assert "Injective" in schedules.applied.values()
@@ -81,6 +81,7 @@ def test_skips_functions_already_scheduled(target, lowered, prim_funcs):
 
 def test_rule_lists_per_target_family():
     cpu = [type(r).__name__ for r in schedule_rules(tvm.target.Target({"kind": "llvm"}))]
-    assert cpu == ["MatmulEpilogue", "Reduction", "Injective", "Fallback"]
+    assert cpu == ["Attention", "MatmulMultiOutput", "MatmulEpilogue", "Conv2dNCHW", "DepthwiseConv2d",
+                   "Pooling", "SkipNorm", "Softmax", "Reduction", "Injective", "Fallback"]
     cuda = schedule_rules(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
     assert type(cuda[0]).__name__ == "Matmul" and type(cuda[-1]).__name__ == "Fallback"

@@ -21,7 +21,9 @@ from ..errors import ModelError, ShapeError
 ONNX_DTYPES = {
     onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
     onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
-    onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT64: "uint64",
+    onnx.TensorProto.UINT32: "uint32", onnx.TensorProto.UINT16: "uint16",
     onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
 }
 
@@ -137,21 +139,25 @@ def output_specs(model: onnx.ModelProto) -> list[str]:
 
 
 def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
-    """Fold shape subgraphs with onnxslim at the bound shapes; our fusions stay ours."""
+    """Fold shape subgraphs with onnxslim at the bound shapes; our fusions stay ours.
+
+    onnxslim refuses some valid graphs (optional-typed values, for one); those go to TVM's
+    importer as they are, with the bound shapes, rather than being rejected here.
+    """
     import onnxslim
     from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
 
+    from .dropout_guard import hide_dropouts, restore_dropouts
+
     try:
-        return onnxslim.slim(
-            model,
+        return restore_dropouts(onnxslim.slim(
+            hide_dropouts(model),  # onnxslim would delete every Dropout, training mode too
             input_shapes=[f"{spec.name}:{','.join(map(str, spec.shape))}" for spec in inputs],
             # onnxslim's own fusions (MatMul+Add -> Gemm, Conv+BN, ...) would pre-empt ours.
             skip_fusion_patterns=[p for p in DEFAULT_FUSION_PATTERNS if p.startswith("Fusion")],
-        )
-    except Exception as err:
-        raise ModelError(f"simplifying the model at shapes "
-                         f"{', '.join(f'{s.name}:{s.shape}' for s in inputs)} failed: {err}",
-                         "check that the input shapes are ones the model accepts") from err
+        ))
+    except Exception:  # noqa: BLE001 - any onnxslim failure: let the importer try the original
+        return model
 
 
 def unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -171,7 +177,7 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
 
 def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):
     """Import a simplified model into a Relax IRModule with static input shapes."""
-    from tvm.relax.frontend.onnx import from_onnx
+    from .converters import from_onnx  # TVM's importer + our Dropout/EyeLike converters
 
     missing = unsupported_ops(model)
     if missing:
@@ -182,6 +188,8 @@ def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):
     try:
         return from_onnx(model, shape_dict={s.name: list(s.shape) for s in inputs},
                          dtype_dict={s.name: s.dtype for s in inputs})
+    except ModelError:
+        raise  # our converters name the node already
     except Exception as err:
         message = str(err).strip().splitlines()
         raise ModelError(f"TVM's ONNX importer failed: {message[-1] if message else type(err).__name__}",

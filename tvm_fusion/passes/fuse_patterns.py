@@ -5,7 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..patterns.base import FusionRule, NearMiss, PatternReport, binding_name
+from ..patterns.base import FusionRule, NearMiss, PatternInstance, PatternReport, binding_name
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.FusePatterns")
@@ -18,12 +18,15 @@ class FusePatterns:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         declined: dict[str, NearMiss] = {}
+        accepted: list[tuple[str, str, relax.Var, list[relax.Var]]] = []
         patterns = [
             relax.transform.FusionPattern(f"{rule.name}.{variant}", root, annotations,
-                                          self._check(rule, declined))
+                                          self._check(rule, declined, accepted, variant))
             for rule in self.rules
             for variant, root, annotations in rule.variants()
         ]
+        position = {var: index for _, func in mod.functions_items() if isinstance(func, relax.Function)
+                    for index, var in enumerate(relax.analysis.get_var2val(func))}
         # Weights are constants; binding them into the composite would stop FuseTIR
         # ("Tensor constants are not supported in primitive functions").
         mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
@@ -31,6 +34,7 @@ class FusePatterns:
         for composite in composite_calls(mod):
             self.report.fired[composite.split(".")[0]] += 1
             self.report.fired[composite] += 1
+        self.report.instances.extend(realized_instances(accepted, unfused_vars(mod), position))
         still_unfused = unfused_anchor_names(mod)
         for anchor, miss in declined.items():
             if anchor in still_unfused:
@@ -38,13 +42,15 @@ class FusePatterns:
         return mod
 
     @staticmethod
-    def _check(rule: FusionRule, declined: dict[str, NearMiss]):
+    def _check(rule: FusionRule, declined: dict[str, NearMiss], accepted: list, variant: str):
         def check(context: relax.transform.PatternCheckContext) -> bool:
             reason = rule.check(context)
             if reason is None:
+                output = context.value_to_bound_var.get(context.matched_expr)
+                accepted.append((rule.name, variant, output, list(context.matched_bindings.keys())))
                 return True
             anchor = binding_name(context, rule.anchor(context))
-            declined.setdefault(anchor, NearMiss(rule.name, f"at {anchor}", reason))
+            declined.setdefault(anchor, NearMiss(rule.name, f"at {anchor}", reason, anchor))
             return False
 
         return check
@@ -66,14 +72,36 @@ def composite_calls(mod: tvm.IRModule) -> list[str]:
     return found
 
 
-def unfused_anchor_names(mod: tvm.IRModule) -> set[str]:
-    """Names of the variables still bound to a plain op call outside any composite."""
-    names = set()
-    for gvar, func in mod.functions_items():
+def realized_instances(accepted: list, unfused: set, position: dict) -> list[PatternInstance]:
+    """The accepted matches FuseOpsByPattern actually grouped, in the order it preferred them.
+
+    A check may accept a match that a preferred overlapping one then claims; a match was
+    realized if none of its bindings is still a plain op call and no earlier one took them.
+    """
+    taken: set = set()
+    instances = []
+    for rule, variant, output, bindings in accepted:
+        if taken.isdisjoint(bindings) and unfused.isdisjoint(bindings):
+            taken.update(bindings)
+            instances.append(PatternInstance(rule, f"{rule}.{variant}",
+                                             output.name if output is not None else "<expr>",
+                                             [var.name for var in sorted(bindings, key=position.get)]))
+    return instances
+
+
+def unfused_vars(mod: tvm.IRModule) -> set:
+    """The variables still bound to a plain op call outside any composite."""
+    found = set()
+    for _, func in mod.functions_items():
         if not isinstance(func, relax.Function) or (func.attrs and "Composite" in func.attrs):
             continue
         for block in func.body.blocks:
             for binding in block.bindings:
                 if isinstance(binding.value, relax.Call) and isinstance(binding.value.op, tvm.ir.Op):
-                    names.add(binding.var.name)
-    return names
+                    found.add(binding.var)
+    return found
+
+
+def unfused_anchor_names(mod: tvm.IRModule) -> set[str]:
+    """Names of the variables still bound to a plain op call outside any composite."""
+    return {var.name for var in unfused_vars(mod)}

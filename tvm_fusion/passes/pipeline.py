@@ -20,16 +20,18 @@ from ..config import PipelineConfig
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
 from .apply_rewrite_rules import ApplyRewriteRules
 from .fast_math import fast_math_legalize_map
+from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
 
 
 def fusion_pipeline(config: PipelineConfig, report: PatternReport,
                     phases: tuple[str, ...] = ("canonicalize", "fuse", "lower", "schedule"),
-                    schedule_log: dict[str, str] | None = None) -> tvm.transform.Pass:
+                    schedule_log: dict[str, str] | None = None, tuning=None) -> tvm.transform.Pass:
     """The configured pipeline (optionally only some phases, for inspection and tests).
 
     ``report`` receives fusion counts and near misses; ``schedule_log`` (kernel -> schedule
-    rule) what the schedule phase did.
+    rule) what the schedule phase did. ``tuning`` (tuning.apply.TuningRecords) schedules the
+    kernels it has records for before the hand-written rules take the rest.
     """
     rules = [get_pattern(name) for name in config.patterns]
     rewrites = [rule for rule in rules if isinstance(rule, RewriteRule)]
@@ -38,14 +40,14 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
         "canonicalize": lambda: [
             relax.transform.ConvertToDataflow(),
             # Folds the importer's constant bound/shape computations so rules see constants.
-            relax.transform.FoldConstant(),
+            FoldConstantsSafely(),
             ApplyRewriteRules(rewrites, report),
             relax.transform.DeadCodeElimination(),
             relax.transform.ConvertToDataflow(),
         ],
         "fuse": lambda: [FusePatterns(fusions, report)],
         "lower": lambda: lowering_passes(config.fast_math),
-        "schedule": lambda: schedule_passes(config, schedule_log),
+        "schedule": lambda: schedule_passes(config, schedule_log, tuning),
     }
     return tvm.transform.Sequential([p for phase in phases for p in passes[phase]()],
                                     name="tvm_fusion.Pipeline")
@@ -62,12 +64,18 @@ def lowering_passes(fast_math: bool = True) -> list[tvm.transform.Pass]:
     ]
 
 
-def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None) -> list[tvm.transform.Pass]:
+def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
+                    tuning=None) -> list[tvm.transform.Pass]:
     if config.schedule == "none":
         return []
     from ..schedules import ApplySchedules
 
-    return [ApplySchedules(config.tvm_target(), log=schedule_log)]
+    tuned = []
+    if tuning is not None and len(tuning):
+        from ..tuning.apply import ApplyTuningRecords
+
+        tuned = [ApplyTuningRecords(tuning, config.tvm_target(), log=schedule_log)]
+    return [*tuned, ApplySchedules(config.tvm_target(), log=schedule_log)]
 
 
 def stock_fusion_pipeline() -> tvm.transform.Pass:

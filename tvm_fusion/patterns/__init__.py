@@ -5,13 +5,27 @@ The order of ``PATTERNS`` is the default order of a pipeline config's ``patterns
 
 from __future__ import annotations
 
+from .attention import Attention
 from .base import FusionRule, NearMiss, PatternReport, RewriteRule
 from .clip import Clip
+from .conv_bn_fold import ConvBnFold
+from .conv_epilogue import ConvEpilogue
+from .dropout import Dropout
+from .dropout_training import DropoutTraining
+from .eye_like_add import EyeLikeAdd
 from .flattened_linear import FlattenedLinear
 from .gelu_erf import GeluErf
 from .gelu_tanh import GeluTanh
 from .gemm_epilogue import GemmEpilogue
+from .hardsigmoid import HardSigmoid
+from .hardswish import HardSwish
+from .layernorm_decomposed import LayerNormDecomposed
+from .rmsnorm_decomposed import RmsNormDecomposed
 from .silu import Silu
+from .skip_layernorm import SkipLayerNorm
+from .skip_rms_norm import SkipRmsNorm
+from .softmax import Softmax
+from .squeeze_excitation import SqueezeExcitation
 
 PATTERNS: dict[str, RewriteRule | FusionRule] = {
     rule.name: rule
@@ -21,7 +35,21 @@ PATTERNS: dict[str, RewriteRule | FusionRule] = {
         GeluTanh(),
         Silu(),
         Clip(),
+        Dropout(),
+        HardSwish(),
+        HardSigmoid(),
+        ConvBnFold(),
+        SqueezeExcitation(),
+        ConvEpilogue(),
+        Attention(),
+        LayerNormDecomposed(),
+        RmsNormDecomposed(),
+        SkipLayerNorm(),
+        SkipRmsNorm(),
+        DropoutTraining(),  # before gemm_epilogue, which would take its matmul chain
+        EyeLikeAdd(),
         GemmEpilogue(),
+        Softmax(),
     )
 }
 

@@ -27,14 +27,26 @@ class NearMiss:
     pattern: str
     where: str
     reason: str
+    var: str = ""  # the anchor binding's variable name (inspect maps it to an ONNX node)
+
+
+@dataclasses.dataclass
+class PatternInstance:
+    """One place a pattern fired, with the bindings (variable names) it absorbed."""
+
+    pattern: str
+    variant: str
+    output: str  # the variable now bound to the replacement (a rewrite's op, a composite call)
+    absorbed: list[str]
 
 
 @dataclasses.dataclass
 class PatternReport:
-    """What the pattern passes did to one module: fired counts and near misses."""
+    """What the pattern passes did to one module: fired counts, instances and near misses."""
 
     fired: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
+    instances: list[PatternInstance] = dataclasses.field(default_factory=list)
 
     def add_near_miss(self, miss: NearMiss) -> None:
         if all((m.pattern, m.where) != (miss.pattern, miss.where) for m in self.near_misses):
@@ -50,6 +62,9 @@ class RewriteRule:
 
     name: str = ""
     description: str = ""
+    # Named intermediates that must have no consumer outside the match: rewriting the chain
+    # would leave them computed anyway (declined as "... is also used outside the chain").
+    exclusive: tuple[str, ...] = ()
 
     def variants(self) -> list[tuple[DFPattern, dict[str, DFPattern]]]:
         raise NotImplementedError

@@ -13,16 +13,9 @@ import itertools
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
+from .activations import ACTIVATIONS
 from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
 
-ACTIVATIONS = {
-    "relu": lambda x: is_op("relax.nn.relu")(x),
-    "gelu": lambda x: is_op("relax.nn.gelu")(x),
-    "gelu_tanh": lambda x: is_op("relax.nn.gelu_tanh")(x),
-    "sigmoid": lambda x: is_op("relax.sigmoid")(x),
-    "silu": lambda x: is_op("relax.nn.silu")(x),
-    "clip": lambda x: is_op("relax.clip")(x, wildcard(), wildcard()),
-}
 
 
 def gemm_epilogue_pattern(bias: bool, activation: str | None, residual: bool):
@@ -49,7 +42,8 @@ def variant_name(bias: bool, activation: str | None, residual: bool) -> str:
 
 class GemmEpilogue(FusionRule):
     name = "gemm_epilogue"
-    description = "matmul + bias + activation (relu/gelu/gelu_tanh/sigmoid/silu/clip) + residual add"
+    description = ("matmul + bias + activation (relu, gelu, gelu_tanh, sigmoid, silu, clip, leakyrelu, "
+                   "hardsigmoid, hardswish) + residual add")
 
     def variants(self):
         choices = itertools.product((True, False), (*ACTIVATIONS, None), (True, False))

@@ -1,7 +1,7 @@
 """Reduction: row-wise softmax and norms, rows across cores."""
 
 import pytest
-from tvm.relax.op import nn, sum as reduce_sum
+from tvm.relax.op import mean, nn, sum as reduce_sum
 
 from tvm_fusion.schedules.cpu import Reduction
 
@@ -30,6 +30,11 @@ def test_rms_norm_matches_unscheduled(assert_schedule_matches):
 
 def test_row_sum_matches_unscheduled(assert_schedule_matches):
     assert_schedule_matches(Reduction(), lambda x: reduce_sum(x, axis=[-1]), x=(10, 37))
+
+
+def test_global_mean_matches_unscheduled(assert_schedule_matches):
+    """The divide block has no loop below the row: the row loop must not be vectorized."""
+    assert_schedule_matches(Reduction(), lambda x: mean(x, axis=[2, 3], keepdims=True), x=(2, 64, 7, 7))
 
 
 def test_declines_elementwise(lowered, prim_funcs, target):

@@ -1,8 +1,16 @@
 """Default CPU schedule rules, in the order they are tried."""
 
+from .attention import Attention
+from .conv2d_nchw import Conv2dNCHW
+from .depthwise_conv2d import DepthwiseConv2d
 from .fallback import Fallback
 from .injective import Injective
 from .matmul_epilogue import MatmulEpilogue
+from .matmul_multi_output import MatmulMultiOutput
+from .pooling import Pooling
 from .reduction import Reduction
+from .skip_norm import SkipNorm
+from .softmax import Softmax
 
-__all__ = ["Fallback", "Injective", "MatmulEpilogue", "Reduction"]
+__all__ = ["Attention", "Conv2dNCHW", "DepthwiseConv2d", "Fallback", "Injective", "MatmulEpilogue",
+           "MatmulMultiOutput", "Pooling", "Reduction", "SkipNorm", "Softmax"]

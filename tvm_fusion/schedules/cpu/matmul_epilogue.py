@@ -95,6 +95,8 @@ def _indices_are(indices, variables) -> bool:
 
 def _reads_as(load: TensorLoad, batch, row, col) -> bool:
     """True if `load` reads [batch.., row, col], its batch dims indexed or broadcast (constant)."""
+    if len(load.indices) < 2:  # a vector operand (ONNX MatMul with a 1-D side): not a GEMM
+        return False
     *load_batch, load_row, load_col = load.indices
     if not (load_row.same_as(row) and load_col.same_as(col)):
         return False

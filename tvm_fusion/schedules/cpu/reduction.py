@@ -41,7 +41,7 @@ class Reduction(ScheduleRule):
         for block in reversed(blocks[:-1]):
             sch.compute_at(block.block_rv, row, preserve_unit_loops=True)
         for block in blocks:
-            _vectorize_innermost(sch, block.block_rv, lanes)
+            _vectorize_innermost(sch, block.block_rv, row, lanes)
         return sch
 
 
@@ -64,12 +64,17 @@ def _row_extents(blocks: list[SBlockInfo], row_axes: int) -> list:
     ]
 
 
-def _vectorize_innermost(sch: s_tir.Schedule, block, lanes: int) -> None:
-    """Vectorize an element-wise inner loop; leave reduction loops scalar."""
+def _vectorize_innermost(sch: s_tir.Schedule, block, row, lanes: int) -> None:
+    """Vectorize an element-wise loop inside the row; leave reduction loops scalar.
+
+    A block with no loop of its own below the row (a global mean's divide) is left alone:
+    splitting the row loop would put the row's reductions inside a vector loop.
+    """
     stmt = sch.get(block)
-    if stmt.iter_vars[-1].iter_type != tirx.IterVar.DataPar:
+    loops = sch.get_loops(block)
+    if stmt.iter_vars[-1].iter_type != tirx.IterVar.DataPar or sch.get(loops[-1]).same_as(sch.get(row)):
         return
-    innermost = sch.get_loops(block)[-1]
+    innermost = loops[-1]
     extent = sch.get(innermost).extent
     if not isinstance(extent, tirx.IntImm) or int(extent) < 2:
         return

@@ -1,0 +1,139 @@
+"""tvm_fusion vs ONNX Runtime vs stock TVM on the bundled CNN examples, plus the slowest kernels.
+
+Each (model, input shape) is timed in one process with the three runtimes interleaved round
+by round (tvm_fusion.api.bench_model), untuned, at the config's thread count (2 on the
+reference machine). Then every tvm_fusion kernel of the model is timed on its own (random
+inputs, median of runs) and the three slowest are reported with their achieved GFLOP/s.
+Prints both tables and writes the raw numbers to benchmarks/results/cnn.json (atomically).
+
+    .venv/bin/python benchmarks/bench_cnn.py [--repeat 30] [--config configs/x86_64-host.toml] [--only resnet_tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tvm_fusion import api
+from tvm_fusion.report import table
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = [
+    ("resnet_tiny", "input:1x3x224x224"),
+    ("resnet_tiny", "input:1x3x48x320"),
+    ("mobilenetv3_tiny", "input:1x3x224x224"),
+    ("mobilenetv3_tiny", "input:1x3x48x320"),
+]
+SLOWEST = 3
+
+
+def kernel_flops(func) -> int:
+    """2 x the multiply-adds of the kernel's reduction blocks (conv, matmul): the product of
+    the block's iteration extents; 0 for kernels without a multiply-add reduction."""
+    import tvm_ffi
+    from tvm import s_tir, tirx
+
+    blocks = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append))
+    flops = 0
+    for block in blocks:
+        reduces = any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+        value = getattr(block.body, "value", None)
+        if reduces and isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul):
+            size = 1
+            for iv in block.iter_vars:
+                size *= int(iv.dom.extent)
+            flops += 2 * size
+    return flops
+
+
+def time_kernels(prepared, runs: int) -> list[dict]:
+    """Every PrimFunc of the optimized module, built alone and timed on random buffers."""
+    import tvm
+
+    optimized = api.optimize(prepared)
+    target = prepared.config.tvm_target()
+    rng = np.random.default_rng(0)
+    device = tvm.cpu()
+    calls = _call_counts(optimized.module)
+    rows = []
+    for gvar, func in optimized.module.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        library = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+        args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in param.shape]).astype(str(param.dtype)),
+                                   device) for param in func.params]
+        library["main"](*args)
+        samples = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            library["main"](*args)
+            samples.append(time.perf_counter() - start)
+        ms = float(np.median(samples)) * 1e3
+        flops = kernel_flops(func)
+        rows.append({"kernel": gvar.name_hint, "rule": optimized.schedule_rules.get(gvar.name_hint, "-"),
+                     "calls": calls.get(gvar.name_hint, 0), "ms": ms,
+                     "gflops": flops / ms / 1e6 if flops else None})
+    return sorted(rows, key=lambda r: -r["ms"] * max(r["calls"], 1))
+
+
+def _call_counts(module) -> dict[str, int]:
+    from tvm import relax
+
+    counts: dict[str, int] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.call_tir":
+            name = expr.args[0].name_hint
+            counts[name] = counts.get(name, 0) + 1
+
+    relax.analysis.post_order_visit(module["main"], visit)
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--kernel-runs", type=int, default=20)
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--only", help="benchmark only this model (e.g. resnet_tiny)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cnn.json"))
+    args = parser.parse_args()
+
+    rows, kernel_rows, results = [], [], {}
+    for name, shape in CASES:
+        if args.only and name != args.only:
+            continue
+        model = ROOT / "examples" / "models" / f"{name}.onnx"
+        key = f"{name} {shape.split(':')[1]}"
+        report = api.bench_model(model, args.config, [shape], repeat=args.repeat,
+                                 progress=lambda m, k=key: print(f"[{k}] {m}", flush=True))
+        kernels = time_kernels(api.prepare(model, args.config, [shape]), args.kernel_runs)
+        results[key] = {**report.to_json(), "slowest_kernels": kernels[:SLOWEST]}
+        ratios = report.ratios()
+        medians = report.medians_ms
+        rows.append([key, report.threads, medians["onnxruntime"], medians["stock_tvm"],
+                     medians["tvm_fusion"], ratios["tvm_fusion"], medians["stock_tvm"] / medians["tvm_fusion"],
+                     report.max_abs_error["tvm_fusion"]])
+        for kernel in kernels[:SLOWEST]:
+            kernel_rows.append([key, kernel["kernel"][:60], kernel["rule"], kernel["calls"], kernel["ms"],
+                                "-" if kernel["gflops"] is None else round(kernel["gflops"], 1)])
+    print(table(["model input", "threads", "ORT ms", "stock TVM ms", "tvm_fusion ms", "tvm_fusion/ORT",
+                 "speed-up vs stock", "max abs err"], rows))
+    print()
+    print(table(["model input", "slowest kernels (time x calls)", "rule", "calls", "ms per call", "GFLOP/s"],
+                kernel_rows))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    staging.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(staging, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Our ONNX converters and the Dropout guard around onnxslim (see frontend/converters.py)."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion.errors import ModelError
+from tvm_fusion.frontend import onnx as onnx_frontend
+from tvm_fusion.frontend.dropout_guard import hide_dropouts, restore_dropouts
+
+
+def training_dropout_model(training_is_input: bool = False) -> onnx.ModelProto:
+    """x -> Relu -> Dropout(training_mode) -> Add(1): onnxslim sees a removable Dropout."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])]
+    initializers = [numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+                    numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    if training_is_input:
+        inputs.append(helper.make_tensor_value_info("training", TensorProto.BOOL, [1]))
+    else:
+        initializers.append(numpy_helper.from_array(np.array(True), "training"))
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]),
+         helper.make_node("Dropout", ["r", "ratio", "training"], ["d"], name="train_drop", seed=1),
+         helper.make_node("Add", ["d", "one"], ["y"])],
+        "training_dropout", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_onnxslim_keeps_a_training_dropout():
+    model = training_dropout_model()
+    simplified = onnx_frontend.simplify(model, onnx_frontend.bind_input_shapes(model, {}))
+    assert [n.op_type for n in simplified.graph.node] == ["Relu", "Dropout", "Add"]
+    assert [(o.domain, o.version) for o in simplified.opset_import] == [("", 17)]
+
+
+def test_hide_and_restore_round_trip_and_leave_the_input_alone():
+    model = training_dropout_model()
+    hidden = hide_dropouts(model)
+    assert "Dropout" not in [n.op_type for n in hidden.graph.node]
+    assert [n.op_type for n in model.graph.node] == ["Relu", "Dropout", "Add"]  # a copy was changed
+    assert restore_dropouts(hidden).SerializeToString() == model.SerializeToString()
+
+
+def test_training_mode_computed_at_run_time_is_a_model_error():
+    model = training_dropout_model(training_is_input=True)
+    specs = onnx_frontend.bind_input_shapes(model, {})
+    with pytest.raises(ModelError, match="Dropout node 'train_drop': training_mode is computed at run time"):
+        onnx_frontend.import_model(onnx_frontend.simplify(model, specs), specs)

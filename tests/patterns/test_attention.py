@@ -1,0 +1,326 @@
+"""Attention fusion: the head split, scores, scale, masks, softmax, ·V and head merge become one
+composite; real exporter graphs fuse; the numbers agree with ONNX Runtime and the unfused module."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from tvm_fusion import api
+from tvm_fusion.config import load_config
+from tvm_fusion.frontend.onnx import random_inputs
+from tvm_fusion.passes import FusePatterns
+from tvm_fusion.patterns import PatternReport, get_pattern
+from tvm_fusion.verify import reference_outputs
+
+REPO = Path(__file__).resolve().parents[2]
+FLOAT_MIN = float(np.finfo(np.float32).min)
+# Stated tolerances: float32, softmax with the fast-math exp (~4e-6 rel) over <= 64 keys.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def fuse(mod):
+    report = PatternReport()
+    return FusePatterns([get_pattern("attention")], report)(mod), report
+
+
+def test_bert_form_becomes_one_composite():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(q: R.Tensor((1, 8, 16), "float32"), k: R.Tensor((1, 8, 16), "float32"),
+                 v: R.Tensor((1, 8, 16), "float32"), mask: R.Tensor((1, 1, 1, 8), "float32")):
+            with R.dataflow():
+                lv = R.reshape(q, R.shape([1, 8, 2, 8]))
+                lv1 = R.reshape(k, R.shape([1, 8, 2, 8]))
+                lv2 = R.reshape(v, R.shape([1, 8, 2, 8]))
+                lv3 = R.permute_dims(lv, axes=[0, 2, 1, 3])
+                lv4 = R.permute_dims(lv1, axes=[0, 2, 3, 1])
+                lv5 = R.matmul(lv3, lv4)
+                lv6 = R.divide(lv5, R.const(2.0, "float32"))
+                lv7 = R.add(lv6, mask)
+                lv8 = R.nn.softmax(lv7, axis=-1)
+                lv9 = R.permute_dims(lv2, axes=[0, 2, 1, 3])
+                lv10 = R.matmul(lv8, lv9)
+                lv11 = R.permute_dims(lv10, axes=[0, 2, 1, 3])
+                gv = R.reshape(lv11, R.shape([1, 8, 16]))
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function(private=True)
+        def fused_relax_reshape_relax_reshape_relax_reshape_relax_permute_dims_relax_permute_dims_relax_matmul_relax_divide_relax_add_relax_nn_softmax_relax_permute_dims_relax_matmul_relax_permute_dims_relax_reshape(  # noqa: E501
+            q: R.Tensor((1, 8, 16), "float32"), k: R.Tensor((1, 8, 16), "float32"),
+            v: R.Tensor((1, 8, 16), "float32"), param_3: R.Tensor((), "float32"),
+            mask: R.Tensor((1, 1, 1, 8), "float32"),
+        ) -> R.Tensor((1, 8, 16), "float32"):
+            R.func_attr({"Composite": "attention.masked", "Primitive": True})
+            with R.dataflow():
+                lv = R.reshape(q, R.shape([1, 8, 2, 8]))
+                lv1 = R.reshape(k, R.shape([1, 8, 2, 8]))
+                lv2 = R.reshape(v, R.shape([1, 8, 2, 8]))
+                lv3 = R.permute_dims(lv, axes=[0, 2, 1, 3])
+                lv4 = R.permute_dims(lv1, axes=[0, 2, 3, 1])
+                lv5 = R.matmul(lv3, lv4)
+                lv6 = R.divide(lv5, param_3)
+                lv7 = R.add(lv6, mask)
+                lv8 = R.nn.softmax(lv7, axis=-1)
+                lv9 = R.permute_dims(lv2, axes=[0, 2, 1, 3])
+                lv10 = R.matmul(lv8, lv9)
+                lv11 = R.permute_dims(lv10, axes=[0, 2, 1, 3])
+                gv = R.reshape(lv11, R.shape([1, 8, 16]))
+                R.output(gv)
+            return gv
+
+        @R.function
+        def main(q: R.Tensor((1, 8, 16), "float32"), k: R.Tensor((1, 8, 16), "float32"),
+                 v: R.Tensor((1, 8, 16), "float32"),
+                 mask: R.Tensor((1, 1, 1, 8), "float32")) -> R.Tensor((1, 8, 16), "float32"):
+            cls = Expected
+            with R.dataflow():
+                gv = cls.fused_relax_reshape_relax_reshape_relax_reshape_relax_permute_dims_relax_permute_dims_relax_matmul_relax_divide_relax_add_relax_nn_softmax_relax_permute_dims_relax_matmul_relax_permute_dims_relax_reshape(  # noqa: E501
+                    q, k, v, R.const(2.0, "float32"), mask)
+                R.output(gv)
+            return gv
+
+    after, report = fuse(Before)
+    tvm.ir.assert_structural_equal(after, Expected)
+    assert report.fired["attention"] == 1
+    assert report.fired["attention.masked"] == 1
+
+
+def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_shape=(1, 1, 1, 8),
+                      qk_dtype="float32", scores_dtype=None, probs_output=False, packed=False,
+                      qk_heads=False):
+    """A [1, 8, 2x8] attention in Relax with the given variations (defaults: BERT's form);
+    ``packed``: Q, K, V split from one [1, 8, 3x2x8] projection (GPT-2's c_attn); ``qk_heads``:
+    Q and K given as [1, 2, 8, 8] (Llama's, after the rotary embedding)."""
+    seq, heads, dim = 8, 2, 8
+    proj = relax.TensorType((1, seq, heads * dim), qk_dtype)
+    if packed:
+        qkv = relax.Var("qkv", relax.TensorType((1, seq, 3 * heads * dim), "float32"))
+        params = [qkv]
+    elif qk_heads:
+        head_first = relax.TensorType((1, heads, seq, dim), qk_dtype)
+        params = [relax.Var("q", head_first), relax.Var("k", head_first),
+                  relax.Var("v", relax.TensorType((1, seq, heads * dim), "float32"))]
+    else:
+        params = [relax.Var("q", proj), relax.Var("k", proj),
+                  relax.Var("v", relax.TensorType((1, seq, heads * dim), "float32"))]
+    if mask_shape is not None:
+        mask = relax.Var("mask", relax.TensorType(mask_shape, "float32"))
+        params.append(mask)
+    if scale is None:
+        scale = relax.const(np.sqrt(dim), "float32")
+    elif isinstance(scale, relax.Var):
+        params.append(scale)
+
+    def heads_first(x, axes):
+        return relax.op.permute_dims(relax.op.reshape(x, (1, seq, heads, dim)), axes)
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            if packed:
+                split = bb.emit(relax.op.split(params[0], 3, axis=-1))
+                q, k, v = (bb.emit(relax.TupleGetItem(split, i)) for i in range(3))
+            else:
+                q, k, v = params[:3]
+            if qk_heads:
+                q_heads, k_transposed = q, relax.op.permute_dims(k, [0, 1, 3, 2])
+            else:
+                q_heads, k_transposed = heads_first(q, [0, 2, 1, 3]), heads_first(k, [0, 2, 3, 1])
+            scores = bb.emit(relax.op.matmul(q_heads, k_transposed, out_dtype=scores_dtype))
+            logits = bb.emit(scale_op(scores, scale))
+            if causal:
+                triangle = relax.const(np.tril(np.ones((1, 1, seq, seq), bool)))
+                logits = bb.emit(relax.op.where(triangle, logits, relax.const(FLOAT_MIN, "float32")))
+            if mask_shape is not None:
+                logits = bb.emit(relax.op.add(logits, mask))
+            probs = bb.emit(relax.op.nn.softmax(logits, axis=-1))
+            context = bb.emit(relax.op.matmul(probs, heads_first(v, [0, 2, 1, 3])))
+            batch = context.ty.shape[0]  # a mask of the wrong shape widens the batch
+            out = relax.op.reshape(relax.op.permute_dims(context, [0, 2, 1, 3]), (batch, seq, heads * dim))
+            out = bb.emit_output(relax.Tuple([out, probs]) if probs_output else out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("variant, kwargs", [
+    ("masked", {}),
+    ("masked", {"scale_op": relax.op.multiply, "scale": relax.const(0.125, "float32")}),
+    ("causal_masked", {"causal": True, "mask_shape": (1, 1, 8, 8)}),
+    ("causal", {"causal": True, "mask_shape": None}),
+    ("unmasked", {"mask_shape": None}),
+    ("masked", {"mask_shape": (1, 2, 8, 8)}),
+    ("qkv_causal_masked", {"packed": True, "causal": True}),
+    ("qk_heads_masked", {"qk_heads": True}),
+])
+def test_variants_fire(variant, kwargs):
+    after, report = fuse(_attention_module(**kwargs))
+    assert report.fired[f"attention.{variant}"] == 1
+    assert not report.near_misses
+    assert [b.var.name for b in after["main"].body.blocks[0].bindings][-1:] == ["gv"]
+    assert len(after["main"].body.blocks[0].bindings) == 1
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"probs_output": True},
+     "an intermediate result (scores or probabilities) is also used outside the chain"),
+    ({"probs_output": True, "packed": True},
+     "an intermediate result (scores or probabilities) is also used outside the chain"),
+    ({"scale": relax.Var("scale", relax.TensorType((), "float32"))},
+     "the score scale is not a constant scalar"),
+    ({"mask_shape": (2, 1, 1, 8)},
+     "additive mask shape (2, 1, 1, 8) does not broadcast into the scores shape (1, 2, 8, 8)"),
+    ({"qk_dtype": "float16", "scores_dtype": "float32"},
+     "dtype mismatch (q_proj float16, k_proj float16, v_proj float32, scores float32, out float32): "
+     "the kernel computes in one dtype"),
+])
+def test_must_not_fuse(kwargs, reason):
+    before = _attention_module(**kwargs)
+    after, report = fuse(before)
+    tvm.ir.assert_structural_equal(after, before)
+    assert not report.fired
+    assert [(miss.pattern, miss.reason) for miss in report.near_misses] == [("attention", reason)]
+
+
+@pytest.mark.parametrize("model, shapes, variant, layers", [
+    ("examples/models/bert_tiny.onnx", ["input_ids:1x128", "attention_mask:1x128"], "masked", 2),
+    ("examples/models/gpt2_tiny.onnx", ["input_ids:1x128"], "qkv_causal_masked", 2),
+    ("tests/data/bert_block_opset14.onnx", ["input_ids:1x8", "attention_mask:1x8"], "masked", 1),
+    ("tests/data/gpt2_block_opset14.onnx", ["input_ids:1x8"], "qkv_causal_masked", 1),
+    ("tests/data/llama_block.onnx", ["input_ids:1x8"], "qk_heads_masked", 1),
+])
+def test_every_attention_of_the_exported_models_fuses(model, shapes, variant, layers):
+    """What `tvm-fusion inspect` reports: every layer's attention fused, nothing declined."""
+    inspected = api.inspect_model(REPO / model, input_shapes=shapes)
+    assert inspected.report.fired["attention"] == layers
+    assert inspected.report.fired[f"attention.{variant}"] == layers
+    assert not [m for m in inspected.report.near_misses if m.pattern == "attention"]
+    assert "softmax" not in inspected.fused_ops
+
+
+def test_llama_block_matches_onnxruntime_and_unfused():
+    """Real exporter output with Q and K through the rotary embedding before the attention."""
+    prepared = api.prepare(REPO / "tests" / "data" / "llama_block.onnx", load_config(), ["input_ids:2x8"])
+    optimized = api.optimize(prepared)
+    assert optimized.report.fired["attention.qk_heads_masked"] == 1
+    assert "Attention" in optimized.schedule_rules.values()
+    inputs = random_inputs(prepared.onnx_model, prepared.inputs, seed=0)
+    arrays = [inputs[spec.name] for spec in prepared.inputs]
+    fused = _run(api.build(optimized.module, prepared.config), arrays)
+    unfused = _run(tvm.compile(relax.get_pipeline("zero")(prepared.relax_module),
+                               target=prepared.config.tvm_target()), arrays)
+    (expected,) = reference_outputs(prepared.onnx_model, inputs).values()
+    np.testing.assert_allclose(fused, expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(fused, unfused, rtol=RTOL, atol=ATOL)
+
+
+# Numerics: single attention blocks written the way the exporters write them -----------------
+
+def _attention_onnx(batch, seq, heads, dim, mask_form):
+    """q, k, v [B, S, H*D] (+ attention_mask [B, S] int64) -> the exported attention subgraph.
+
+    mask_form: "padding" (BERT: (1 - mask) * float_min, added), "padding_inf" (Where(mask, 0, -inf),
+    added), "causal" (GPT-2: qkv [B, S, 3*H*D] split in three, Where(triangle, scores, float_min),
+    then + an additive bias; an all-zero one would be folded away by the simplifier).
+    """
+    hidden = heads * dim
+    nodes, inits = [], [numpy_helper.from_array(np.array([batch, seq, heads, dim], np.int64), "split"),
+                        numpy_helper.from_array(np.array([batch, seq, hidden], np.int64), "merge"),
+                        numpy_helper.from_array(np.array(np.sqrt(dim), np.float32), "scale")]
+    if mask_form == "causal":
+        inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [batch, seq, 3 * hidden])]
+        inits.append(numpy_helper.from_array(np.array([hidden] * 3, np.int64), "sections"))
+        nodes.append(helper.make_node("Split", ["qkv", "sections"], ["q", "k", "v"], axis=2))
+    else:
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [batch, seq, hidden]) for n in "qkv"]
+    for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("Reshape", [name, "split"], [f"{name}4"]),
+                  helper.make_node("Transpose", [f"{name}4"], [f"{name}h"], perm=perm)]
+    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["scores"]),
+              helper.make_node("Div", ["scores", "scale"], ["scaled"])]
+    if mask_form == "causal":
+        inits += [numpy_helper.from_array(np.tril(np.ones((1, 1, seq, seq), bool)), "triangle"),
+                  numpy_helper.from_array(np.array(FLOAT_MIN, np.float32), "fill"),
+                  numpy_helper.from_array(np.linspace(-1, 0, seq, dtype=np.float32).reshape(1, 1, 1, seq),
+                                          "position_bias")]
+        nodes += [helper.make_node("Where", ["triangle", "scaled", "fill"], ["causal"]),
+                  helper.make_node("Add", ["causal", "position_bias"], ["masked"])]
+    else:
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, seq]))
+        inits.append(numpy_helper.from_array(np.array([1, 2], np.int64), "axes"))
+        nodes += [helper.make_node("Unsqueeze", ["attention_mask", "axes"], ["mask4"])]
+        if mask_form == "padding":
+            inits += [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+                      numpy_helper.from_array(np.array(FLOAT_MIN, np.float32), "fill")]
+            nodes += [helper.make_node("Cast", ["mask4"], ["maskf"], to=TensorProto.FLOAT),
+                      helper.make_node("Sub", ["one", "maskf"], ["inverted"]),
+                      helper.make_node("Mul", ["inverted", "fill"], ["extended"])]
+        else:
+            inits += [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                      numpy_helper.from_array(np.array(-np.inf, np.float32), "fill")]
+            nodes += [helper.make_node("Cast", ["mask4"], ["keep"], to=TensorProto.BOOL),
+                      helper.make_node("Where", ["keep", "zero", "fill"], ["extended"])]
+        nodes.append(helper.make_node("Add", ["scaled", "extended"], ["masked"]))
+    nodes += [helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "vh"], ["context"]),
+              helper.make_node("Transpose", ["context"], ["merged"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["merged", "merge"], ["out"])]
+    graph = helper.make_graph(nodes, f"attention_{mask_form}", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [batch, seq, hidden])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _run(executable, arrays):
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+@pytest.mark.parametrize("mask_form, seq, variant", [
+    ("padding", 48, "masked"), ("padding_inf", 40, "masked"), ("causal", 64, "qkv_causal_masked"),
+])
+def test_fused_matches_onnxruntime_and_unfused(tmp_path, mask_form, seq, variant):
+    """Batch item 1 is fully padded: -3.4e38 gives uniform rows, -inf gives NaN, as in ORT."""
+    batch, heads, dim = 2, 2, 16
+    model = _attention_onnx(batch, seq, heads, dim, mask_form)
+    path = tmp_path / "attention.onnx"
+    onnx.save(model, str(path))
+    prepared = api.prepare(path, load_config())
+    optimized = api.optimize(prepared)
+    assert optimized.report.fired[f"attention.{variant}"] == 1
+    assert "Attention" in optimized.schedule_rules.values()
+
+    rng = np.random.default_rng(0)
+    if mask_form == "causal":
+        inputs = {"qkv": rng.standard_normal((batch, seq, 3 * heads * dim)).astype(np.float32)}
+    else:
+        inputs = {name: rng.standard_normal((batch, seq, heads * dim)).astype(np.float32) for name in "qkv"}
+        mask = np.ones((batch, seq), np.int64)
+        mask[0, seq - 5:] = 0
+        mask[1, :] = 0
+        inputs["attention_mask"] = mask
+    arrays = [inputs[spec.name] for spec in prepared.inputs]
+    fused = _run(api.build(optimized.module, prepared.config), arrays)
+    unfused = _run(tvm.compile(relax.get_pipeline("zero")(prepared.relax_module),
+                               target=prepared.config.tvm_target()), arrays)
+    (expected,) = reference_outputs(model, inputs).values()
+    np.testing.assert_allclose(fused, expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(fused, unfused, rtol=RTOL, atol=ATOL)
+    if mask_form == "padding_inf":
+        assert np.isnan(fused[1]).all() and not np.isnan(fused[0]).any()
+    if mask_form == "padding":
+        v_mean = inputs["v"][1].mean(axis=0)
+        np.testing.assert_allclose(fused[1], np.broadcast_to(v_mean, fused[1].shape), rtol=RTOL, atol=ATOL)

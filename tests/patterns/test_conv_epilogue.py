@@ -1,0 +1,154 @@
+"""Conv epilogue fusion: conv2d + bias + activation + residual (+ activation) as one kernel."""
+
+import numpy as np
+import pytest
+import tvm
+from onnx import helper
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from cnn_helpers import compile_and_compare, make_model, prim_func_names, random_weights
+from helpers import EXAMPLES
+from tvm_fusion.passes import FusePatterns
+from tvm_fusion.patterns import PatternReport, get_pattern
+
+
+def fuse(mod):
+    report = PatternReport()
+    return FusePatterns([get_pattern("conv_epilogue")], report)(mod), report
+
+
+def test_conv_bias_relu_becomes_one_composite():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((8, 4, 3, 3), "float32"),
+                 b: R.Tensor((1, 8, 1, 1), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+                lv1 = R.add(lv, b)
+                gv = R.nn.relu(lv1)
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function(private=True)
+        def fused_relax_nn_conv2d_relax_add_relax_nn_relu(
+            x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((8, 4, 3, 3), "float32"),
+            b: R.Tensor((1, 8, 1, 1), "float32")
+        ) -> R.Tensor((1, 8, 8, 8), "float32"):
+            R.func_attr({"Composite": "conv_epilogue.conv_bias_relu", "Primitive": True})
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+                lv1 = R.add(lv, b)
+                gv = R.nn.relu(lv1)
+                R.output(gv)
+            return gv
+
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((8, 4, 3, 3), "float32"),
+                 b: R.Tensor((1, 8, 1, 1), "float32")) -> R.Tensor((1, 8, 8, 8), "float32"):
+            cls = Expected
+            with R.dataflow():
+                gv = cls.fused_relax_nn_conv2d_relax_add_relax_nn_relu(x, w, b)
+                R.output(gv)
+            return gv
+
+    after, report = fuse(Before)
+    tvm.ir.assert_structural_equal(after, Expected)
+    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+
+
+def block_model(groups, strides, dilations, activation_nodes, residual):
+    """x -> Conv(bias) -> activation [-> Add(x) -> Relu]: a ResNet/MobileNet block tail."""
+    rng = np.random.default_rng(0)
+    weights = random_weights(rng, w=(8, 8 // groups, 3, 3), b=(8,))
+    weights.update(lo=np.array(0.0), hi=np.array(6.0))  # Clip's bounds (unused ones are harmless)
+    pad = dilations
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=groups, strides=[strides] * 2,
+                              dilations=[dilations] * 2, pads=[pad] * 4), *activation_nodes]
+    out = "a"
+    if residual:
+        nodes += [helper.make_node("Add", ["a", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+        out = "y"
+    return make_model(nodes, {"x": (1, 8, 12, 12)}, out, weights)
+
+
+ACTIVATIONS = {
+    "relu": [helper.make_node("Relu", ["c"], ["a"])],
+    "clip": [helper.make_node("Clip", ["c", "lo", "hi"], ["a"])],
+    "leakyrelu": [helper.make_node("LeakyRelu", ["c"], ["a"], alpha=0.1)],
+    "sigmoid": [helper.make_node("Sigmoid", ["c"], ["a"])],
+    "silu": [helper.make_node("Sigmoid", ["c"], ["g"]), helper.make_node("Mul", ["c", "g"], ["a"])],
+    "hardswish": [helper.make_node("HardSwish", ["c"], ["a"])],
+    "hardsigmoid": [helper.make_node("HardSigmoid", ["c"], ["a"])],
+}
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_each_activation_fuses_into_one_kernel(activation):
+    model = block_model(1, 1, 1, ACTIVATIONS[activation], residual=False)
+    # Tolerance: fast-math sigmoid (~1e-6 rel) and reassociated hardswish; 1e-4 covers both.
+    report, module = compile_and_compare(model)
+    assert report.fired[f"conv_epilogue.conv_bias_{activation}"] == 1
+    assert len(prim_func_names(module)) == 1
+
+
+@pytest.mark.parametrize("groups, strides, dilations", [(8, 1, 1), (8, 2, 1), (2, 1, 2), (1, 2, 2)])
+def test_depthwise_grouped_strided_dilated_with_residual(groups, strides, dilations):
+    model = block_model(groups, strides, dilations, ACTIVATIONS["hardswish"], residual=strides == 1)
+    report, module = compile_and_compare(model)
+    variant = "conv_bias_hardswish_residual_relu" if strides == 1 else "conv_bias_hardswish"
+    assert report.fired[f"conv_epilogue.{variant}"] == 1
+    assert len(prim_func_names(module)) == 1
+
+
+def test_must_not_fuse_when_the_conv_output_is_used_elsewhere():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((4, 4, 1, 1), "float32"),
+                 b: R.Tensor((1, 4, 1, 1), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w)
+                lv1 = R.add(lv, b)
+                lv2 = R.nn.relu(lv1)
+                gv = R.multiply(lv2, lv)  # the raw conv output has a second consumer
+                R.output(gv)
+            return gv
+
+    after, report = fuse(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    assert not report.fired
+    assert any("used outside" in m.reason for m in report.near_misses)
+
+
+def test_must_not_fuse_a_bias_that_is_not_per_channel():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((4, 4, 1, 1), "float32"),
+                 b: R.Tensor((1, 1, 8, 8), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w)
+                lv1 = R.add(lv, b)
+                gv = R.nn.relu(lv1)
+                R.output(gv)
+            return gv
+
+    after, report = fuse(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    assert any("bias shape (1, 1, 8, 8)" in m.reason for m in report.near_misses)
+
+
+@pytest.mark.parametrize("model, batch_norms", [("resnet_tiny", 20), ("mobilenetv3_tiny", 25)])
+def test_bundled_cnns_fold_every_batch_norm_and_fuse_every_conv_activation(model, batch_norms):
+    from tvm_fusion.api import inspect_model
+
+    report = inspect_model(EXAMPLES / f"{model}.onnx", input_shapes=["input:1x3x64x64"])
+    assert report.report.fired["conv_bn_fold"] == batch_norms
+    assert report.onnx_ops["Conv"] == report.report.fired["conv_epilogue"] + 2 * report.report.fired.get(
+        "squeeze_excitation", 0)
+    leftover = {op for op in report.fused_ops if op in ("nn.conv2d", "nn.batch_norm", "nn.relu")}
+    assert not leftover

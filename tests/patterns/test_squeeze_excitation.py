@@ -1,0 +1,61 @@
+"""Squeeze-and-excitation: the gate as one kernel, the rescale folded into the next conv."""
+
+import numpy as np
+import pytest
+import tvm
+from onnx import helper
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from cnn_helpers import compile_and_compare, make_model, prim_func_names, random_weights
+from tvm_fusion.passes import FusePatterns
+from tvm_fusion.patterns import PatternReport, get_pattern
+
+
+def se_block_model(gate_op: str):
+    rng = np.random.default_rng(0)
+    weights = random_weights(rng, w1=(8, 16, 1, 1), b1=(8,), w2=(16, 8, 1, 1), b2=(16,), w3=(8, 16, 1, 1),
+                             b3=(8,))
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["s1"]),
+             helper.make_node("Relu", ["s1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["s2"]),
+             helper.make_node(gate_op, ["s2"], ["g"]),
+             helper.make_node("Mul", ["x", "g"], ["scaled"]),
+             helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"])]
+    return make_model(nodes, {"x": (1, 16, 14, 14)}, "y", weights)
+
+
+@pytest.mark.parametrize("gate_op, gate", [("HardSigmoid", "hardsigmoid"), ("Sigmoid", "sigmoid")])
+def test_se_block_is_two_kernels(gate_op, gate):
+    # Tolerance: fast-math sigmoid and a mean summed in another order; 1e-4 covers both.
+    report, module = compile_and_compare(se_block_model(gate_op))
+    assert report.fired[f"squeeze_excitation.se_relu_{gate}"] == 1
+    assert report.fired["conv_epilogue.conv_scaled_bias"] == 1
+    assert len(prim_func_names(module)) == 2
+
+
+def test_must_not_fuse_when_the_squeezed_activation_is_used_elsewhere():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 8, 4, 4), "float32"), w1: R.Tensor((4, 8, 1, 1), "float32"),
+                 b1: R.Tensor((1, 4, 1, 1), "float32"), w2: R.Tensor((8, 4, 1, 1), "float32"),
+                 b2: R.Tensor((1, 8, 1, 1), "float32")):
+            with R.dataflow():
+                lv = R.mean(x, axis=[2, 3], keepdims=True)
+                lv1 = R.nn.conv2d(lv, w1)
+                lv2 = R.add(lv1, b1)
+                lv3 = R.nn.relu(lv2)
+                lv4 = R.nn.conv2d(lv3, w2)
+                lv5 = R.add(lv4, b2)
+                lv6 = R.sigmoid(lv5)
+                gv = (lv6, lv3)  # the squeezed vector is also an output
+                R.output(gv)
+            return gv
+
+    report = PatternReport()
+    after = FusePatterns([get_pattern("squeeze_excitation")], report)(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    assert any(m.pattern == "squeeze_excitation" and "outside the block" in m.reason
+               for m in report.near_misses)

@@ -1,0 +1,26 @@
+"""DepthwiseConv2d: one filter per channel, window unrolled over a vector tile of columns."""
+
+import pytest
+from tvm.relax.op import add, nn
+
+from tvm_fusion.schedules.cpu import DepthwiseConv2d
+
+
+@pytest.mark.parametrize(
+    "shape, kernel, strides, padding",
+    [((1, 16, 28, 28), 3, 1, 1), ((1, 96, 14, 14), 5, 2, 2), ((2, 24, 9, 13), 3, 2, 1), ((1, 8, 7, 7), 7, 1, 3)],
+)
+def test_depthwise_bias_relu_matches_unscheduled(assert_schedule_matches, shape, kernel, strides, padding):
+    channels = shape[1]
+
+    def block(x, w, b):
+        return nn.relu(add(nn.conv2d(x, w, strides=strides, padding=padding, groups=channels), b))
+
+    assert_schedule_matches(DepthwiseConv2d(), block, rtol=1e-4, atol=1e-4, x=shape,
+                            w=(channels, 1, kernel, kernel), b=(1, channels, 1, 1))
+
+
+def test_declines_dense_conv(lowered, prim_funcs, target):
+    mod = lowered(lambda x, w: nn.conv2d(x, w, padding=1), x=(1, 8, 10, 10), w=(8, 8, 3, 3))
+    for func in prim_funcs(mod).values():
+        assert DepthwiseConv2d().apply(func, target, False) is None

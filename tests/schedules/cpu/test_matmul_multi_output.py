@@ -1,0 +1,55 @@
+"""MatmulMultiOutput: a matmul whose epilogue writes values and a mask, scheduled per output tile."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_fusion.passes import FusePatterns
+from tvm_fusion.passes.pipeline import lowering_passes
+from tvm_fusion.patterns import PatternReport, get_pattern
+from tvm_fusion.patterns.dropout_training import emit_dropout_training
+from tvm_fusion.schedules.cpu import MatmulMultiOutput
+
+
+def fused_dropout_kernel(x_shape, n):
+    """The one kernel FuseTIR makes of matmul + bias + gelu + training dropout."""
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    w = relax.Var("w", relax.TensorType((x_shape[-1], n), "float32"))
+    b = relax.Var("b", relax.TensorType((n,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            g = bb.emit(relax.op.nn.gelu(relax.op.add(relax.op.matmul(x, w), b)))
+            out = bb.emit_output(emit_dropout_training(bb, g, relax.const(0.2, "float32"), 5))
+        bb.emit_func_output(out)
+    fused = FusePatterns([get_pattern("dropout_training")], PatternReport())(bb.get())
+    return tvm.transform.Sequential(lowering_passes())(fused)
+
+
+def run(mod, target, inputs):
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    return [t.numpy() for t in vm["main"](*[tvm.runtime.tensor(a) for a in inputs])]
+
+
+@pytest.mark.parametrize("x_shape, n", [((32, 64), 96), ((2, 24, 40), 48), ((5, 16), 20)])
+def test_equals_the_unscheduled_kernel(target, prim_funcs, x_shape, n):
+    mod = fused_dropout_kernel(x_shape, n)
+    (name, func), = prim_funcs(mod).items()
+    sch = MatmulMultiOutput().apply(func, target, False)
+    assert sch is not None
+    scheduled = mod.clone()
+    scheduled[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(x_shape).astype("float32"),
+              rng.standard_normal((x_shape[-1], n)).astype("float32") / 8,
+              rng.standard_normal(n).astype("float32")]
+    (values, mask), (expected_values, expected_mask) = run(scheduled, target, inputs), run(mod, target, inputs)
+    np.testing.assert_array_equal(mask, expected_mask)
+    np.testing.assert_allclose(values, expected_values, rtol=1e-5, atol=1e-5)  # summation order
+
+
+def test_declines_a_single_output_epilogue(lowered, prim_funcs, target):
+    mod = lowered(lambda x, w: relax.op.nn.relu(relax.op.matmul(x, w)), x=(16, 32), w=(32, 64))
+    for func in prim_funcs(mod).values():
+        assert MatmulMultiOutput().apply(func, target, False) is None

@@ -1,0 +1,86 @@
+"""Softmax rule: row max/sum as vector partial reductions (rfactor), prologue and epilogue in the
+row loop, same numbers as the unscheduled kernel."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_fusion.passes import FusePatterns
+from tvm_fusion.passes.pipeline import lowering_passes
+from tvm_fusion.patterns import PatternReport, get_pattern
+from tvm_fusion.schedules.cpu import Softmax
+
+
+def _fused_softmax(shape, mask_shape, epilogue, fast_math):
+    """(x * 0.125 + mask) -> softmax [-> * w], fused by the softmax pattern and lowered."""
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    mask = relax.Var("mask", relax.TensorType(mask_shape, "float32"))
+    w = relax.Var("w", relax.TensorType(shape[-1:], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, mask, w]):
+        with bb.dataflow():
+            logits = relax.op.add(relax.op.multiply(x, relax.const(0.125, "float32")), mask)
+            probs = relax.op.nn.softmax(logits, axis=-1)
+            out = bb.emit_output(relax.op.multiply(probs, w) if epilogue else probs)
+        bb.emit_func_output(out)
+    report = PatternReport()
+    fused = FusePatterns([get_pattern("softmax")], report)(bb.get())
+    assert report.fired["softmax"] == 1
+    return tvm.transform.Sequential(lowering_passes(fast_math))(fused)
+
+
+def _run(mod, inputs, target):
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+
+
+@pytest.mark.parametrize("shape, mask_shape, epilogue, fast_math, partial_lanes", [
+    ((1, 4, 64, 64), (1, 1, 1, 64), True, True, 16),
+    ((2, 3, 40), (2, 1, 40), False, False, 8),     # 40 keys: 8-wide partial sums
+    ((6, 10), (6, 10), True, True, None),          # 10 keys: too narrow to split, scalar reductions
+])
+def test_schedule_matches_unscheduled(target, shape, mask_shape, epilogue, fast_math, partial_lanes):
+    mod = _fused_softmax(shape, mask_shape, epilogue, fast_math)
+    (gvar,) = [gv for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    sch = Softmax().apply(mod[gvar], target, False)
+    assert sch is not None
+    scheduled = mod.clone()
+    scheduled[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+    script = sch.mod["main"].script()
+    assert "T.parallel" in script
+    if partial_lanes:  # both reductions go through a vector of partial results
+        assert script.count(f"T.sblock_alloc_buffer(({', '.join(f'T.int64({d})' for d in shape[:-1])}, "
+                            f"T.int64({partial_lanes})))") == 2
+    else:
+        assert "_rf" not in script
+
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(shape).astype("float32"),
+              np.where(rng.random(mask_shape) < 0.2, -np.inf, 0.0).astype("float32"),
+              rng.standard_normal(shape[-1:]).astype("float32")]
+    np.testing.assert_allclose(_run(scheduled, inputs, target), _run(mod, inputs, target),
+                               rtol=1e-5, atol=1e-6)
+
+
+def _lowered(fn, **shapes):
+    params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in shapes.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(fn(*params))
+        bb.emit_func_output(out)
+    return relax.get_pipeline("zero")(bb.get())
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1]), {"x": (8, 32), "g": (32,), "b": (32,)}),
+    (lambda x: relax.op.nn.softmax(x, axis=0), {"x": (16, 8)}),
+    (lambda x, w: relax.op.matmul(x, w), {"x": (16, 8), "w": (8, 16)}),
+])
+def test_declines_what_is_not_a_last_axis_softmax(target, fn, shapes):
+    mod = _lowered(fn, **shapes)
+    funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert funcs
+    assert all(Softmax().apply(f, target, False) is None for f in funcs)

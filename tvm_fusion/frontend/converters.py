@@ -1,0 +1,88 @@
+"""TVM's ONNX importer, with our converters for the ops it gets wrong.
+
+* Dropout: TVM ignores ``training_mode`` and imports every Dropout as inference (identity),
+  and types its mask like the data. Training mode (a constant true ``training_mode``) becomes
+  the counter-based ``dropout_training`` kernel; inference keeps TVM's ``nn.dropout`` (the
+  ``dropout`` pattern removes it) with a boolean mask, as ONNX specifies.
+* EyeLike: TVM rejects a ``dtype`` attribute that differs from the input's (ONNX allows it),
+  names no node when the input is not 2-D, and its ``eye_like`` is constant-folded into a
+  stored n x m tensor. Ours is a kernel on the input (see ``patterns/eye_like_add.py``).
+
+Everything else goes to TVM's own converters.
+"""
+
+from __future__ import annotations
+
+import onnx
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, get_constant, get_type
+
+from ..errors import ModelError
+from ..patterns.dropout_training import emit_dropout_training
+from ..patterns.eye_like_add import emit_eye_like
+
+_DEFAULT_RATIO = 0.5
+
+
+class Importer(ONNXGraphImporter):
+    """``ONNXGraphImporter`` that tries our converters first; None from one means "TVM's"."""
+
+    def __init__(self, shape_dict, dtype_dict):
+        super().__init__(shape_dict, dtype_dict)
+        self._dropouts_without_seed = 0
+
+    def _convert_operator(self, op_name, inputs, attrs, opset):
+        convert = {"Dropout": self._dropout, "EyeLike": self._eye_like}.get(op_name)
+        converted = convert(inputs, attrs, opset) if convert is not None else None
+        if converted is None:
+            return super()._convert_operator(op_name, inputs, attrs, opset)
+        return self.bb.normalize(converted)
+
+    def _dropout(self, inputs, attrs, opset):
+        if opset < 12 or len(inputs) < 3 or inputs[2] is None:
+            return self._inference_dropout(inputs, attrs, opset)
+        name = attrs["tvm_custom"]["name"] or "(unnamed)"
+        training = get_constant(inputs[2], [self._nodes, self._params])
+        if not isinstance(training, tvm.ir.GenericConst):
+            raise ModelError(f"Dropout node {name!r}: training_mode is computed at run time",
+                             "make training_mode a constant (an initializer) of the mode you "
+                             "compile for; a compiled model runs one mode")
+        if not bool(training.value.numpy()):
+            return self._inference_dropout(inputs, attrs, opset)
+        ratio = inputs[1] if len(inputs) > 1 and inputs[1] is not None else relax.const(_DEFAULT_RATIO)
+        ratio = get_constant(ratio, [self._nodes, self._params])
+        if ratio.ty.ndim != 0:  # some exporters write the scalar as a 1-element tensor
+            ratio = self.bb.emit(relax.op.reshape(ratio, ()))
+        if ratio.ty.dtype != "float32":
+            ratio = self.bb.emit(relax.op.astype(ratio, "float32"))
+        seed = attrs.get("seed")
+        if seed is None:
+            # ONNX leaves the seed to the runtime. Numbering unseeded Dropouts keeps builds
+            # reproducible and gives each node its own mask.
+            seed = self._dropouts_without_seed
+            self._dropouts_without_seed += 1
+        return emit_dropout_training(self.bb, inputs[0], ratio, int(seed))
+
+    def _inference_dropout(self, inputs, attrs, opset):
+        """TVM's identity ``nn.dropout``; the mask output, when there is one, all true (bool)."""
+        if attrs["tvm_custom"]["num_outputs"] < 2:
+            return None
+        values = self.bb.emit(relax.TupleGetItem(
+            super()._convert_operator("Dropout", inputs, attrs, opset), 0))
+        return relax.Tuple([values, relax.op.ones_like(inputs[0], "bool")])
+
+    def _eye_like(self, inputs, attrs, _opset):
+        x = inputs[0]
+        name = attrs["tvm_custom"]["name"] or "(unnamed)"
+        if x.ty.ndim != 2:
+            raise ModelError(f"EyeLike node {name!r}: its input has rank {x.ty.ndim}; "
+                             "EyeLike takes a 2-D tensor", "fix the model (ONNX requires 2-D)")
+        dtype = get_type(attrs["dtype"]) if "dtype" in attrs else x.ty.dtype
+        return emit_eye_like(self.bb, x, int(attrs.get("k", 0)), dtype)
+
+
+def from_onnx(model: onnx.ModelProto, shape_dict: dict[str, list], dtype_dict: dict[str, str]):
+    """``tvm.relax.frontend.onnx.from_onnx`` (default-domain opset, checked model) with our converters."""
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    return Importer(shape_dict, dtype_dict).from_onnx(model.graph, opset)

@@ -1,0 +1,155 @@
+"""Attention: head split -> Q·Kᵀ -> scale -> [causal where] -> [additive mask] -> softmax -> ·V
+-> head merge, as one kernel.
+
+Unfused, every head's seq x seq score matrix goes through main memory four times (matmul out,
+scale/mask out, softmax in and out) and the head split/merge transposes are copies of their
+own. As one composite, FuseTIR makes a single PrimFunc that the ``Attention`` CPU schedule
+computes one block of query rows at a time, the scores living in a cache-resident tile, Q, K
+and V read straight from the [batch, seq, heads*dim] projections and the output written in
+that layout too.
+
+The exporters' two mask forms both match: BERT's padding mask ``add(scores/√d, (1-m)·min)``
+and GPT-2's causal mask ``where(triangle, scores/√d, min)`` (+ its additive mask); so do
+separate Q, K, V projections (BERT), one packed projection split three ways (GPT-2's c_attn,
+whose split then happens inside the kernel's indexing too) and Q, K already split into heads
+(Llama, whose rotary embedding is computed on [batch, heads, seq, dim]).
+"""
+
+from __future__ import annotations
+
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, is_tuple_get_item, wildcard
+
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, scalar_constant, static_shape
+
+# permute_dims axes that turn a [batch, seq, heads, dim] view into the matmul operands.
+HEADS_FIRST = (0, 2, 1, 3)          # Q, V: [batch, heads, seq, dim]; also the head merge
+HEADS_FIRST_TRANSPOSED = (0, 2, 3, 1)  # Kᵀ: [batch, heads, dim, seq]
+LAST_TWO_SWAPPED = (0, 1, 3, 2)     # Kᵀ from K already in [batch, heads, seq, dim]
+
+# Where Q and K come from, in the order tried (the form absorbing the most first), with the
+# prefix of its variant names: one packed projection split three ways (GPT-2's c_attn), one
+# projection each (BERT), or Q and K already split into heads (Llama: after rotary embeddings).
+QK_FORMS = {"packed": "qkv_", "projections": "", "heads": "qk_heads_"}
+
+MASKS = {  # name: (causal where, additive mask), longest first
+    "causal_masked": (True, True),
+    "causal": (True, False),
+    "masked": (False, True),
+    "unmasked": (False, False),
+}
+
+
+def _split_heads(found: dict, name: str):
+    """``permute_dims(reshape(<name>_proj, [B, S, H, D]))``, annotated as <name>_proj/<name>_heads.
+
+    With a ``qkv_split`` in ``found`` (GPT-2's fused c_attn), the projection is one of its outputs.
+    """
+    split = found.get("qkv_split")
+    proj = found[f"{name}_proj"] = is_tuple_get_item(split) if split is not None else wildcard()
+    found[f"{name}_view"] = is_op("relax.reshape")(proj, wildcard())
+    found[f"{name}_heads"] = is_op("relax.permute_dims")(found[f"{name}_view"])
+    return found[f"{name}_heads"]
+
+
+def _qk_operands(found: dict, qk_form: str):
+    if qk_form == "heads":
+        found["q"], found["k"] = wildcard(), wildcard()
+        found["k_transposed"] = is_op("relax.permute_dims")(found["k"])
+        return found["q"], found["k_transposed"]
+    if qk_form == "packed":
+        found["qkv"] = wildcard()
+        found["qkv_split"] = is_op("relax.split")(found["qkv"])
+    return _split_heads(found, "q"), _split_heads(found, "k")
+
+
+def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections"):
+    """The attention chain and its annotations."""
+    found: dict = {}
+    scores = found["scores"] = is_op("relax.matmul")(*_qk_operands(found, qk_form))
+    scale = found["scale"] = wildcard()
+    logits = found["scaled"] = is_op("relax.divide")(scores, scale) | is_op("relax.multiply")(scores, scale)
+    if causal:
+        found["causal_cond"], found["causal_fill"] = wildcard(), wildcard()
+        logits = found["causal"] = is_op("relax.where")(found["causal_cond"], logits, found["causal_fill"])
+    if masked:
+        found["mask"] = wildcard()
+        logits = found["masked"] = is_op("relax.add")(logits, found["mask"])
+    found["probs"] = is_op("relax.nn.softmax")(logits)
+    found["context"] = is_op("relax.matmul")(found["probs"], _split_heads(found, "v"))
+    found["merged"] = is_op("relax.permute_dims")(found["context"])
+    found["out"] = is_op("relax.reshape")(found["merged"], wildcard())
+    return found["out"], found
+
+
+class Attention(FusionRule):
+    name = "attention"
+    description = ("head split (per projection, of a packed QKV, or Q/K already per head) + Q·Kᵀ + scale "
+                   "(Mul/Div) + causal Where + additive mask + softmax + ·V + head merge -> one kernel, "
+                   "scores in a cache-resident tile")
+
+    def variants(self):
+        return [(prefix + name, *attention_pattern(*masks, qk_form=form))
+                for form, prefix in QK_FORMS.items() for name, masks in MASKS.items()]
+
+    def anchor(self, context):
+        return context.annotated_expr["probs"]
+
+    def check(self, context):
+        found = context.annotated_expr
+        reason = (_check_dtypes(found) or _check_layout(found) or _check_scale(found)
+                  or _check_masks(found))
+        if reason:
+            return reason
+        axis = int(found["probs"].attrs.axis)
+        if axis not in (-1, 3):
+            return f"softmax is over axis {axis}, not the last (key) axis"
+        if has_leaking_intermediate_variables(context):
+            return "an intermediate result (scores or probabilities) is also used outside the chain"
+        return None
+
+
+def _check_dtypes(found) -> str | None:
+    dtypes = {name: dtype_of(found[name])
+              for name in ("q_proj", "k_proj", "q", "k", "v_proj", "scores", "out") if name in found}
+    if len(set(dtypes.values())) != 1:
+        listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+        return f"dtype mismatch ({listed}): the kernel computes in one dtype"
+    if dtypes["out"] not in FLOAT_DTYPES:
+        return f"dtype {dtypes['out']} is not supported ({', '.join(FLOAT_DTYPES)})"
+    return None
+
+
+def _check_layout(found) -> str | None:
+    scores_shape = static_shape(found["scores"])
+    if scores_shape is None or static_shape(found["out"]) is None:
+        return "the attention shapes are not static (bind the dynamic dims)"
+    if len(scores_shape) != 4:
+        return f"scores shape {scores_shape} is not [batch, heads, queries, keys]"
+    expected = {"q_heads": HEADS_FIRST, "k_heads": HEADS_FIRST_TRANSPOSED, "k_transposed": LAST_TWO_SWAPPED,
+                "v_heads": HEADS_FIRST, "merged": HEADS_FIRST}
+    for name, axes in expected.items():
+        if name not in found:
+            continue
+        actual = tuple(int(a) for a in found[name].attrs.axes or ())
+        if actual != axes:
+            return f"{name.split('_')[0]} head permutation {actual} is not {axes}"
+    return None
+
+
+def _check_scale(found) -> str | None:
+    if scalar_constant(found["scale"]) is None:
+        return "the score scale is not a constant scalar"
+    return None
+
+
+def _check_masks(found) -> str | None:
+    """A mask must broadcast into the scores, not widen them (the kernel writes one tile per row block)."""
+    scores_shape = static_shape(found["scores"])
+    for result, operand, label in (("causal", "causal_cond", "causal"), ("masked", "mask", "additive")):
+        if result in found and static_shape(found[result]) != scores_shape:
+            return (f"{label} mask shape {static_shape(found[operand])} does not broadcast into "
+                    f"the scores shape {scores_shape}")
+    if "causal" in found and static_shape(found["causal_fill"]) not in ((), (1,)):
+        return f"the causal fill value has shape {static_shape(found['causal_fill'])}, not a scalar"
+    return None

@@ -1,0 +1,120 @@
+"""Conv epilogue: Conv2d (any stride, padding, dilation, groups) + bias + activation + residual
+Add (+ activation after it) as one kernel, with an optional per-channel input scale in front.
+
+Every step after the conv is elementwise on its output, so unfused each is a full round trip of
+the feature map through memory; fused, the epilogue runs on the conv's output tile while it is
+in registers. The input scale is the last step of a squeeze-and-excitation block
+(``x * gate[n, c, 1, 1]``): fused as the conv's prologue it costs one multiply per loaded value
+instead of a pass over the map. Activations are matched in their canonical forms (after the
+``clip``, ``silu``, ``hardswish`` and ``hardsigmoid`` rewrites).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, wildcard
+
+from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+
+
+CONV_ACTIVATIONS = ("relu", "clip", "leakyrelu", "sigmoid", "silu", "hardsigmoid", "hardswish")
+ACTIVATIONS = {name: SHARED_ACTIVATIONS[name] for name in CONV_ACTIVATIONS}
+# After a residual add, exporters only put plain activations.
+POST_RESIDUAL = ("relu", "clip", "hardswish")
+
+
+def conv_epilogue_pattern(scaled: bool, bias: bool, activation: str | None, residual: bool,
+                          post_activation: str | None):
+    """``post(act(conv2d([x * gate], w) [+ bias]) [+ residual])`` and its annotations."""
+    data, weight = wildcard(), wildcard()
+    annotations = {"data": data, "weight": weight}
+    if scaled:
+        annotations["gate"] = wildcard()
+        data = annotations["scale"] = is_op("relax.multiply")(data, annotations["gate"])
+    out = annotations["conv"] = is_op("relax.nn.conv2d")(data, weight)
+    if bias:
+        annotations["bias"] = wildcard()
+        out = annotations["bias_add"] = is_op("relax.add")(out, annotations["bias"])
+    if activation:
+        out = annotations["activation"] = ACTIVATIONS[activation](out)
+    if residual:
+        annotations["residual"] = wildcard()
+        out = annotations["residual_add"] = is_op("relax.add")(out, annotations["residual"])
+        if post_activation:
+            out = annotations["post_activation"] = ACTIVATIONS[post_activation](out)
+    return out, annotations
+
+
+def variant_name(scaled, bias, activation, residual, post_activation) -> str:
+    parts = ["conv"] + (["scaled"] if scaled else []) + (["bias"] if bias else [])
+    parts += [activation] if activation else []
+    parts += (["residual"] if residual else []) + ([post_activation] if post_activation else [])
+    return "_".join(parts)
+
+
+class ConvEpilogue(FusionRule):
+    name = "conv_epilogue"
+    description = ("conv2d (strided/dilated/grouped/depthwise) + bias + activation (relu, clip, "
+                   "leakyrelu, sigmoid, silu, hardsigmoid, hardswish) + residual add + activation, "
+                   "with an optional per-channel input scale (SE) in front")
+
+    def variants(self):
+        variants = []
+        for scaled, bias, activation, residual in itertools.product(
+                (True, False), (True, False), (*ACTIVATIONS, None), (True, False)):
+            for post in ((*POST_RESIDUAL, None) if residual else (None,)):
+                choice = (scaled, bias, activation, residual, post)
+                if any(choice):
+                    variants.append((variant_name(*choice), *conv_epilogue_pattern(*choice)))
+        # Longest chain first, so the biggest chain whose check passes wins.
+        return sorted(variants, key=lambda v: -len(v[2]))
+
+    def anchor(self, context):
+        return context.annotated_expr["conv"]
+
+    def check(self, context):
+        found = context.annotated_expr
+        conv = found["conv"]
+        attrs = conv.attrs
+        dtype = dtype_of(conv)
+        if dtype not in FLOAT_DTYPES:
+            return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
+        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
+            return f"conv layout {attrs.data_layout}/{attrs.kernel_layout} is not NCHW/OIHW"
+        out_shape = static_shape(conv)
+        if out_shape is None:
+            return "the conv output shape is not static (bind the dynamic dims)"
+        channels = out_shape[1]
+        if "bias" in found:
+            bias_shape = static_shape(found["bias"])
+            if bias_shape not in ((1, channels, 1, 1), (channels, 1, 1)):
+                return (f"bias shape {bias_shape} is not one value per output channel "
+                        f"(expected (1, {channels}, 1, 1))")
+        if "gate" in found:
+            reason = _check_channel_scale(found["data"], found["gate"])
+            if reason:
+                return reason
+        if "residual" in found:
+            out_full = static_shape(context.matched_expr)
+            if static_shape(found["residual"]) != out_full:
+                return (f"residual shape {static_shape(found['residual'])} does not equal the "
+                        f"output shape {out_full}")
+            if dtype_of(found["residual"]) != dtype:
+                return f"residual dtype {dtype_of(found['residual'])} differs from {dtype}"
+        if has_leaking_intermediate_variables(context):
+            return "an intermediate result is also used outside the chain"
+        return None
+
+
+def _check_channel_scale(data, gate) -> str | None:
+    """The input scale must be ``map * gate`` with gate one value per (batch, channel)."""
+    first, second = static_shape(data), static_shape(gate)
+    if first is None or second is None or len(first) != 4 or len(second) != 4:
+        return "the conv input is a product of tensors that are not 4-D with static shapes"
+    full, per_channel = (first, second) if second[2:] == (1, 1) else (second, first)
+    if per_channel[2:] != (1, 1) or per_channel[1] != full[1] or per_channel[0] not in (1, full[0]):
+        return f"the conv input is scaled by shape {per_channel}, not one value per channel of {full}"
+    return None

@@ -1,0 +1,61 @@
+"""EyeLike + Add -> AddEyeLike: add the k-th diagonal's ones without storing the identity.
+
+TVM imports EyeLike as ``R.eye_like``, which constant-folding turns into an n x m tensor baked
+into the library and streamed from memory by the add. The frontend instead emits
+``call_tir(eye_like, (x,))`` from ``eye_like_kernel`` below (a kernel on its input, as ONNX
+Runtime runs it). This fusion groups it with the Add into one kernel, in which the identity is
+``Select(j - i == k, 1, 0)``: the ``Injective`` schedule inlines it into the add's vectorized
+loop, one read and one write per element (the seed's worked example).
+"""
+
+from __future__ import annotations
+
+from tvm import relax, te, tirx
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, is_tuple, wildcard
+
+from .base import FusionRule, static_shape
+
+KERNEL_NAME = "eye_like"
+
+
+def eye_like_kernel(x: te.Tensor, k: int, dtype: str) -> te.Tensor:
+    """ONNX EyeLike: ones where column - row == k, zeros elsewhere, in ``dtype``, shaped like x."""
+    return te.compute(
+        x.shape,
+        lambda i, j: tirx.Select(j - i == k, tirx.const(1, dtype), tirx.const(0, dtype)),
+        name="eye_like")
+
+
+def emit_eye_like(bb: relax.BlockBuilder, x: relax.Expr, k: int, dtype: str) -> relax.Expr:
+    """``call_tir(eye_like, (x,))``; x is an argument so that it is not folded into a constant."""
+    return bb.call_te(eye_like_kernel, x, k, dtype, primfunc_name_hint=KERNEL_NAME)
+
+
+class EyeLikeAdd(FusionRule):
+    name = "eye_like_add"
+    description = "EyeLike + Add (operand of the identity's shape) -> one kernel"
+
+    def variants(self):
+        kernel, x, other = wildcard(), wildcard(), wildcard()
+        eye = is_op("relax.call_tir")(kernel, is_tuple([x]))
+        return [("add_eye_like", is_op("relax.add")(eye, other),
+                 {"kernel": kernel, "x": x, "eye": eye, "other": other})]
+
+    def anchor(self, context):
+        return context.annotated_expr["eye"]
+
+    def check(self, context):
+        found = context.annotated_expr
+        kernel = getattr(found["kernel"], "name_hint", "")
+        if not kernel.startswith(KERNEL_NAME):
+            return f"kernel {kernel!r} is not an EyeLike"
+        eye_shape, other_shape = static_shape(found["eye"]), static_shape(found["other"])
+        if eye_shape is None:
+            return "the identity's shape is not static (bind the dynamic dims)"
+        if other_shape != eye_shape:
+            return (f"the other operand of the add, shape {other_shape}, does not match the "
+                    f"identity's shape {eye_shape} (the add would broadcast)")
+        if has_leaking_intermediate_variables(context):
+            return "the identity is also used outside the add"
+        return None

@@ -1,0 +1,83 @@
+"""Softmax with its element-wise prologue (scale, causal Where, additive mask) and epilogue.
+
+TVM's FuseOps fuses element-wise ops *after* a softmax into it, but not the ones before it:
+``x / s + mask -> softmax`` is two kernels and the logits make a round trip through memory.
+As one composite, the ``Softmax`` CPU schedule computes the prologue, both row reductions,
+the normalization and the epilogue per row, reading the inputs and writing the output once.
+Attention blocks are taken by the ``attention`` pattern first; this one covers the softmaxes
+left (attention forms it declines, classifier heads, scaled logits).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, wildcard
+
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+
+EPILOGUES = {
+    "multiply": lambda x, operand: is_op("relax.multiply")(x, operand),
+    "astype": lambda x, _operand: is_op("relax.astype")(x),
+}
+
+
+def softmax_pattern(scale: bool, causal: bool, mask: bool, epilogue: str | None):
+    """``[epilogue](softmax([mask +] [where(cond, ] [x * s | x / s] [, fill)]))`` and its annotations."""
+    found = {"x": wildcard()}
+    logits = found["x"]
+    if scale:
+        found["scale"] = wildcard()
+        logits = found["scaled"] = (is_op("relax.divide")(logits, found["scale"])
+                                    | is_op("relax.multiply")(logits, found["scale"]))
+    if causal:
+        found["causal_cond"], found["causal_fill"] = wildcard(), wildcard()
+        logits = found["causal"] = is_op("relax.where")(found["causal_cond"], logits, found["causal_fill"])
+    if mask:
+        found["mask"] = wildcard()
+        logits = found["masked"] = is_op("relax.add")(logits, found["mask"])
+    out = found["probs"] = is_op("relax.nn.softmax")(logits)
+    if epilogue:
+        found["epilogue_operand"] = wildcard()
+        out = found["epilogue"] = EPILOGUES[epilogue](out, found["epilogue_operand"])
+    return out, found
+
+
+def variant_name(scale: bool, causal: bool, mask: bool, epilogue: str | None) -> str:
+    parts = [name for name, on in (("scale", scale), ("causal", causal), ("mask", mask)) if on]
+    return "_".join(parts + ["softmax"] + ([epilogue] if epilogue else []))
+
+
+class Softmax(FusionRule):
+    name = "softmax"
+    description = ("element-wise prologue (scale, causal Where, additive mask) + softmax + "
+                   "multiply/astype epilogue -> one row-wise kernel")
+
+    def variants(self):
+        choices = itertools.product((True, False), (True, False), (True, False), (*EPILOGUES, None))
+        variants = [(variant_name(*choice), *softmax_pattern(*choice))
+                    for choice in choices if any(choice[:3])]  # a bare softmax is one kernel already
+        return sorted(variants, key=lambda v: -len(v[0].split("_")))
+
+    def anchor(self, context):
+        return context.annotated_expr["probs"]
+
+    def check(self, context):
+        found = context.annotated_expr
+        probs = found["probs"]
+        axis = int(probs.attrs.axis)
+        shape = static_shape(probs)
+        if dtype_of(probs) not in FLOAT_DTYPES:
+            return f"dtype {dtype_of(probs)} is not supported ({', '.join(FLOAT_DTYPES)})"
+        if shape is None:
+            return "the softmax shape is not static (bind the dynamic dims)"
+        if axis not in (-1, len(shape) - 1):
+            return f"softmax is over axis {axis}, not the last: rows would not be contiguous"
+        for name in ("x", "scaled", "causal", "masked", "epilogue"):
+            if name in found and static_shape(found[name]) != shape:
+                operand = "input" if name == "x" else f"{name} result"
+                return f"the {operand} shape {static_shape(found[name])} differs from the softmax shape {shape}"
+        if has_leaking_intermediate_variables(context):
+            return "an intermediate result is also used outside the chain"
+        return None

@@ -1,0 +1,70 @@
+"""Squeeze-and-excitation gate: GlobalAveragePool -> 1x1 Conv -> act -> 1x1 Conv -> gate, one kernel.
+
+The pool reduces the whole feature map, so it cannot share a kernel with the map's producer;
+everything after it works on one value per channel (a few hundred multiply-adds), and as
+separate kernels it is six launches of almost no work. Fused, the gate costs one pass over the
+map (the pool) plus a tiny tail. The final ``map * gate`` is left to ``conv_epilogue``, which
+folds it into the next conv's input loads (its ``conv_scaled_*`` variants).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, wildcard
+
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+from .conv_epilogue import ACTIVATIONS
+
+SQUEEZE_ACTIVATIONS = ("relu", "hardswish", "silu")
+GATES = ("hardsigmoid", "sigmoid")
+
+
+def squeeze_excitation_pattern(activation: str, gate: str):
+    data = wildcard()
+    annotations = {"data": data}
+    pooled = annotations["pool"] = is_op("relax.mean")(data)
+    out = pooled
+    for index, act in ((1, activation), (2, gate)):
+        annotations[f"weight{index}"], annotations[f"bias{index}"] = wildcard(), wildcard()
+        conv = annotations[f"conv{index}"] = is_op("relax.nn.conv2d")(out, annotations[f"weight{index}"])
+        out = is_op("relax.add")(conv, annotations[f"bias{index}"])
+        out = ACTIVATIONS[act](out)
+    return out, annotations
+
+
+class SqueezeExcitation(FusionRule):
+    name = "squeeze_excitation"
+    description = "GlobalAveragePool -> 1x1 conv + bias -> act -> 1x1 conv + bias -> (hard)sigmoid: one kernel"
+
+    def variants(self):
+        return [(f"se_{act}_{gate}", *squeeze_excitation_pattern(act, gate))
+                for act, gate in itertools.product(SQUEEZE_ACTIVATIONS, GATES)]
+
+    def anchor(self, context):
+        return context.annotated_expr["pool"]
+
+    def check(self, context):
+        found = context.annotated_expr
+        data_shape = static_shape(found["data"])
+        if dtype_of(found["data"]) not in FLOAT_DTYPES:
+            return f"dtype {dtype_of(found['data'])} is not a float type"
+        if data_shape is None or len(data_shape) != 4:
+            return f"the pooled map has shape {data_shape}, not a static 4-D NCHW shape"
+        pool = found["pool"].attrs
+        if sorted(int(a) % 4 for a in pool.axis) != [2, 3] or not pool.keepdims:
+            return "the mean is not a global average pool over H and W with kept dims"
+        for index in (1, 2):
+            conv = found[f"conv{index}"].attrs
+            weight = static_shape(found[f"weight{index}"])
+            if weight is None or weight[2:] != (1, 1) or int(conv.groups) != 1:
+                return f"squeeze conv {index} is not a dense 1x1 conv (weight {weight})"
+            if conv.data_layout != "NCHW" or conv.kernel_layout != "OIHW":
+                return f"squeeze conv {index} layout is {conv.data_layout}/{conv.kernel_layout}"
+            bias = static_shape(found[f"bias{index}"])
+            if bias not in ((1, weight[0], 1, 1), (weight[0], 1, 1)):
+                return f"squeeze conv {index} bias shape {bias} is not one value per channel"
+        if has_leaking_intermediate_variables(context):
+            return "an intermediate result is also used outside the block"
+        return None

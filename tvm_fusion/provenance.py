@@ -1,0 +1,96 @@
+"""Which ONNX node each Relax binding computes, so that ``inspect`` can name what a fusion absorbed.
+
+TVM's ONNX importer keeps no node names (no spans; bindings are ``lv0, lv1, ...``). Importing
+through a subclass of its importer that notes the expression each node converts to lets us
+rename every binding ``onnx<i>`` / ``onnx<i>_<k>`` after the node it belongs to (``k`` numbers
+the extra bindings a converter emits, e.g. Gemm's matmul before its bias add). The pattern
+passes keep variable names, so the names in a PatternReport's instances lead back to nodes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import onnx
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+_NAME = re.compile(r"^onnx(\d+)(?:_\d+)?$")
+
+
+def import_with_node_names(model: onnx.ModelProto, shapes: dict[str, list[int]],
+                           dtypes: dict[str, str]) -> tvm.IRModule:
+    """``model`` imported as ``frontend.onnx.import_model`` does, bindings named after nodes."""
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    class RecordingImporter(ONNXGraphImporter):
+        converted: list[tuple[str, relax.Expr]] = []
+
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            expr = super()._convert_operator(op_name, inputs, attrs, opset)
+            self.converted.append((attrs["tvm_custom"]["name"], expr))
+            return expr
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    importer = RecordingImporter(shapes, dtypes)
+    importer.converted = []
+    module = importer.from_onnx(model.graph, opset)
+    index = {node.name: i for i, node in enumerate(model.graph.node)}
+    names = _binding_names(module["main"], [(index.get(n, -1), e) for n, e in importer.converted])
+    module["main"] = _Rename(names, module).visit_expr(module["main"])
+    return module
+
+
+def node_index(var_name: str, model: onnx.ModelProto) -> int | None:
+    """The index in ``model.graph.node`` of the node a binding named by
+    ``import_with_node_names`` belongs to, or None for another name."""
+    match = _NAME.match(var_name or "")
+    if not match or int(match.group(1)) >= len(model.graph.node):
+        return None
+    return int(match.group(1))
+
+
+def _binding_names(func: relax.Function, converted: list[tuple[int, relax.Expr]]) -> dict:
+    """Var -> new name: a node's own expression first, then what its converter emitted for it."""
+    var2val = relax.analysis.get_var2val(func)
+    bound = {value: var for var, value in var2val.items()}
+    names: dict = {}
+    for node, expr in converted:
+        var = bound.get(expr)
+        if var is not None and node >= 0 and var not in names:
+            names[var] = f"onnx{node}"
+    for node, expr in converted:
+        if node < 0:
+            continue
+        extra = [0]
+
+        def claim(e, node=node, extra=extra):
+            # A binding's variable, or a value bound later as is (a tuple field, an output).
+            var = e if isinstance(e, relax.Var) and e in var2val else bound.get(e)
+            if var is not None and var not in names:
+                extra[0] += 1
+                names[var] = f"onnx{node}_{extra[0]}"
+                relax.analysis.post_order_visit(var2val[var], claim)  # what it was computed from
+
+        relax.analysis.post_order_visit(expr, claim)
+    return names
+
+
+@mutator
+class _Rename(PyExprMutator):
+    """Rebinds each variable under its new name; types and values are unchanged."""
+
+    def __init__(self, names: dict, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.names = names
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = self.visit_expr(binding.value)
+        old = binding.var
+        # An alias (the graph output ``gv = lv``) takes its value's name: passes fold it away.
+        alias = binding.value if isinstance(binding.value, relax.Var) else None
+        name = self.names.get(old) or (self.names.get(alias) if alias is not None else None) or old.name
+        var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(name, old.ty)
+        self.builder_.emit_normalized(relax.VarBinding(var, value))
+        self.set_var_remap(old, var)

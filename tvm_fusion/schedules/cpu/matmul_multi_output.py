@@ -1,0 +1,75 @@
+"""A matmul whose epilogue writes several outputs (training dropout: values and mask), per tile."""
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .inline import is_spatial
+from .matmul_epilogue import _K_UNROLL, _MAX_TILE_ROWS, _largest_divisor, _match_matmul, _tile_columns
+from .target_info import vector_lanes
+
+
+class MatmulMultiOutput(ScheduleRule):
+    """C = A @ B, then element-wise blocks of C's shape of which two or more are outputs.
+
+    ``MatmulEpilogue`` moves the single last block into each output tile; ``compute_at`` and
+    ``reverse_compute_at`` refuse a second output block there (the mask is an output, and the
+    values read it). Here every output block is tiled alike and the tile loops are merged into
+    one parallel loop, and the matmul is computed at that loop: each task accumulates a register
+    tile, then writes the mask and the values of that tile while the accumulators are live.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        root = get_root_block(sch)
+        blocks = sch.get_child_blocks(root)
+        if not blocks or any(not is_spatial(sch.get(block)) for block in blocks[1:]):
+            return None
+        matmul = blocks[0]
+        axes = _match_matmul(sch.get(matmul))
+        outputs = sch.get_output_blocks(root)
+        output_names = {sch.get(block).name_hint for block in outputs}  # inlining rewrites the blocks
+        if axes is None or len(outputs) < 2 or sch.get(matmul).name_hint in output_names:
+            return None
+        out_extents = [int(iv.dom.extent) for iv in sch.get(matmul).iter_vars[:-1]]
+        if any(_extents(sch, block) != out_extents for block in outputs):
+            return None  # an output of another shape: tiles would not line up
+
+        lanes = vector_lanes(target, sch.get(matmul).writes[0].source.dtype)
+        accumulator = sch.cache_write(matmul, 0, "local")
+        for block in [accumulator, *blocks[1:]]:
+            if sch.get(block).name_hint not in output_names:
+                sch.compute_inline(block)
+
+        rows = _largest_divisor(out_extents[-2], _MAX_TILE_ROWS)
+        cols = _tile_columns(out_extents[-1], lanes)
+        tiles = []
+        for block in outputs:
+            *batch, i, j = sch.get_loops(block)
+            i_outer, i_inner = sch.split(i, [None, rows])
+            j_outer, j_inner = sch.split(j, [None, cols])
+            sch.reorder(*batch, j_outer, i_outer, i_inner, j_inner)
+            tiles.append(sch.fuse(*batch, j_outer, i_outer))
+            sch.vectorize(j_inner)
+        tile = sch.merge(*tiles)
+        sch.compute_at(matmul, tile, preserve_unit_loops=True)
+        sch.parallel(tile)
+
+        i, j, k = sch.get_loops(matmul)[-3:]
+        k_outer, k_inner = sch.split(k, [None, _largest_divisor(int(sch.get(k).extent), _K_UNROLL)])
+        sch.reorder(k_outer, k_inner, i, j)
+        sch.unroll(k_inner)
+        sch.unroll(i)
+        sch.vectorize(j)
+        init = sch.decompose_reduction(matmul, k_outer)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return sch
+
+
+def _extents(sch: s_tir.Schedule, block) -> list:
+    """The block's loop extents, outermost first (ints where static)."""
+    return [int(e) if isinstance(e, tirx.IntImm) else e
+            for e in (sch.get(loop).extent for loop in sch.get_loops(block))]

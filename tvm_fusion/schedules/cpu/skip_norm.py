@@ -1,0 +1,120 @@
+"""Skip LayerNorm / RMSNorm: the residual sum, its row statistics and the normalized row in one task."""
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block, normalize_prim_func
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .inline import _has_call, is_spatial
+from .reduction import _is_row_shaped, _leading_spatial, _row_extents, _vectorize_innermost
+from .target_info import vector_lanes
+
+# The output blocks of TOPI's layer_norm and rms_norm, as LegalizeOps names them.
+NORM_BLOCKS = ("T_layer_norm", "T_rms_norm")
+
+
+class SkipNorm(ScheduleRule):
+    """An element-wise sum (x + bias + skip) read by row reductions, then the normalized row.
+
+    ``Reduction`` would inline the sum into the mean, the variance and the output, adding
+    x, bias and skip three times per element, and cannot place the sum at all when it is
+    also an output (``compute_at`` refuses output blocks). Here each task (one row, rows in
+    parallel) writes the sum once into a row buffer (or into the sum output), reduces it with
+    vector-wide partial sums, and normalizes it while it is still in L1.
+    """
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        summed = _residual_sum(sch)
+        if summed is None:
+            return None
+        for block in sch.get_child_blocks(get_root_block(sch)):
+            stmt = sch.get(block)
+            if stmt.same_as(sch.get(summed)) or not is_spatial(stmt) or _has_call(stmt.body):
+                continue
+            try:
+                sch.compute_inline(block)  # the bias add into the sum, the mean into its users
+            except s_tir.ScheduleError:
+                continue
+        blocks = normalize_prim_func(sch)
+        if blocks is None or len(blocks) < 3 or any(not _is_row_shaped(b) for b in blocks):
+            return None
+        row_axes = min(_leading_spatial(block) for block in blocks)
+        extents = {tuple(_row_extents([block], row_axes)) for block in blocks}
+        if row_axes == 0 or len(extents) != 1 or not all(isinstance(d, int) for d in next(iter(extents))):
+            return None
+        lanes = vector_lanes(target, sch.get(blocks[-1].block_rv).writes[0].source.dtype)
+        try:
+            return _schedule_rows(sch, [b.block_rv for b in blocks], row_axes, lanes)
+        except s_tir.ScheduleError:
+            return None  # a shape this rule did not foresee: leave it to the next rule
+
+
+def _schedule_rows(sch: s_tir.Schedule, blocks: list, row_axes: int, lanes: int) -> s_tir.Schedule:
+    """One row per parallel task: sum, (lane-partial) reductions, normalized row."""
+    # rfactor needs each reduction still at the root: split the sums into lanes first.
+    order, partials = [], []
+    for block in blocks:
+        partial = None if is_spatial(sch.get(block)) else _lane_partial_sums(sch, block, lanes)
+        if partial is not None:
+            order.append(partial)
+            partials.append(partial)
+        order.append(block)
+    outputs = [sch.get(b) for b in sch.get_output_blocks(get_root_block(sch))]
+    if any(sch.get(order[0]).same_as(o) for o in outputs):
+        # The sum is an output: its row loop leads, the rest follows it per row.
+        row = sch.fuse(*sch.get_loops(order[0])[:row_axes])
+        for block in order[1:]:
+            sch.reverse_compute_at(block, row, preserve_unit_loops=True)
+    else:
+        row = sch.fuse(*sch.get_loops(order[-1])[:row_axes])
+        for block in reversed(order[:-1]):
+            sch.compute_at(block, row, preserve_unit_loops=True)
+    sch.parallel(row)
+    for block in order:
+        stmt = sch.get(block)
+        if is_spatial(stmt):
+            _vectorize_innermost(sch, block, row, lanes)
+        elif any(stmt.same_as(sch.get(p)) for p in partials):
+            _vectorize_lanes(sch, block, row_axes)
+    return sch
+
+
+def _residual_sum(sch: s_tir.Schedule):
+    """The residual sum: the last element-wise add before the first reduction of a norm kernel."""
+    blocks = list(sch.get_child_blocks(get_root_block(sch)))
+    if not any(sch.get(b).name_hint in NORM_BLOCKS for b in blocks):
+        return None
+    first_reduction = next((i for i, b in enumerate(blocks) if not is_spatial(sch.get(b))), None)
+    adds = [b for b in blocks[:first_reduction]
+            if isinstance(sch.get(b).body, tirx.BufferStore) and isinstance(sch.get(b).body.value, tirx.Add)]
+    return adds[-1] if first_reduction is not None and adds else None
+
+
+def _lane_partial_sums(sch: s_tir.Schedule, block, lanes: int):
+    """Split a single-axis row reduction into ``lanes`` interleaved partial sums (rfactor)."""
+    stmt = sch.get(block)
+    if sum(iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.iter_vars) != 1:
+        return None
+    innermost = sch.get_loops(block)[-1]
+    extent = sch.get(innermost).extent
+    if not isinstance(extent, tirx.IntImm) or int(extent) <= lanes or int(extent) % lanes:
+        return None
+    _, lane = sch.split(innermost, [None, lanes])
+    return sch.rfactor(lane, factor_axis=len(stmt.iter_vars) - 1)
+
+
+def _vectorize_lanes(sch: s_tir.Schedule, partial, row_axes: int) -> None:
+    """Lane loop innermost, under the reduction loop, as one vector; the init likewise.
+
+    Under the row loop, the partial-sum block's loops follow its iter vars: lane, the
+    (unit) row axes, then the reduction.
+    """
+    loops = sch.get_loops(partial)
+    lane, reduction = loops[-(row_axes + 2)], loops[-1]
+    sch.reorder(reduction, lane)
+    sch.vectorize(lane)  # before decompose_reduction: the update alone is no reduction block
+    init = sch.decompose_reduction(partial, reduction)
+    sch.vectorize(sch.get_loops(init)[-1])

@@ -1,0 +1,33 @@
+"""An in-process MetaSchedule builder.
+
+The stock LocalBuilder starts a worker pool per batch and each worker imports TVM's tensor
+intrinsics (about 19 s on a 2-core machine), so its builds time out here. Building in the
+tuning process pays that import once; measuring still happens in the runner's process (or on
+an RPC board).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
+from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
+
+
+@derived_object
+class InProcessBuilder(PyBuilder):
+    """MetaSchedule's own default_build + default_export, one candidate after another."""
+
+    def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
+        results = []
+        for build_input in build_inputs:
+            try:
+                with warnings.catch_warnings():  # MetaSchedule's default_build calls the deprecated tvm.build
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    module = default_build(build_input.mod, build_input.target, None)
+                results.append(BuilderResult(default_export(module), None))
+            except Exception as err:  # a candidate that fails to build is a normal search outcome
+                results.append(BuilderResult(None, f"{type(err).__name__}: {err}"))
+        return results
+
