@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -562,11 +563,13 @@ class BenchReport:
 
 def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                 repeat: int = 30, warmup: int = 3, include_stock: bool = True,
+                tuning_log: str | Path | bool | None = None,
                 progress: Progress = _quiet) -> BenchReport:
     """Median latency of ONNX Runtime, stock TVM and tvm_fusion, interleaved in one process.
 
-    Rounds interleave the runners (A B C A B C ...) so that drift in machine load affects all
-    of them alike; all use the config's thread count.
+    Rounds interleave the runners, in a new random order each round, so that drift in machine
+    load and the order they run in affect all of them alike; all use the config's thread count. When tuning records apply, tvm_fusion
+    with hand schedules only runs beside it as ``tvm_fusion_untuned``.
     """
     from .verify import onnxruntime_session
 
@@ -576,8 +579,11 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         cfg = prepared.config
         set_threads(cfg.threads)
         progress("building tvm_fusion")
-        models = {"tvm_fusion": CompiledModel(build(optimize(prepared).module, cfg),
-                                              _bench_metadata(prepared))}
+        optimized = optimize(prepared, tuning_log, progress)
+        models = {"tvm_fusion": CompiledModel(build(optimized.module, cfg), _bench_metadata(prepared))}
+        if optimized.tuned:
+            models["tvm_fusion_untuned"] = CompiledModel(build(optimize(prepared, False).module, cfg),
+                                                         _bench_metadata(prepared))
         if include_stock:
             progress("building stock TVM")
             models["stock_tvm"] = CompiledModel(build_stock(prepared), _bench_metadata(prepared))
@@ -595,8 +601,13 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         produced = model.run(inputs)
         errors[name] = max(float(np.abs(produced[k] - reference[k]).max()) for k in reference)
     times: dict[str, list[float]] = {name: [] for name in runners}
+    order, shuffler = list(runners), random.Random(cfg.seed)
     for round_index in range(warmup + repeat):
-        for name, run in runners.items():
+        # A new order each round: whichever runs right after another pays for its leftover
+        # threads and cache state, so no runtime may always follow the same one.
+        shuffler.shuffle(order)
+        for name in order:
+            run = runners[name]
             start = time.perf_counter()
             run()
             elapsed = time.perf_counter() - start

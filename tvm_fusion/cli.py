@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--warmup", type=_count(0), default=3)
     bench_cmd.add_argument("--no-stock", action="store_true", help="skip stock TVM (it is slow)")
     bench_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    _tuning_log_args(bench_cmd)
     _tuning_parsers(commands)
     return parser
 
@@ -288,7 +289,8 @@ def _bench(args, say) -> int:
     from .report import table
 
     result = bench_model(args.model, args.config, args.input_shape, repeat=args.repeat,
-                         warmup=args.warmup, include_stock=not args.no_stock, progress=say)
+                         warmup=args.warmup, include_stock=not args.no_stock,
+                         tuning_log=_tuning_log_choice(args), progress=say)
     ratios = result.ratios()
     shapes = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in result.inputs.items())
     print(f"model {result.model} ({shapes}), {result.threads} threads, median of {result.samples} "

@@ -43,3 +43,15 @@ class ArtifactError(TvmFusionError):
     """A build artifact is missing, damaged, or was given inputs that do not match it."""
 
     exit_code = 6
+
+
+class ToolchainError(TvmFusionError):
+    """A compiler or emulator the target needs is not installed; the message names the package."""
+
+    exit_code = 7
+
+
+class TuningLogError(TvmFusionError):
+    """A tuning log cannot be read or written, or was asked something it cannot answer."""
+
+    exit_code = 8

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ArtifactError, TvmFusionError
+from .errors import ArtifactError, ToolchainError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VM_RUNNER_SOURCE = Path(__file__).with_name("vm_runner.cc")
@@ -37,12 +37,6 @@ ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 X86_REQUIRED_FLAGS = {512: ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"),
                       256: ("avx2", "fma"), 128: ()}
 FATBIN_MAGIC = b"\x50\xed\x55\xba"
-
-
-class ToolchainError(TvmFusionError):
-    """A compiler or emulator the target needs is not installed; the message names the package."""
-
-    exit_code = 7
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
-from ..errors import TvmFusionError
+from ..errors import TuningLogError
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -43,12 +43,6 @@ KERNELS_FILE = "kernels.json"
 LOCK_FILE = ".lock"
 # MetaSchedule's stand-in run time for a candidate that failed to build or run.
 FAILED_RUN_SECS = 1e10
-
-
-class TuningLogError(TvmFusionError):
-    """A tuning log cannot be read or written, or was asked something it cannot answer."""
-
-    exit_code = 8
 
 
 def target_key(target: Target | dict) -> str:
