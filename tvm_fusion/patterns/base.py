@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from tvm import relax
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern
 
 
@@ -138,6 +139,22 @@ def non_float_reason(expr: relax.Expr) -> str | None:
     """The decline reason for a non-float operand (activation rewrites are float-only), else None."""
     dtype = dtype_of(expr)
     return None if dtype in FLOAT_DTYPES else f"dtype {dtype} is not a float type"
+
+
+def residual_or_leak_reason(context: relax.transform.PatternCheckContext, dtype: str) -> str | None:
+    """The epilogue fusions' shared last checks: a residual of the output's exact shape and
+    dtype (no broadcast that would grow the output), and no intermediate used outside."""
+    found = context.annotated_expr
+    if "residual" in found:
+        out_full = static_shape(context.matched_expr)
+        if static_shape(found["residual"]) != out_full:
+            return (f"residual shape {static_shape(found['residual'])} does not equal the "
+                    f"output shape {out_full}")
+        if dtype_of(found["residual"]) != dtype:
+            return f"residual dtype {dtype_of(found['residual'])} differs from {dtype}"
+    if has_leaking_intermediate_variables(context):
+        return "an intermediate result is also used outside the chain"
+    return None
 
 
 def binding_name(context: relax.transform.PatternCheckContext, expr: relax.Expr) -> str:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import itertools
 
-from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
 from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, static_shape
 
 
 CONV_ACTIVATIONS = ("relu", "clip", "leakyrelu", "sigmoid", "silu", "hardsigmoid", "hardswish")
@@ -97,16 +96,7 @@ class ConvEpilogue(FusionRule):
             reason = _check_channel_scale(found["data"], found["gate"])
             if reason:
                 return reason
-        if "residual" in found:
-            out_full = static_shape(context.matched_expr)
-            if static_shape(found["residual"]) != out_full:
-                return (f"residual shape {static_shape(found['residual'])} does not equal the "
-                        f"output shape {out_full}")
-            if dtype_of(found["residual"]) != dtype:
-                return f"residual dtype {dtype_of(found['residual'])} differs from {dtype}"
-        if has_leaking_intermediate_variables(context):
-            return "an intermediate result is also used outside the chain"
-        return None
+        return residual_or_leak_reason(context, dtype)
 
 
 def _check_channel_scale(data, gate) -> str | None:

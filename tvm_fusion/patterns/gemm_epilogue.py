@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import itertools
 
-from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
 from .activations import ACTIVATIONS
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, static_shape
 
 
 
@@ -69,14 +68,5 @@ class GemmEpilogue(FusionRule):
                     or bias_shape[-1] != out_shape[-1] or any(d != 1 for d in bias_shape[:-1])):
                 return (f"bias shape {bias_shape} is not a vector along the output's last axis "
                         f"(output {out_shape})")
-        if "residual" in found:
-            out_full = static_shape(context.matched_expr)
-            if static_shape(found["residual"]) != out_full:
-                return (f"residual shape {static_shape(found['residual'])} does not equal the "
-                        f"output shape {out_full}")
-            if dtype_of(found["residual"]) != dtype:
-                return f"residual dtype {dtype_of(found['residual'])} differs from {dtype}"
-        if has_leaking_intermediate_variables(context):
-            return "an intermediate result is also used outside the chain"
-        return None
+        return residual_or_leak_reason(context, dtype)
 
