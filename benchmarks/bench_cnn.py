@@ -12,15 +12,13 @@ Prints both tables and writes the raw numbers to benchmarks/results/cnn.json (at
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from tvm_fusion import api
-from tvm_fusion.report import table
+from tvm_fusion.report import table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [
@@ -128,11 +126,7 @@ def main() -> None:
     print()
     print(table(["model input", "slowest kernels (time x calls)", "rule", "calls", "ms per call", "GFLOP/s"],
                 kernel_rows))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(staging, out)
+    write_json(args.out, results)
 
 
 if __name__ == "__main__":

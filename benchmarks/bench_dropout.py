@@ -19,7 +19,6 @@ import os
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")  # must precede the first TVM run
 
-import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -32,7 +31,7 @@ from tvm_fusion.passes.fast_math import fast_math_legalize_map  # noqa: E402
 from tvm_fusion.passes.pipeline import lowering_passes  # noqa: E402
 from tvm_fusion.patterns import PatternReport, get_pattern  # noqa: E402
 from tvm_fusion.patterns.dropout_training import emit_dropout_training  # noqa: E402
-from tvm_fusion.report import table  # noqa: E402
+from tvm_fusion.report import table, write_json  # noqa: E402
 from tvm_fusion.schedules import ApplySchedules  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,11 +104,7 @@ def main():
           f"medians; outputs equal bit for bit")
     print(table(["shape (M x K x N)", "separate ms", "gemm_epi ms", "fused ms", "fused/separate",
                  "fused/gemm_epi", "kernels"], rows))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(staging, out)
+    write_json(args.out, results)
 
 
 if __name__ == "__main__":

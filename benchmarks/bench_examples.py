@@ -10,12 +10,10 @@ raw numbers to benchmarks/results/examples.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
 
 from tvm_fusion import api
-from tvm_fusion.report import table
+from tvm_fusion.report import table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {
@@ -47,11 +45,7 @@ def main() -> None:
     print(table(["model", "threads", "ORT ms", "stock TVM ms", "ours untuned ms", "ours tuned ms",
                  "untuned/ORT", "tuned/ORT", "untuned speed-up vs stock", "kernels",
                  "stock FuseOps kernels"], rows))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(staging, out)
+    write_json(args.out, results)
 
 
 if __name__ == "__main__":

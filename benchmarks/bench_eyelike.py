@@ -15,7 +15,6 @@ import os
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")  # must precede the first TVM run
 
-import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -26,7 +25,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from tvm_fusion import api  # noqa: E402
 from tvm_fusion.config import load_config  # noqa: E402
-from tvm_fusion.report import table  # noqa: E402
+from tvm_fusion.report import table, write_json  # noqa: E402
 from tvm_fusion.runtime import CompiledModel  # noqa: E402
 from tvm_fusion.verify import onnxruntime_session  # noqa: E402
 
@@ -110,11 +109,7 @@ def main():
               "total_s": totals, "after_over_before": after_s / before_s,
               "max_abs_diff_vs_before": max_diff, "max_abs_diff_vs_numpy": max_diff_numpy,
               "seed": {"before_s": 1.1428, "after_s": 0.8636, "max_diff": 0.0}}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(staging, out)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -167,7 +165,6 @@ def attention_flops(seq: int) -> int:
 
 def measure_bandwidth(base, repeat: int) -> dict:
     """GB/s of a tvm_fusion-compiled triad (config threads) and of numpy's copy (one thread)."""
-    import tvm
     from tvm import relax
 
     from tvm_fusion.passes import fusion_pipeline
@@ -216,7 +213,7 @@ def main() -> int:
     opts = parser.parse_args()
 
     from tvm_fusion.config import load_config
-    from tvm_fusion.report import table
+    from tvm_fusion.report import table, write_json
     from tvm_fusion.runtime import set_threads
 
     base = load_config(opts.config)
@@ -254,12 +251,7 @@ def main() -> int:
                     [[m["model"], m["medians_ms"]["onnxruntime"], m["medians_ms"]["tvm_fusion"],
                       m["ratio_to_onnxruntime"]["tvm_fusion"]] for m in models]))
 
-    final = Path(opts.json)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps({"threads": base.threads, "target": base.target, "bandwidth": bandwidth,
-                                   "kernels": records, "models": models}, indent=2) + "\n")
-    os.replace(staging, final)
+    write_json(opts.json, {"threads": base.threads, "target": base.target, "bandwidth": bandwidth, "kernels": records, "models": models})
     return 0
 
 

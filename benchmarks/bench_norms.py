@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -96,6 +93,7 @@ def main() -> int:
     opts = parser.parse_args()
 
     from tvm_fusion.config import load_config
+    from tvm_fusion.report import write_json
     from tvm_fusion.report import table
     from tvm_fusion.runtime import set_threads
 
@@ -121,12 +119,7 @@ def main() -> int:
     print(f"{base.threads} threads, target {base.target}")
     print(table(["shape", "case", "kernels", "median us", "bytes moved", "GB/s"], rows, "llrrrr"))
     if opts.json:
-        final = Path(opts.json)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        staging.write_text(json.dumps({"threads": base.threads, "target": base.target,
-                                       "results": records}, indent=2) + "\n")
-        os.replace(staging, final)
+        write_json(opts.json, {"threads": base.threads, "target": base.target, "results": records})
     return 0
 
 

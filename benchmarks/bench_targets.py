@@ -11,7 +11,6 @@ AVX2/AVX-512 ratio; writes the raw numbers to benchmarks/results/targets.json (a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -23,7 +22,7 @@ import onnx
 import tvm_fusion
 from tvm_fusion import api
 from tvm_fusion.frontend import onnx as onnx_frontend
-from tvm_fusion.report import table
+from tvm_fusion.report import table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["x86_64-avx512", "x86_64-avx2"]
@@ -71,12 +70,7 @@ def main() -> None:
             rows.append([name, medians["x86_64-avx512"], medians["x86_64-avx2"], ratio])
 
     print(table(["model", "AVX-512 median ms", "AVX2 median ms", "AVX2 / AVX-512"], rows, "lrrr"))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(staging, out)
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, results)}")
 
 
 if __name__ == "__main__":

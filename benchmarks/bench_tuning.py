@@ -30,7 +30,7 @@ import numpy as np
 from tvm_fusion import api
 from tvm_fusion.frontend import onnx as onnx_frontend
 from tvm_fusion.native_log import captured_native_stderr
-from tvm_fusion.report import table
+from tvm_fusion.report import table, write_json
 from tvm_fusion.runtime import CompiledModel, set_threads
 from tvm_fusion.tuning.tune import tune_model
 from tvm_fusion.verify import onnxruntime_session
@@ -161,11 +161,7 @@ def main() -> None:
                      tuning["trials_in_log"], result["stock_tuning"]["trials_run"]])
     print(table(["model", "threads", "ORT ms", "stock tuned ms", "ours untuned ms", "ours tuned ms",
                  "tuning gain", "vs stock tuned", "ours tuned/ORT", "our trials", "stock trials"], rows))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(staging, out)
+    write_json(args.out, results)
 
 
 if __name__ == "__main__":

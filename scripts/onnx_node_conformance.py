@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     print(f"{len(names)} node test cases x {len(PIPELINES)} pipelines", flush=True)
     results = run_all(names, args.timeout, lambda m: print(m, flush=True))
     summary = summarize(results)
-    from tvm_fusion.report import table
+    from tvm_fusion.report import table, write_json
 
     print(table(["pipeline", "cases", "imported", "passed", "failed", "not imported"],
                 [[p, s["cases"], s["imported"], s["passed"], s["failed"], s["not_imported"]]
@@ -248,11 +248,7 @@ def main(argv=None) -> int:
     print(f"passed by stock TVM but not by tvm_fusion: {len(summary['regressions'])}"
           + (f" ({', '.join(summary['regressions'])})" if summary["regressions"] else ""))
     print(f"passed by tvm_fusion but not by stock TVM: {len(summary['fixed'])}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps({"summary": summary, "cases": results}, indent=1, sort_keys=True) + "\n")
-    os.replace(staging, out)
+    write_json(args.out, {"summary": summary, "cases": results}, indent=1, sort_keys=True)
     return 1 if summary["regressions"] else 0
 
 

@@ -286,7 +286,7 @@ def _inspect(args, say) -> int:
 
 def _bench(args, say) -> int:
     from .api import bench_model
-    from .report import table
+    from .report import table, write_json
 
     result = bench_model(args.model, args.config, args.input_shape, repeat=args.repeat,
                          warmup=args.warmup, include_stock=not args.no_stock,
@@ -299,11 +299,7 @@ def _bench(args, say) -> int:
             for name in result.medians_ms]
     print(table(["runtime", "median ms", "x ONNX Runtime", "max abs err vs ORT"], rows, "lrrr"))
     if args.json:
-        final = Path(args.json)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        staging.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-        os.replace(staging, final)
+        write_json(args.json, result.to_json())
     return 0
 
 

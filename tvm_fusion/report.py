@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 
 def table(headers: list[str], rows: list[list], align: str | None = None) -> str:
     """A fixed-width table; ``align`` is one of 'l'/'r' per column (numbers right by default)."""
@@ -22,3 +26,13 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:,.3f}".rstrip("0").rstrip(".")
     return str(value)
+
+
+def write_json(path: str | os.PathLike, data, indent: int = 2, sort_keys: bool = False) -> Path:
+    """Write ``data`` as JSON atomically (temp file beside it, then rename): no half files."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    staging.write_text(json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n")
+    os.replace(staging, final)
+    return final

@@ -1,7 +1,6 @@
 """ApplySchedules: every PrimFunc of a transformer block ends up scheduled, by the expected rule."""
 
 import numpy as np
-import pytest
 import tvm
 from tvm import relax
 from tvm.relax.op import add, divide, matmul, nn, permute_dims, reshape

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
-from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import inline_cheap_blocks, is_spatial
+from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
 from .target_info import vector_lanes
 
 # 16 accumulator vectors + input vector + broadcasts fit AVX-512's 32 registers (and AVX2's 16
@@ -42,15 +41,13 @@ def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
     Cheap spatial prologue blocks (an SE scale) are inlined into the pad/conv first.
     """
     inline_cheap_blocks(sch)
-    blocks = sch.get_child_blocks(get_root_block(sch))
-    reductions = [i for i, block in enumerate(blocks) if not is_spatial(sch.get(block))]
-    if len(reductions) != 1:
+    found = only_reduction(sch)
+    if found is None:
         return None
-    index = reductions[0]
+    blocks, index = found
     conv = blocks[index]
     stmt = sch.get(conv)
-    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
-    if kinds != "SSSSRRR" or any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+    if iter_kinds(stmt) != "SSSSRRR" or any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
         return None
     store = stmt.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):

@@ -27,6 +27,18 @@ def is_spatial(block: s_tir.SBlock) -> bool:
     return all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
 
 
+def only_reduction(sch: s_tir.Schedule) -> tuple[list, int] | None:
+    """The root's blocks and the index of its one reduction block; None unless exactly one."""
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    reductions = [i for i, block in enumerate(blocks) if not is_spatial(sch.get(block))]
+    return (blocks, reductions[0]) if len(reductions) == 1 else None
+
+
+def iter_kinds(block: s_tir.SBlock) -> str:
+    """The block's axes as a string, "S" per spatial and "R" per reduction axis."""
+    return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
+
+
 def _has_call(stmt) -> bool:
     calls = []
     tvm_ffi.structural_walk(stmt, (Call, calls.append))

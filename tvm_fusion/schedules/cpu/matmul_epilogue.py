@@ -4,11 +4,10 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
-from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import is_spatial
+from .inline import only_reduction
 from .target_info import vector_lanes
 
 # Rows of the register tile: 8 rows x 2 vectors of columns keeps 16 accumulators in
@@ -40,10 +39,10 @@ class MatmulEpilogue(ScheduleRule):
             return None
         sch = s_tir.Schedule(func)
         # Read the blocks as legalized: normalizing would drop unit loops (M=1) and fuse batch loops.
-        blocks = sch.get_child_blocks(get_root_block(sch))
-        reductions = [i for i, block in enumerate(blocks) if not is_spatial(sch.get(block))]
-        if len(reductions) != 1 or reductions[0] != 0:
+        found = only_reduction(sch)
+        if found is None or found[1] != 0:
             return None  # a prologue or a second reduction: not this rule's shape
+        blocks = found[0]
         matmul = blocks[0]
         axes = _match_matmul(sch.get(matmul))
         if axes is None:

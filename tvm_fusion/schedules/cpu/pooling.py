@@ -9,12 +9,11 @@ turns each tap into one vector max/add over the tile. A global pool (GlobalAvera
 from __future__ import annotations
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, row_tile, schedule_pad, store_tile_epilogue
-from .inline import inline_cheap_blocks, is_spatial
+from .inline import inline_cheap_blocks, iter_kinds, only_reduction
 from .target_info import vector_lanes
 
 # Unrolling beyond this many window taps bloats code for no gain.
@@ -30,14 +29,13 @@ class Pooling(ScheduleRule):
             return None
         sch = s_tir.Schedule(func)
         inline_cheap_blocks(sch)
-        blocks = sch.get_child_blocks(get_root_block(sch))
-        reductions = [i for i, block in enumerate(blocks) if not is_spatial(sch.get(block))]
-        if len(reductions) != 1:
+        found = only_reduction(sch)
+        if found is None:
             return None
-        index = reductions[0]
+        blocks, index = found
         pool = blocks[index]
         stmt = sch.get(pool)
-        kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in stmt.iter_vars)
+        kinds = iter_kinds(stmt)
         spatial = len(kinds) - len(kinds.lstrip("S"))
         if spatial < 3 or kinds != "S" * spatial + "R" * (len(kinds) - spatial) or spatial == len(kinds):
             return None  # not (batch, channel, positions..., window...)
