@@ -11,6 +11,8 @@ from .pooling import Pooling
 from .reduction import Reduction
 from .skip_norm import SkipNorm
 from .softmax import Softmax
+from .squeeze_excitation import SqueezeExcitation
 
 __all__ = ["Attention", "Conv2dNCHW", "DepthwiseConv2d", "Fallback", "Injective", "MatmulEpilogue",
-           "MatmulMultiOutput", "Pooling", "Reduction", "SkipNorm", "Softmax"]
+           "MatmulMultiOutput", "Pooling", "Reduction", "SkipNorm", "Softmax",
+           "SqueezeExcitation"]

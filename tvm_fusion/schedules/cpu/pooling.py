@@ -15,6 +15,7 @@ from tvm.target import Target
 from .conv2d_nchw import extent, row_tile, schedule_pad, store_tile_epilogue
 from .inline import inline_cheap_blocks, iter_kinds, only_reduction
 from .target_info import vector_lanes
+from .vector_sum import vectorize_reduction
 
 # Unrolling beyond this many window taps bloats code for no gain.
 _MAX_UNROLLED_TAPS = 49
@@ -46,9 +47,9 @@ class Pooling(ScheduleRule):
         loops = sch.get_loops(pool)
         outer, x, window = loops[:spatial - 1], loops[spatial - 1], loops[spatial:]
         epilogue = list(blocks[index + 1:])
-        if all(extent(sch, loop) == 1 for loop in loops[2:spatial]):
-            return _global_pool(sch, epilogue, sch.fuse(*loops[:2]))
         lanes = vector_lanes(target, stmt.writes[0].source.dtype)
+        if all(extent(sch, loop) == 1 for loop in loops[2:spatial]):
+            return _global_pool(sch, pool, epilogue, sch.fuse(*loops[:2]), lanes)
         schedule_pad(sch, list(blocks[:index]))
         x_outer, x_inner = sch.split(x, [None, row_tile(extent(sch, x), lanes, max_vectors=4)])
         sch.reorder(*outer, x_outer, *window, x_inner)
@@ -66,9 +67,10 @@ class Pooling(ScheduleRule):
         return sch
 
 
-def _global_pool(sch: s_tir.Schedule, epilogue: list, channels) -> s_tir.Schedule:
-    """One channel's map per iteration, channels across cores, the epilogue (the mean's
-    divide) right after each channel's sum."""
+def _global_pool(sch: s_tir.Schedule, pool, epilogue: list, channels, lanes: int) -> s_tir.Schedule:
+    """One channel's map per iteration, summed in vector partial sums, channels across cores,
+    the epilogue (the mean's divide) right after each channel's sum."""
+    vectorize_reduction(sch, pool, lanes)
     for block in epilogue:
         sch.reverse_compute_at(block, channels, preserve_unit_loops=True)
     sch.parallel(channels)

@@ -1,0 +1,81 @@
+"""Squeeze-and-excitation gate kernel: global average pool, then two 1x1 convs on the pooled
+vector (``patterns/squeeze_excitation.py`` fuses them into one function).
+
+Almost all of the work is the pool (a pass over the whole map); the convs and activations
+after it touch one value per channel. The pool sums each channel's contiguous map in vector
+partial sums, channels across cores; each conv is a dot product per output channel over the
+input channels, whose weight row is contiguous, so it gets vector partial sums as well.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .conv2d_nchw import extent
+from .inline import inline_cheap_blocks, is_spatial, iter_kinds
+from .target_info import vector_lanes
+from .vector_sum import vectorize_reduction
+
+# Output elements per block above which the per-channel tail is worth spreading over cores.
+_PARALLEL_TAIL_MACS = 1 << 16
+
+
+class SqueezeExcitation(ScheduleRule):
+    """``mean over H, W`` (S S S S R R, output N x C x 1 x 1) followed by reductions that work
+    on the pooled vector only (no spatial extent beyond N x C)."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        inline_cheap_blocks(sch)
+        blocks = sch.get_child_blocks(get_root_block(sch))
+        reductions = [b for b in blocks if not is_spatial(sch.get(b))]
+        if len(reductions) < 2 or not blocks[0].same_as(reductions[0]):
+            return None
+        pool = sch.get(reductions[0])
+        if iter_kinds(pool) != "SSSSRR" or not _static(pool):
+            return None
+        if [int(iv.dom.extent) for iv in pool.iter_vars[2:4]] != [1, 1]:
+            return None  # not a global pool: the output keeps a spatial map
+        if any(not _static(sch.get(b)) or _spatial_size(sch.get(b)) > _spatial_size(pool)
+               for b in blocks[1:]):
+            return None  # the tail must work on the pooled vector, not on a map
+        lanes = vector_lanes(target, pool.writes[0].source.dtype)
+        self._schedule_pool(sch, reductions[0], lanes)
+        for block in reductions[1:]:
+            self._schedule_tail_reduction(sch, block, lanes)
+        return sch
+
+    @staticmethod
+    def _schedule_pool(sch: s_tir.Schedule, pool, lanes: int) -> None:
+        channels = sch.fuse(*sch.get_loops(pool)[:4])
+        vectorize_reduction(sch, pool, lanes)
+        sch.parallel(channels)
+
+    @staticmethod
+    def _schedule_tail_reduction(sch: s_tir.Schedule, block, lanes: int) -> None:
+        stmt = sch.get(block)
+        spatial = sum(1 for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar)
+        outputs = sch.fuse(*sch.get_loops(block)[:spatial])
+        macs = 1
+        for iv in stmt.iter_vars:
+            macs *= int(iv.dom.extent)
+        vectorize_reduction(sch, block, lanes)
+        if macs >= _PARALLEL_TAIL_MACS and extent(sch, outputs) > 1:
+            sch.parallel(outputs)
+
+
+def _static(block: s_tir.SBlock) -> bool:
+    return all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars)
+
+
+def _spatial_size(block: s_tir.SBlock) -> int:
+    size = 1
+    for iv in block.iter_vars:
+        if iv.iter_type == tirx.IterVar.DataPar:
+            size *= int(iv.dom.extent)
+    return size
