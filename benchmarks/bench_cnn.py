@@ -1,8 +1,8 @@
 """tvm_fusion vs ONNX Runtime vs stock TVM on the bundled CNN examples, plus the slowest kernels.
 
 Each (model, input shape) is timed in one process with the three runtimes interleaved round
-by round (tvm_fusion.api.bench_model), untuned, at the config's thread count (2 on the
-reference machine). Then every tvm_fusion kernel of the model is timed on its own (random
+by round (tvm_fusion.api.bench_model), untuned (hand schedules only, no tuning log), at the
+config's thread count (2 on the reference machine). Then every tvm_fusion kernel of the model is timed on its own (random
 inputs, median of runs) and the three slowest are reported with their achieved GFLOP/s.
 Prints both tables and writes the raw numbers to benchmarks/results/cnn.json (atomically).
 
@@ -26,6 +26,8 @@ CASES = [
     ("resnet_tiny", "input:1x3x48x320"),
     ("mobilenetv3_tiny", "input:1x3x224x224"),
     ("mobilenetv3_tiny", "input:1x3x48x320"),
+    ("dbnet_tiny", "input:1x3x224x224"),
+    ("dbnet_tiny", "input:1x3x320x320"),  # a common OCR text-detection input
 ]
 SLOWEST = 3
 
@@ -54,7 +56,7 @@ def time_kernels(prepared, runs: int) -> list[dict]:
     """Every PrimFunc of the optimized module, built alone and timed on random buffers."""
     import tvm
 
-    optimized = api.optimize(prepared)
+    optimized = api.optimize(prepared, tuning_log=False)
     target = prepared.config.tvm_target()
     rng = np.random.default_rng(0)
     device = tvm.cpu()
@@ -109,7 +111,7 @@ def main() -> None:
             continue
         model = ROOT / "examples" / "models" / f"{name}.onnx"
         key = f"{name} {shape.split(':')[1]}"
-        report = api.bench_model(model, args.config, [shape], repeat=args.repeat,
+        report = api.bench_model(model, args.config, [shape], repeat=args.repeat, tuning_log=False,
                                  progress=lambda m, k=key: print(f"[{k}] {m}", flush=True))
         kernels = time_kernels(api.prepare(model, args.config, [shape]), args.kernel_runs)
         results[key] = {**report.to_json(), "slowest_kernels": kernels[:SLOWEST]}

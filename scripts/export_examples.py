@@ -11,15 +11,18 @@ feed it:
 * ``resnet_tiny.onnx`` - ResNet-style classifier (Conv+BN+ReLU, basic blocks, residual adds)
 * ``mobilenetv3_tiny.onnx`` - MobileNetV3-style classifier (depthwise convs, SE blocks,
   HardSwish/HardSigmoid)
+* ``dbnet_tiny.onnx`` - DBNet-style OCR text detector (ResNet-ish backbone, FPN neck with
+  nearest-upsample top-down adds and a concat of upsampled levels, ConvTranspose head)
 
 Usage (from the repository root)::
 
-    .venv-export/bin/python scripts/export_examples.py [--out examples/models] [--only bert|gpt2|resnet|mobilenet]
+    .venv-export/bin/python scripts/export_examples.py [--out examples/models] [--only bert|gpt2|resnet|mobilenet|dbnet]
 
 The export is deterministic: weights come from ``torch.manual_seed(0)``.
 Each model is checked with ``onnx.checker`` and compared against torch with
 onnxruntime: transformers at (batch=1, sequence=128) and (batch=2, sequence=16),
-CNNs at 1x3x224x224, 1x3x48x320 (OCR-style) and 2x3x64x64. The CNNs keep their
+CNNs at 1x3x224x224, 1x3x48x320 (OCR-style) and 2x3x64x64 (the detector, whose sides must
+be multiples of 32, at 1x3x224x224, 1x3x320x320 and 2x3x64x64). The CNNs keep their
 BatchNormalization nodes (exported with ``TrainingMode.PRESERVE`` from eval mode,
 which skips the exporter's own Conv+BN folding) as many published models do.
 """
@@ -243,6 +246,56 @@ class MobileNetV3Tiny(torch.nn.Module):
         return self.head(self.features(x))
 
 
+class _FeaturePyramid(torch.nn.Module):
+    """DBNet's FPN neck: 1x1 lateral convs, top-down nearest 2x upsample + add, a 3x3 conv per
+    level, every level upsampled to 1/4 and concatenated along channels."""
+
+    def __init__(self, widths, inner: int):
+        super().__init__()
+        self.lateral = torch.nn.ModuleList(torch.nn.Conv2d(w, inner, 1, bias=False) for w in widths)
+        self.smooth = torch.nn.ModuleList(torch.nn.Conv2d(inner, inner // 4, 3, padding=1, bias=False)
+                                          for _ in widths)
+
+    def forward(self, features):
+        laterals = [conv(f) for conv, f in zip(self.lateral, features)]
+        merged = [laterals[-1]]
+        for lateral in reversed(laterals[:-1]):
+            merged.insert(0, lateral + torch.nn.functional.interpolate(merged[0], scale_factor=2,
+                                                                       mode="nearest"))
+        levels = [conv(m) for conv, m in zip(self.smooth, merged)]
+        levels = [levels[0]] + [torch.nn.functional.interpolate(level, scale_factor=2 ** i, mode="nearest")
+                                for i, level in enumerate(levels[1:], start=1)]
+        return torch.cat(levels[::-1], dim=1)
+
+
+class DBNetTiny(torch.nn.Module):
+    """A DBNet-shaped text detector: stem, four stride-2 stages (1/4..1/32), FPN neck, and the
+    probability head (Conv+BN+ReLU, two 2x ConvTranspose back to full size, Sigmoid)."""
+
+    def __init__(self, widths=(16, 24, 32, 48), inner: int = 32):
+        super().__init__()
+        self.stem = _conv_bn(3, widths[0], 3, stride=2)
+        stages, cin = [], widths[0]
+        for width in widths:
+            stages.append(_BasicBlock(cin, width, 2))
+            cin = width
+        self.stages = torch.nn.ModuleList(stages)
+        self.neck = _FeaturePyramid(widths, inner)
+        quarter = inner // 4
+        self.head = torch.nn.Sequential(
+            _conv_bn(inner, quarter, 3),
+            torch.nn.ConvTranspose2d(quarter, quarter, 2, 2, bias=False), torch.nn.BatchNorm2d(quarter),
+            torch.nn.ReLU(),
+            torch.nn.ConvTranspose2d(quarter, 1, 2, 2), torch.nn.Sigmoid())
+
+    def forward(self, x):
+        features, x = [], self.stem(x)
+        for stage in self.stages:
+            x = stage(x)
+            features.append(x)
+        return self.head(self.neck(features))
+
+
 def build_resnet() -> torch.nn.Module:
     _seed(0)
     model = ResNetTiny()
@@ -257,15 +310,26 @@ def build_mobilenet() -> torch.nn.Module:
     return model.eval()
 
 
+def build_dbnet() -> torch.nn.Module:
+    _seed(0)
+    model = DBNetTiny()
+    _randomize_batch_norm(model)
+    return model.eval()
+
+
 MODELS = {
     "bert": ("bert_tiny.onnx", build_bert, ["input_ids", "attention_mask"]),
     "gpt2": ("gpt2_tiny.onnx", build_gpt2, ["input_ids"]),
     "resnet": ("resnet_tiny.onnx", build_resnet, ["input"]),
     "mobilenet": ("mobilenetv3_tiny.onnx", build_mobilenet, ["input"]),
+    "dbnet": ("dbnet_tiny.onnx", build_dbnet, ["input"]),
 }
-CNN_MODELS = {"resnet", "mobilenet"}
+CNN_MODELS = {"resnet", "mobilenet", "dbnet"}
+DETECTOR_MODELS = {"dbnet"}
 CNN_EXPORT_SHAPE = (1, 3, 64, 64)
 CNN_CHECK_SHAPES = [(1, 3, 224, 224), (1, 3, 48, 320), (2, 3, 64, 64)]
+# A detector's sides must be multiples of its 1/32 stride; 320x320 is a common OCR size.
+DETECTOR_CHECK_SHAPES = [(1, 3, 224, 224), (1, 3, 320, 320), (2, 3, 64, 64)]
 
 
 def _make_image(shape, seed=1):
@@ -275,6 +339,11 @@ def _make_image(shape, seed=1):
 
 def _io_spec(key: str):
     """Output name, dynamic axes, export feeds and check feeds of one example."""
+    if key in DETECTOR_MODELS:
+        axes = {"input": {0: "batch", 2: "height", 3: "width"},
+                "probability": {0: "batch", 2: "height", 3: "width"}}
+        return ("probability", axes, _make_image(CNN_EXPORT_SHAPE),
+                [_make_image(s) for s in DETECTOR_CHECK_SHAPES])
     if key in CNN_MODELS:
         axes = {"input": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}}
         return "logits", axes, _make_image(CNN_EXPORT_SHAPE), [_make_image(s) for s in CNN_CHECK_SHAPES]
@@ -327,11 +396,16 @@ def export_one(key: str, out_dir: str) -> str:
         model = onnx.load(tmp)
         # The TorchScript exporter loses the static hidden size of GPT-2's
         # output (it names it e.g. "Reshapelast_hidden_state_dim_2"); restore
-        # every non-dynamic output dim from the traced torch output.  Only the
-        # graph output's type annotation changes, never a node.
+        # every non-dynamic output dim from the traced torch output (dims past
+        # the second that dynamic_axes does not name, so a detector's height and
+        # width stay symbolic).  Only the graph output's type annotation changes,
+        # never a node.
         with torch.no_grad():
             ref_shape = module(*args).shape
-        for d, size in zip(model.graph.output[0].type.tensor_type.shape.dim[2:], ref_shape[2:]):
+        dims = model.graph.output[0].type.tensor_type.shape.dim
+        for index, (d, size) in enumerate(zip(dims, ref_shape)):
+            if index < 2 or index in dynamic_axes[output_name]:
+                continue
             d.Clear()
             d.dim_value = int(size)
         model.producer_name = "pytorch"

@@ -10,6 +10,9 @@ the fusions are tested on the graphs exporters write, at a size that keeps tests
 * ``gpt2_block_opset14.onnx``  GPT-2 layer at opset 14 (pre-norm: the residual sum is reused)
 * ``gpt2_block_opset17.onnx``  the same GPT-2 layer at opset 17 (ONNX LayerNormalization op)
 * ``llama_block.onnx``         Llama layer (RMSNorm: Pow, ReduceMean, Add, Sqrt, Div, Mul)
+* ``dbnet_head_block.onnx``    DBNet's probability head at opset 17 (Conv 3x3 + BN + ReLU ->
+  ConvTranspose 2x2/2 + BN + ReLU -> ConvTranspose 2x2/2 + Sigmoid), static 1x16x8x8 input;
+  the exporter folds the Conv's BN itself and leaves the ConvTranspose's
 
 Usage (from the repository root; needs the ``export`` extra, see the README)::
 
@@ -83,11 +86,39 @@ def llama() -> LastHidden:
     return LastHidden(transformers.LlamaModel(config), with_mask=False)
 
 
+class DbnetHead(torch.nn.Sequential):
+    """DBNet's binarize head (inner channels 16): upsamples a 1/4 map to a full-size probability."""
+
+    def __init__(self, channels: int = 16):
+        quarter = channels // 2
+        super().__init__(
+            torch.nn.Conv2d(channels, quarter, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(quarter), torch.nn.ReLU(),
+            torch.nn.ConvTranspose2d(quarter, quarter, 2, stride=2),
+            torch.nn.BatchNorm2d(quarter), torch.nn.ReLU(),
+            torch.nn.ConvTranspose2d(quarter, 1, 2, stride=2), torch.nn.Sigmoid())
+
+
+def randomize_batch_norm_stats(model: torch.nn.Module) -> None:
+    """Running statistics away from (0, 1), so that folding them is not a no-op."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.normal_(0.0, 0.2)
+                module.running_var.uniform_(0.5, 1.5)
+                module.weight.normal_(1.0, 0.2)
+                module.bias.normal_(0.0, 0.2)
+
+
 BLOCKS = {
     "bert_block_opset14": (bert, 14),
     "gpt2_block_opset14": (gpt2, 14),
     "gpt2_block_opset17": (gpt2, 17),
     "llama_block": (llama, 14),
+}
+# Image blocks: one static NCHW input, exported as is (no dynamic axes).
+IMAGE_BLOCKS = {
+    "dbnet_head_block": (DbnetHead, 17, (1, 16, 8, 8)),
 }
 
 
@@ -103,11 +134,27 @@ def export(name: str, out_dir: str) -> None:
         args, names = (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"]
     dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
     dynamic["last_hidden_state"] = {0: "batch", 1: "sequence"}
-    final = os.path.join(out_dir, f"{name}.onnx")
+    write_checked(model, args, names, "last_hidden_state", dynamic, opset,
+                  os.path.join(out_dir, f"{name}.onnx"))
+
+
+def export_image_block(name: str, out_dir: str) -> None:
+    build, opset, shape = IMAGE_BLOCKS[name]
+    torch.manual_seed(0)
+    model = build()
+    randomize_batch_norm_stats(model)
+    model.eval()
+    write_checked(model, (torch.randn(shape),), ["input"], "output", None, opset,
+                  os.path.join(out_dir, f"{name}.onnx"))
+
+
+def write_checked(model, args, names, output, dynamic, opset: int, final: str) -> None:
+    """Export, check with onnx.checker and against torch through onnxruntime, then move into place."""
+    out_dir = os.path.dirname(final)
     fd, staging = tempfile.mkstemp(suffix=".onnx", dir=out_dir)
     os.close(fd)
     try:
-        torch.onnx.export(model, args, staging, input_names=names, output_names=["last_hidden_state"],
+        torch.onnx.export(model, args, staging, input_names=names, output_names=[output],
                           dynamic_axes=dynamic, opset_version=opset, dynamo=False, do_constant_folding=True)
         onnx.checker.check_model(onnx.load(staging))
         session = ort.InferenceSession(staging, providers=["CPUExecutionProvider"])
@@ -116,7 +163,7 @@ def export(name: str, out_dir: str) -> None:
         (got,) = session.run(None, {n: a.numpy() for n, a in zip(names, args)})
         error = float(np.abs(got - expected).max())
         if error > TOLERANCE:
-            raise SystemExit(f"{name}: onnxruntime differs from torch by {error}")
+            raise SystemExit(f"{final}: onnxruntime differs from torch by {error}")
         os.chmod(staging, 0o644)  # mkstemp creates it private
         os.replace(staging, final)
     finally:
@@ -130,11 +177,14 @@ def export(name: str, out_dir: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="tests/data")
-    parser.add_argument("--only", choices=sorted(BLOCKS), action="append")
+    parser.add_argument("--only", choices=sorted({**BLOCKS, **IMAGE_BLOCKS}), action="append")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in args.only or BLOCKS:
-        export(name, args.out)
+    for name in args.only or [*BLOCKS, *IMAGE_BLOCKS]:
+        if name in IMAGE_BLOCKS:
+            export_image_block(name, args.out)
+        else:
+            export(name, args.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ timeout or mismatch) or ``passed``. The requirement: no case passes stock and fa
 Every (case, pipeline) runs in a worker process, so a crash or hang costs one unit, not the run.
 
     .venv/bin/python scripts/onnx_node_conformance.py [--filter REGEX] [--timeout 120]
-        [--out benchmarks/results/onnx_node_conformance.json]
+        [--out benchmarks/results/conformance.json]
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--filter", help="only cases whose name matches this regex (e.g. 'conv|pool')")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case and pipeline")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "onnx_node_conformance.json"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "conformance.json"))
     args = parser.parse_args(argv)
     names = list(node_cases(args.filter))
     if not names:

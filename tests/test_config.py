@@ -42,6 +42,7 @@ def test_default_config_resolves_host_values():
     assert cfg.threads == cores  # threads = 0 means "num-cores"
     assert cfg.patterns == tuple(raw["pipeline"]["patterns"])
     assert cfg.schedule == raw["pipeline"]["schedule"]
+    assert cfg.conv_layout == raw["pipeline"]["conv_layout"]
     assert (cfg.rtol, cfg.atol, cfg.seed) == (raw["verify"]["rtol"], raw["verify"]["atol"], raw["verify"]["seed"])
     assert cfg.dim_defaults == raw["inputs"]
     target = cfg.tvm_target()
@@ -115,6 +116,7 @@ BAD_CONFIGS = [
     ("[pipeline]\npatterns = ['gelu_erf', 'gelu_erf']\n", "pipeline.patterns", "lists a pattern twice", "at most once"),
     ("[pipeline]\npatterns = 'gelu_erf'\n", "pipeline.patterns", "'gelu_erf'", "list of pattern names"),
     ("[pipeline]\nschedule = 'tuned'\n", "pipeline.schedule", "'tuned'", "default, none"),
+    ("[pipeline]\nconv_layout = 'NHWC'\n", "pipeline.conv_layout", "'NHWC'", "NCHW, NCHWc"),
     ("[verify]\nrtol = -1e-3\n", "verify.rtol", "-0.001", "non-negative number"),
     ("[verify]\natol = 'small'\n", "verify.atol", "'small'", "non-negative number"),
     ("[verify]\nseed = 1.5\n", "verify.seed", "1.5", "an integer"),

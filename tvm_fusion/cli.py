@@ -225,7 +225,7 @@ def _run(args, say) -> int:
             continue
         if args.fill == "zeros":
             given[spec["name"]] = np.zeros(spec["shape"], spec["dtype"])
-        elif spec["dtype"].startswith("float"):
+        elif spec["dtype"].startswith(("float", "bfloat")):
             given[spec["name"]] = rng.standard_normal(spec["shape"]).astype(spec["dtype"])
         else:
             given[spec["name"]] = rng.integers(0, 2, spec["shape"]).astype(spec["dtype"])

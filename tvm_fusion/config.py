@@ -20,9 +20,10 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "x86_64-ho
 TARGET_KINDS = ("llvm", "cuda")
 TARGET_KEYS = ("kind", "mcpu", "mtriple", "mattr", "num-cores", "arch", "host")
 SCHEDULE_MODES = ("default", "none")
+CONV_LAYOUTS = ("NCHW", "NCHWc")
 SECTIONS = {
     "target": TARGET_KEYS,
-    "pipeline": ("patterns", "schedule", "fast_math"),
+    "pipeline": ("patterns", "schedule", "fast_math", "conv_layout"),
     "verify": ("rtol", "atol", "seed"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
@@ -52,6 +53,7 @@ class PipelineConfig:
     patterns: tuple[str, ...]
     schedule: str = "default"
     fast_math: bool = True
+    conv_layout: str = "NCHW"  # "NCHWc": dense convs in the blocked channel layout (CPU)
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
@@ -166,6 +168,9 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     fast_math = pipeline.get("fast_math", True)
     if not isinstance(fast_math, bool):
         raise fail("pipeline.fast_math", f"has value {fast_math!r}", "true or false")
+    conv_layout = pipeline.get("conv_layout", "NCHW")
+    if conv_layout not in CONV_LAYOUTS:
+        raise fail("pipeline.conv_layout", f"has value {conv_layout!r}", ", ".join(CONV_LAYOUTS))
 
     verify = raw.get("verify", {})
     tolerances = {}
@@ -189,6 +194,7 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
 
     return PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
+        conv_layout=conv_layout,
         rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
         threads=threads or cores, dim_defaults=dict(dims),
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))

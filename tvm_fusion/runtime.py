@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import ml_dtypes  # also registers "bfloat16" as a numpy dtype name
 import numpy as np
 
 from .errors import ArtifactError
@@ -62,7 +63,7 @@ class CompiledModel:
                 "the model takes: " + ", ".join(f"{s['name']} {s['dtype']}{s['shape']}" for s in self.inputs))
         tensors = []
         for spec in self.inputs:
-            value = np.asarray(inputs[spec["name"]])
+            value = _as_bfloat16_if_saved(np.asarray(inputs[spec["name"]]), spec["dtype"])
             if list(value.shape) != list(spec["shape"]):
                 raise ArtifactError(
                     f"input {spec['name']!r} has shape {list(value.shape)}, the model was built for "
@@ -70,7 +71,8 @@ class CompiledModel:
                     f"{spec['name']}:{'x'.join(map(str, value.shape))} or pass the built shape")
             if str(value.dtype) != spec["dtype"]:
                 raise ArtifactError(f"input {spec['name']!r} has dtype {value.dtype}, expected {spec['dtype']}",
-                                    f"convert it with .astype('{spec['dtype']}')")
+                                    f"convert it with .astype('{spec['dtype']}')"
+                                    + (" after `import ml_dtypes`" if spec["dtype"] == "bfloat16" else ""))
             tensors.append(tvm.runtime.tensor(np.ascontiguousarray(value), self._device))
         return tensors
 
@@ -81,6 +83,13 @@ class CompiledModel:
         result = self.run_prepared(self.prepare(inputs))
         values = [result] if hasattr(result, "numpy") else list(result)
         return {spec["name"]: value.numpy() for spec, value in zip(self.outputs, values)}
+
+
+def _as_bfloat16_if_saved(value: np.ndarray, dtype: str) -> np.ndarray:
+    """np.save writes bfloat16 as raw 2-byte records (np.load gives '|V2'): read them back as bfloat16."""
+    if dtype == "bfloat16" and value.dtype.kind == "V" and value.dtype.itemsize == 2 and not value.dtype.names:
+        return value.view(ml_dtypes.bfloat16)
+    return value
 
 
 def load(directory: str | os.PathLike) -> CompiledModel:

@@ -51,3 +51,37 @@ def test_training_mode_computed_at_run_time_is_a_model_error():
     specs = onnx_frontend.bind_input_shapes(model, {})
     with pytest.raises(ModelError, match="Dropout node 'train_drop': training_mode is computed at run time"):
         onnx_frontend.import_model(onnx_frontend.simplify(model, specs), specs)
+
+
+def upsample_model(opset: int, mode: str, scales=(1.0, 1.0, 2.0, 1.5)) -> onnx.ModelProto:
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 6])]
+    if opset >= 9:  # scales became an input
+        node = helper.make_node("Upsample", ["x", "scales"], ["y"], mode=mode)
+        initializers = [numpy_helper.from_array(np.array(scales, np.float32), "scales")]
+    else:
+        node = helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=list(scales))
+        initializers = []
+    graph = helper.make_graph([node], "upsample", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    return model
+
+
+@pytest.mark.parametrize("opset, mode", [(7, "nearest"), (8, "nearest"), (9, "nearest"), (8, "linear"),
+                                         (9, "linear")])
+def test_upsample_matches_onnx_runtime(opset, mode):
+    """TVM's own converter rounds the nearest pixel (ONNX floors) and cannot import opset 9."""
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    model = upsample_model(opset, mode)
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 6)).astype(np.float32)
+    (expected,) = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    module = onnx_frontend.import_model(model, [onnx_frontend.TensorSpec("x", (1, 2, 4, 6), "float32")])
+    vm = relax.VirtualMachine(tvm.compile(relax.get_pipeline("zero")(module), target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert got.shape == expected.shape == (1, 2, 8, 9)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

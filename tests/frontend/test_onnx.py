@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 import helpers
 from tvm_fusion import api
-from tvm_fusion.errors import ModelError, ShapeError
+from tvm_fusion.errors import ArtifactError, ModelError, ShapeError
 from tvm_fusion.frontend.onnx import (TensorSpec, bind_input_shapes, load_onnx, parse_shape_flag,
                                       random_inputs, unsupported_ops)
 
@@ -204,7 +204,7 @@ def test_unsupported_input_dtype():
     with pytest.raises(ModelError) as info:
         bind_input_shapes(model, {})
     assert "'s'" in info.value.message and "STRING" in info.value.message
-    assert "float32" in info.value.hint
+    assert "float32" in info.value.hint and "bfloat16" in info.value.hint
 
 
 # --- unsupported ops -------------------------------------------------------------------------
@@ -334,3 +334,101 @@ def test_a_graph_onnxslim_refuses_is_imported_as_it_is(monkeypatch):
     monkeypatch.setattr(onnxslim, "slim", refuse)
     assert onnx_frontend.simplify(model, specs) is model
     assert onnx_frontend.import_model(model, specs)["main"] is not None
+
+
+# --- bfloat16 and optional-tensor inputs (what stock TVM's importer accepts) -----------------
+
+def einsum_bf16_model(opset: int) -> onnx.ModelProto:
+    """y = x @ w in bfloat16; ONNX Runtime has a bfloat16 Einsum kernel from opset 28 only."""
+    graph = helper.make_graph(
+        [helper.make_node("Einsum", ["x", "w"], ["y"], equation="ij,jk->ik")], "einsum_bf16",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [3, 4]),
+         helper.make_tensor_value_info("w", TensorProto.BFLOAT16, [4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_bfloat16_inputs_bind_and_get_random_float_data():
+    model = einsum_bf16_model(28)
+    specs = bind_input_shapes(model, {})
+    assert specs == [TensorSpec("x", (3, 4), "bfloat16"), TensorSpec("w", (4, 5), "bfloat16")]
+    x = random_inputs(model, specs, 0)["x"]
+    assert str(x.dtype) == "bfloat16" and x.shape == (3, 4)
+    assert not np.array_equal(x.astype(np.float32), np.round(x.astype(np.float32)))  # normal, not 0/1
+
+
+def test_bfloat16_model_compiles_verifies_and_runs_from_npy(tmp_path, config_path, capsys):
+    import ml_dtypes
+
+    import tvm_fusion
+    from tvm_fusion import cli
+
+    path = helpers.save(einsum_bf16_model(28), tmp_path / "einsum_bf16.onnx")
+    result = api.compile_model(path, config_path(), output_dir=tmp_path / "build")
+    assert result.verification == "matches ONNX Runtime"
+    assert result.comparisons and all(c.within_tolerance for c in result.comparisons)
+    assert [s["dtype"] for s in result.metadata["inputs"]] == ["bfloat16", "bfloat16"]
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16)
+    w = np.ones((4, 5), ml_dtypes.bfloat16)
+    model = tvm_fusion.load(result.artifact)
+    y = model.run({"x": x, "w": w})["y"]
+    assert str(y.dtype) == "bfloat16"
+    np.testing.assert_array_equal(y.astype(np.float32), np.repeat([[6.0], [22.0], [38.0]], 5, axis=1))
+    with pytest.raises(ArtifactError, match="expected bfloat16") as info:
+        model.run({"x": x.astype(np.float32), "w": w})
+    assert "ml_dtypes" in info.value.hint
+
+    # np.save stores bfloat16 as raw 2-byte records; `run --input` must read them back as bfloat16.
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "w.npy", w)
+    assert np.load(tmp_path / "x.npy").dtype.kind == "V"
+    code = cli.main(["run", str(result.artifact), "--input", f"x={tmp_path / 'x.npy'}",
+                     "--input", f"w={tmp_path / 'w.npy'}"])
+    out = capsys.readouterr().out
+    assert code == 0 and "y: shape [3, 5] dtype bfloat16 mean 22" in out
+
+
+def test_a_model_onnxruntime_cannot_run_is_built_but_marked_not_verified(tmp_path, config_path):
+    """ORT rejects bfloat16 Einsum before opset 28: there is no reference, and the result says so."""
+    path = helpers.save(einsum_bf16_model(17), tmp_path / "einsum_bf16_old.onnx")
+    result = api.compile_model(path, config_path(), output_dir=tmp_path / "build")
+    assert result.verification.startswith("NOT VERIFIED: ONNX Runtime cannot run the model")
+    assert result.metadata["verification"]["status"] == "not run"
+    assert "Einsum" in result.metadata["verification"]["reason"]
+    assert result.metadata["outputs"][0]["dtype"] == "bfloat16"  # the artifact still ran
+    assert (result.artifact / "metadata.json").is_file()
+
+
+def typed_input_model(input_type: onnx.TypeProto, op: str) -> onnx.ModelProto:
+    output = (helper.make_tensor_value_info("y", TensorProto.BOOL, []) if op == "OptionalHasElement"
+              else helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]))
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "typed_input",
+                              [helper.make_value_info("x", input_type)], [output])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("op", ["OptionalHasElement", "OptionalGetElement"])
+def test_optional_tensor_input_is_compiled_as_its_tensor(tmp_path, config_path, op):
+    optional = helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [4]))
+    model = typed_input_model(optional, op)
+    assert bind_input_shapes(model, {}) == [TensorSpec("x", (4,), "float32")]
+    path = helpers.save(model, tmp_path / f"{op}.onnx")
+    result = api.compile_model(path, config_path(), output_dir=tmp_path / "build")
+    assert result.verification == "matches ONNX Runtime"
+
+
+@pytest.mark.parametrize("input_type,described", [
+    (helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [4])), "sequence"),
+    (helper.make_optional_type_proto(helper.make_sequence_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, [4]))), "optional sequence"),
+], ids=["sequence", "optional_sequence"])
+def test_non_tensor_input_is_refused_naming_the_input(input_type, described):
+    model = typed_input_model(input_type, "OptionalHasElement")
+    with pytest.raises(ModelError) as info:
+        bind_input_shapes(model, {})
+    assert info.value.exit_code == 3
+    assert f"input 'x' has type {described}, not a tensor type" in info.value.message
+    assert "tensor inputs" in info.value.hint

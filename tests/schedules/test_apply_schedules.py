@@ -80,7 +80,8 @@ def test_skips_functions_already_scheduled(target, lowered, prim_funcs):
 
 def test_rule_lists_per_target_family():
     cpu = [type(r).__name__ for r in schedule_rules(tvm.target.Target({"kind": "llvm"}))]
-    assert cpu == ["Attention", "MatmulMultiOutput", "MatmulEpilogue", "Conv2dNCHW", "DepthwiseConv2d",
-                   "Pooling", "SkipNorm", "Softmax", "Reduction", "Injective", "Fallback"]
+    assert cpu == ["Attention", "MatmulMultiOutput", "MatmulEpilogue", "Conv2dNCHWc", "Conv2dNCHW",
+                   "DepthwiseConv2d", "SqueezeExcitation", "Conv2dTranspose", "Pooling", "SkipNorm",
+                   "Softmax", "Reduction", "Resize", "Injective", "Fallback"]
     cuda = schedule_rules(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
     assert type(cuda[0]).__name__ == "Matmul" and type(cuda[-1]).__name__ == "Fallback"

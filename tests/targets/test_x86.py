@@ -74,7 +74,7 @@ def test_import_and_fusion_run_once_for_all_targets(tmp_path, mlp_path, monkeypa
         calls["prepare"] += 1
         return real_prepare(*args, **kwargs)
 
-    def recording_pipeline(cfg, report, phases=("canonicalize", "fuse", "lower", "schedule"), **kwargs):
+    def recording_pipeline(cfg, report, phases=("canonicalize", "layout", "fuse", "lower", "schedule"), **kwargs):
         calls["phases"].append(tuple(phases))
         return real_pipeline(cfg, report, phases=phases, **kwargs)
 
@@ -83,7 +83,7 @@ def test_import_and_fusion_run_once_for_all_targets(tmp_path, mlp_path, monkeypa
     results = api.compile_targets(mlp_path, [config(n) for n in X86], [MLP_SHAPE], tmp_path, verify=False)
     assert [r.error for r in results] == [None, None]
     assert calls["prepare"] == 1
-    assert calls["phases"].count(("canonicalize", "fuse")) == 1
+    assert calls["phases"].count(("canonicalize", "layout", "fuse")) == 1
     assert calls["phases"].count(("lower", "schedule")) == 2
     fusions = results[0].metadata["fusions"]
     assert fusions == results[1].metadata["fusions"]

@@ -7,6 +7,10 @@
 * EyeLike: TVM rejects a ``dtype`` attribute that differs from the input's (ONNX allows it),
   names no node when the input is not 2-D, and its ``eye_like`` is constant-folded into a
   stored n x m tensor. Ours is a kernel on the input (see ``patterns/eye_like_add.py``).
+* Upsample (opsets 7-9, written by older exporters for FPN/YOLO necks): TVM rounds the
+  nearest source pixel (ONNX says floor: its output differs from ONNX Runtime's) and fails to
+  import opset 9, where the scales are an input. Ours is ``resize2d`` with Upsample's
+  asymmetric coordinates and floor.
 
 Everything else goes to TVM's own converters.
 """
@@ -33,7 +37,8 @@ class Importer(ONNXGraphImporter):
         self._dropouts_without_seed = 0
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
-        convert = {"Dropout": self._dropout, "EyeLike": self._eye_like}.get(op_name)
+        convert = {"Dropout": self._dropout, "EyeLike": self._eye_like,
+                   "Upsample": self._upsample}.get(op_name)
         converted = convert(inputs, attrs, opset) if convert is not None else None
         if converted is None:
             return super()._convert_operator(op_name, inputs, attrs, opset)
@@ -80,6 +85,32 @@ class Importer(ONNXGraphImporter):
                              "EyeLike takes a 2-D tensor", "fix the model (ONNX requires 2-D)")
         dtype = get_type(attrs["dtype"]) if "dtype" in attrs else x.ty.dtype
         return emit_eye_like(self.bb, x, int(attrs.get("k", 0)), dtype)
+
+
+    def _upsample(self, inputs, attrs, opset):
+        """NCHW Upsample with per-axis scales (1, 1, sh, sw) as ``resize2d``; anything else
+        goes to TVM's converter (which then names what it does not support)."""
+        x = inputs[0]
+        if opset >= 9:
+            scales = get_constant(inputs[1], [self._nodes, self._params]) if len(inputs) > 1 else None
+            if not isinstance(scales, tvm.ir.GenericConst):
+                return None
+            scales = [float(v) for v in scales.value.numpy().reshape(-1)]
+        else:
+            scales = [float(v) for v in attrs.get("scales", ())]
+        shape = [int(d) for d in x.ty.shape] if all(
+            isinstance(d, tvm.tirx.IntImm) for d in getattr(x.ty, "shape", None) or ()) else None
+        if shape is None or len(shape) != 4 or len(scales) != 4 or scales[:2] != [1.0, 1.0]:
+            return None
+        mode = attrs.get("mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        method = {"nearest": "nearest_neighbor", "linear": "linear", "bilinear": "linear"}.get(mode)
+        if method is None:
+            return None
+        size = [int(dim * scale) for dim, scale in zip(shape[2:], scales[2:])]  # ONNX: floor
+        return relax.op.image.resize2d(x, size, layout="NCHW", method=method,
+                                       coordinate_transformation_mode="asymmetric",
+                                       rounding_method="floor")
 
 
 def from_onnx(model: onnx.ModelProto, shape_dict: dict[str, list], dtype_dict: dict[str, str]):

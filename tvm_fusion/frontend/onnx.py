@@ -13,6 +13,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+import ml_dtypes  # noqa: F401 - registers "bfloat16" as a numpy dtype name
 import numpy as np
 import onnx
 
@@ -25,7 +26,9 @@ ONNX_DTYPES = {
     onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT64: "uint64",
     onnx.TensorProto.UINT32: "uint32", onnx.TensorProto.UINT16: "uint16",
     onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
 }
+FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +95,7 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
                              f"the model's inputs are: {', '.join(names)}")
     specs = []
     for value in inputs:
-        tensor_type = value.type.tensor_type
+        tensor_type = _input_tensor_type(value)
         dtype = ONNX_DTYPES.get(tensor_type.elem_type)
         if dtype is None:
             raise ModelError(f"input {value.name!r} has unsupported element type "
@@ -132,6 +135,24 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
                     + (f", or set {dim.dim_param} = N under [inputs] in the config" if dim.dim_param else ""))
         specs.append(TensorSpec(value.name, tuple(shape), dtype))
     return specs
+
+
+def _input_tensor_type(value: onnx.ValueInfoProto) -> onnx.TypeProto.Tensor:
+    """The tensor type of a graph input; an optional tensor counts as its tensor.
+
+    Like TVM's importer, we compile an optional input as always present: the caller passes a
+    tensor. Sequences, maps and optional sequences have no Relax tensor form, so they are refused.
+    """
+    kind = value.type.WhichOneof("value")
+    inner = value.type.optional_type.elem_type.WhichOneof("value") if kind == "optional_type" else None
+    if kind == "tensor_type":
+        return value.type.tensor_type
+    if inner == "tensor_type":
+        return value.type.optional_type.elem_type.tensor_type
+    described = " ".join(k.removesuffix("_type").replace("_", " ") for k in (kind, inner) if k)
+    raise ModelError(f"input {value.name!r} has type {described or 'none'}, not a tensor type",
+                     "tvm_fusion compiles models whose inputs are tensors (or optional tensors); "
+                     "re-export the model with tensor inputs")
 
 
 def output_specs(model: onnx.ModelProto) -> list[str]:
@@ -202,7 +223,7 @@ def random_inputs(model: onnx.ModelProto, inputs: list[TensorSpec], seed: int) -
     index_limits = _gather_index_limits(model)
     values = {}
     for spec in inputs:
-        if spec.dtype.startswith("float"):
+        if spec.dtype in FLOAT_DTYPES:
             values[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
         elif spec.dtype == "bool":
             values[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)

@@ -2,6 +2,8 @@
 
     canonicalize  recognize exporter-decomposed activations (one op instead of five), so that
                   fusion patterns see the graph the model author wrote
+    layout        (``conv_layout = "NCHWc"``, CPU) dense convs in the blocked channel layout,
+                  transforms only where the blocked chain starts and ends
     fuse          our fusion patterns: each match becomes one composite = one kernel
     lower         LegalizeOps (vectorizable exp/erf/tanh when fast_math is on) + TVM's own
                   FuseOps/FuseTIR for everything our patterns left
@@ -18,14 +20,17 @@ from tvm import relax
 
 from ..config import PipelineConfig
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
+from ..schedules.cpu.target_info import vector_lanes
 from .apply_rewrite_rules import ApplyRewriteRules
+from .blocked_layout import (ConvertConvsToBlockedLayout, blocked_conv2d_legalize,
+                             gather_layout_transform_legalize)
 from .fast_math import fast_math_legalize_map
 from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
 
 
 def fusion_pipeline(config: PipelineConfig, report: PatternReport,
-                    phases: tuple[str, ...] = ("canonicalize", "fuse", "lower", "schedule"),
+                    phases: tuple[str, ...] = ("canonicalize", "layout", "fuse", "lower", "schedule"),
                     schedule_log: dict[str, str] | None = None, tuning=None) -> tvm.transform.Pass:
     """The configured pipeline (optionally only some phases, for inspection and tests).
 
@@ -45,6 +50,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             relax.transform.DeadCodeElimination(),
             relax.transform.ConvertToDataflow(),
         ],
+        "layout": lambda: layout_passes(config, report),
         "fuse": lambda: [FusePatterns(fusions, report)],
         "lower": lambda: lowering_passes(config.fast_math),
         "schedule": lambda: schedule_passes(config, schedule_log, tuning),
@@ -53,9 +59,20 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
                                     name="tvm_fusion.Pipeline")
 
 
+def layout_passes(config: PipelineConfig, report: PatternReport) -> list[tvm.transform.Pass]:
+    target = config.tvm_target()
+    if config.conv_layout != "NCHWc" or target.kind.name != "llvm":
+        return []
+    return [ConvertConvsToBlockedLayout(vector_lanes(target, "float32"), report)]
+
+
 def lowering_passes(fast_math: bool = True) -> list[tvm.transform.Pass]:
+    legalize = {"relax.nn.conv2d": blocked_conv2d_legalize,
+                "relax.layout_transform": gather_layout_transform_legalize}
+    if fast_math:
+        legalize.update(fast_math_legalize_map())
     return [
-        relax.transform.LegalizeOps(fast_math_legalize_map() if fast_math else None),
+        relax.transform.LegalizeOps(legalize),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

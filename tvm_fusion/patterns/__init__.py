@@ -10,6 +10,7 @@ from .base import FusionRule, NearMiss, PatternReport, RewriteRule
 from .clip import Clip
 from .conv_bn_fold import ConvBnFold
 from .conv_epilogue import ConvEpilogue
+from .conv_transpose_epilogue import ConvTransposeEpilogue
 from .dropout import Dropout
 from .dropout_training import DropoutTraining
 from .eye_like_add import EyeLikeAdd
@@ -20,6 +21,7 @@ from .gemm_epilogue import GemmEpilogue
 from .hardsigmoid import HardSigmoid
 from .hardswish import HardSwish
 from .layernorm_decomposed import LayerNormDecomposed
+from .resize_merge import ResizeMerge
 from .rmsnorm_decomposed import RmsNormDecomposed
 from .silu import Silu
 from .skip_layernorm import SkipLayerNorm
@@ -40,7 +42,9 @@ PATTERNS: dict[str, RewriteRule | FusionRule] = {
         HardSigmoid(),
         ConvBnFold(),
         SqueezeExcitation(),
+        ResizeMerge(),  # before conv_epilogue, which would take the add as its residual
         ConvEpilogue(),
+        ConvTransposeEpilogue(),
         Attention(),
         LayerNormDecomposed(),
         RmsNormDecomposed(),

@@ -12,6 +12,7 @@ instead of a pass over the map. Activations are matched in their canonical forms
 from __future__ import annotations
 
 import itertools
+import re
 
 from tvm.relax.dpl import is_op, wildcard
 
@@ -81,22 +82,36 @@ class ConvEpilogue(FusionRule):
         dtype = dtype_of(conv)
         if dtype not in FLOAT_DTYPES:
             return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
-        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
-            return f"conv layout {attrs.data_layout}/{attrs.kernel_layout} is not NCHW/OIHW"
+        layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
+        if layouts != ("NCHW", "OIHW", "NCHW") and not is_blocked_conv_layout(*layouts):
+            return f"conv layout {attrs.data_layout}/{attrs.kernel_layout} is not NCHW/OIHW or NCHW[x]c"
         out_shape = static_shape(conv)
         if out_shape is None:
             return "the conv output shape is not static (bind the dynamic dims)"
-        channels = out_shape[1]
         if "bias" in found:
+            per_channel = per_channel_shapes(out_shape)
             bias_shape = static_shape(found["bias"])
-            if bias_shape not in ((1, channels, 1, 1), (channels, 1, 1)):
+            if bias_shape not in per_channel:
                 return (f"bias shape {bias_shape} is not one value per output channel "
-                        f"(expected (1, {channels}, 1, 1))")
+                        f"(expected {per_channel[0]})")
         if "gate" in found:
             reason = _check_channel_scale(found["data"], found["gate"])
             if reason:
                 return reason
         return residual_or_leak_reason(context, dtype)
+
+
+def is_blocked_conv_layout(data_layout: str, kernel_layout: str, out_layout: str) -> bool:
+    """``NCHW{x}c`` data and output with ``OIHW{x}i{x}o`` weights (passes/blocked_layout.py)."""
+    match = re.fullmatch(r"NCHW(\d+)c", data_layout)
+    return bool(match) and out_layout == data_layout and kernel_layout == "OIHW{0}i{0}o".format(match[1])
+
+
+def per_channel_shapes(out_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Shapes of a per-output-channel operand (bias) for an NCHW or NCHW[x]c conv output."""
+    if len(out_shape) == 5:
+        return [(1, out_shape[1], 1, 1, out_shape[4]), (out_shape[1], 1, 1, out_shape[4])]
+    return [(1, out_shape[1], 1, 1), (out_shape[1], 1, 1)]
 
 
 def _check_channel_scale(data, gate) -> str | None:

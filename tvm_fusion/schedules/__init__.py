@@ -11,9 +11,9 @@ from . import cpu
 def schedule_rules(target: Target) -> list:
     """The rules for `target`'s family, most specific first, a fallback that always answers last."""
     if target.kind.name == "llvm":
-        return [cpu.Attention(), cpu.MatmulMultiOutput(), cpu.MatmulEpilogue(), cpu.Conv2dNCHW(),
-                cpu.DepthwiseConv2d(), cpu.SqueezeExcitation(),
-                cpu.Pooling(), cpu.SkipNorm(), cpu.Softmax(), cpu.Reduction(),
+        return [cpu.Attention(), cpu.MatmulMultiOutput(), cpu.MatmulEpilogue(), cpu.Conv2dNCHWc(),
+                cpu.Conv2dNCHW(), cpu.DepthwiseConv2d(), cpu.SqueezeExcitation(), cpu.Conv2dTranspose(),
+                cpu.Pooling(), cpu.SkipNorm(), cpu.Softmax(), cpu.Reduction(), cpu.Resize(),
                 cpu.Injective(), cpu.Fallback()]
     if target.kind.name == "cuda":
         return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),

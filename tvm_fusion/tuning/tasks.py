@@ -34,7 +34,7 @@ def lowered_module(prepared) -> tvm.IRModule:
     """The module compile schedules: our canonicalize, fuse and lower phases, nothing after."""
     from ..passes import fusion_pipeline
 
-    phases = ("canonicalize", "fuse", "lower")
+    phases = ("canonicalize", "layout", "fuse", "lower")
     return fusion_pipeline(prepared.config, PatternReport(), phases=phases)(prepared.relax_module)
 
 

@@ -2,6 +2,8 @@
 
 from .attention import Attention
 from .conv2d_nchw import Conv2dNCHW
+from .conv2d_nchwc import Conv2dNCHWc
+from .conv2d_transpose import Conv2dTranspose
 from .depthwise_conv2d import DepthwiseConv2d
 from .fallback import Fallback
 from .injective import Injective
@@ -9,10 +11,11 @@ from .matmul_epilogue import MatmulEpilogue
 from .matmul_multi_output import MatmulMultiOutput
 from .pooling import Pooling
 from .reduction import Reduction
+from .resize import Resize
 from .skip_norm import SkipNorm
 from .softmax import Softmax
 from .squeeze_excitation import SqueezeExcitation
 
-__all__ = ["Attention", "Conv2dNCHW", "DepthwiseConv2d", "Fallback", "Injective", "MatmulEpilogue",
-           "MatmulMultiOutput", "Pooling", "Reduction", "SkipNorm", "Softmax",
-           "SqueezeExcitation"]
+__all__ = ["Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d", "Fallback",
+           "Injective", "MatmulEpilogue", "MatmulMultiOutput", "Pooling", "Reduction", "Resize",
+           "SkipNorm", "Softmax", "SqueezeExcitation"]

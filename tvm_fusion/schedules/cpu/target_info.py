@@ -32,6 +32,13 @@ def simd_bits(target: Target) -> int:
     return max(tvm.target.codegen.llvm_get_vector_width(target), 128)
 
 
+def vector_registers(target: Target) -> int:
+    """Architectural vector registers: 32 on AVX-512 and AArch64, 16 on AVX2 and SSE."""
+    triple = str(target.attrs.get("mtriple", ""))
+    arm = triple.startswith(("aarch64", "arm")) or "arm_cpu" in target.keys
+    return 32 if arm or simd_bits(target) == 512 else 16
+
+
 def vector_lanes(target: Target, dtype: str) -> int:
     """How many elements of `dtype` fit in one vector register."""
     return max(simd_bits(target) // tvm.DataType(dtype).bits, 1)

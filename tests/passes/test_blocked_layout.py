@@ -1,0 +1,124 @@
+"""ConvertConvsToBlockedLayout: dense conv chains in NCHW16c with transforms only at the edges."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from helpers import EXAMPLES
+from tvm_fusion import api
+from tvm_fusion.passes.blocked_layout import ConvertConvsToBlockedLayout
+from tvm_fusion.patterns import PatternReport
+
+
+def convert(mod, block=16):
+    report = PatternReport()
+    return ConvertConvsToBlockedLayout(block, report)(mod), report
+
+
+def test_a_conv_chain_converts_with_one_transform_at_each_end():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w1: R.Tensor((32, 16, 3, 3), "float32"),
+                 w2: R.Tensor((16, 32, 1, 1), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])
+                lv1 = R.nn.relu(lv)
+                gv = R.nn.conv2d(lv1, w2)
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w1: R.Tensor((32, 16, 3, 3), "float32"),
+                 w2: R.Tensor((16, 32, 1, 1), "float32")) -> R.Tensor((1, 16, 8, 8), "float32"):
+            with R.dataflow():
+                x16 = R.layout_transform(x, index_map=T.index_map(lambda n, c, h, w: (n, c // 16, h, w, c % 16), index_dtype="int32"))
+                w1_16 = R.layout_transform(w1, index_map=T.index_map(
+                    lambda o, i, h, w: (o // 16, i // 16, h, w, i % 16, o % 16), index_dtype="int32"))
+                lv = R.nn.conv2d(x16, w1_16, padding=[1, 1, 1, 1], data_layout="NCHW16c",
+                                 kernel_layout="OIHW16i16o", out_layout="NCHW16c")
+                lv1 = R.nn.relu(lv)
+                w2_16 = R.layout_transform(w2, index_map=T.index_map(
+                    lambda o, i, h, w: (o // 16, i // 16, h, w, i % 16, o % 16), index_dtype="int32"))
+                lv2 = R.nn.conv2d(lv1, w2_16, data_layout="NCHW16c", kernel_layout="OIHW16i16o",
+                                  out_layout="NCHW16c")
+                gv = R.layout_transform(lv2, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+                R.output(gv)
+            return gv
+
+    after, report = convert(Before)
+    tvm.ir.assert_structural_equal(after, Expected)
+    assert report.fired["blocked_layout.conv2d"] == 2
+
+
+def test_must_not_convert_around_a_depthwise_conv():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w1: R.Tensor((32, 16, 1, 1), "float32"),
+                 w2: R.Tensor((32, 1, 3, 3), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w1)
+                gv = R.nn.conv2d(lv, w2, padding=[1, 1, 1, 1], groups=32)
+                R.output(gv)
+            return gv
+
+    after, report = convert(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    (miss,) = report.near_misses
+    assert "groups=32" in miss.reason and "stays in NCHW" in miss.reason
+
+
+def test_an_rgb_stem_stays_in_nchw_and_the_rest_converts():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 3, 8, 8), "float32"), w1: R.Tensor((16, 3, 3, 3), "float32"),
+                 w2: R.Tensor((16, 16, 3, 3), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])
+                gv = R.nn.conv2d(lv, w2, padding=[1, 1, 1, 1])
+                R.output(gv)
+            return gv
+
+    after, report = convert(Before)
+    layouts = []
+    relax.analysis.post_order_visit(after["main"].body, lambda e: layouts.append(str(e.attrs.data_layout))
+                                    if isinstance(e, relax.Call) and e.op.name == "relax.nn.conv2d" else None)
+    assert layouts == ["NCHW", "NCHW16c"]
+    assert report.fired["blocked_layout.conv2d"] == 1 and not report.near_misses
+
+
+@pytest.mark.parametrize("shape", ["input:1x3x64x64", "input:2x3x32x96"])
+def test_resnet_in_blocked_layout_matches_onnx_runtime_and_nchw(shape):
+    """Every conv after the stem runs as NCHW16c under its own schedule; outputs agree with
+    ONNX Runtime and with the NCHW pipeline to float rounding (rtol 1e-4, atol 1e-5)."""
+    from tvm_fusion.config import load_config
+    from tvm_fusion.verify import reference_outputs
+
+    host = load_config(None)
+    config, nchw = (dataclasses.replace(host, conv_layout=layout) for layout in ("NCHWc", "NCHW"))
+    model = EXAMPLES / "resnet_tiny.onnx"
+    results = {}
+    for name, cfg in (("blocked", config), ("nchw", nchw)):
+        prepared = api.prepare(model, cfg, input_shapes=shape)
+        optimized = api.optimize(prepared, tuning_log=False)
+        vm = relax.VirtualMachine(api.build(optimized.module, cfg), tvm.cpu())
+        rng = np.random.default_rng(0)
+        inputs = {s.name: rng.standard_normal(s.shape).astype("float32") for s in prepared.inputs}
+        results[name] = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+        if name == "blocked":
+            rules = set(optimized.schedule_rules.values())
+            assert optimized.report.fired["blocked_layout.conv2d"] == 19
+            assert "Conv2dNCHWc" in rules and "Fallback" not in rules
+            (expected,) = reference_outputs(prepared.onnx_model, inputs).values()
+    np.testing.assert_allclose(results["blocked"], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(results["blocked"], results["nchw"], rtol=1e-4, atol=1e-5)

@@ -1,0 +1,75 @@
+"""Conv2dNCHWc: blocked-layout conv with an (output pixels x channel blocks) register tile."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.op import add, nn
+
+from tvm_fusion.passes.pipeline import lowering_passes
+from tvm_fusion.schedules.cpu import Conv2dNCHW, Conv2dNCHWc
+
+BLOCK = 16
+
+
+def out_shape(x, w, stride, pad, dilation):
+    size = [(x[i] + 2 * pad - dilation * (w[i] - 1) - 1) // stride + 1 for i in (2, 3)]
+    return (x[0], w[0], *size, BLOCK)
+
+
+def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
+    """The one PrimFunc of ``relu(conv2d(x, w) + b) [+ r]`` in NCHW16c after our lowering."""
+    shapes = {"x": x, "w": w, "b": (1, w[0], 1, 1, BLOCK)}
+    if residual:
+        shapes["r"] = out_shape(x, w, stride, pad, dilation)
+    params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in shapes.items()]
+    builder = relax.BlockBuilder()
+    with builder.function("main", params):
+        with builder.dataflow():
+            conv = nn.conv2d(params[0], params[1], strides=stride, padding=pad, dilation=dilation,
+                             data_layout="NCHW16c", kernel_layout="OIHW16i16o")
+            out = nn.relu(add(conv, params[2]))
+            if residual:
+                out = add(out, params[3])
+            out = builder.emit_output(out)
+        builder.emit_func_output(out)
+    mod = tvm.transform.Sequential(lowering_passes())(builder.get())
+    (kernel,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    return kernel, shapes
+
+
+def run(func, shapes, result_shape, target):
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in shapes.values()]
+    out = tvm.runtime.tensor(np.zeros(result_shape, "float32"))
+    library = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    library["main"](*args, out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("x, w, stride, pad, dilation, residual", [
+    ((1, 2, 14, 14, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),    # 3x3 + residual
+    ((1, 2, 15, 15, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # stride 2, odd map
+    ((2, 1, 7, 9, BLOCK), (3, 1, 1, 1, BLOCK, BLOCK), 1, 0, 1, False),     # 1x1, odd channel blocks
+    ((1, 1, 12, 12, BLOCK), (2, 1, 3, 3, BLOCK, BLOCK), 1, 2, 2, True),    # dilated
+])
+def test_blocked_conv_matches_the_unscheduled_kernel(target, x, w, stride, pad, dilation, residual):
+    kernel, shapes = blocked_conv_kernel(x, w, stride, pad, dilation, residual)
+    sch = Conv2dNCHWc().apply(kernel, target, False)
+    assert sch is not None
+    loops = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, (tvm.tirx.For, loops.append))
+    kinds = {loop.kind for loop in loops}
+    assert tvm.tirx.ForKind.PARALLEL in kinds and tvm.tirx.ForKind.VECTORIZED in kinds
+    result_shape = out_shape(x, w, stride, pad, dilation)
+    np.testing.assert_allclose(run(sch.mod["main"], shapes, result_shape, target),
+                               run(kernel, shapes, result_shape, target), rtol=1e-4, atol=1e-4)
+
+
+def test_the_nchw_rule_declines_a_blocked_conv_and_vice_versa(lowered, prim_funcs, target):
+    kernel, _ = blocked_conv_kernel((1, 1, 8, 8, BLOCK), (1, 1, 3, 3, BLOCK, BLOCK), pad=1)
+    assert Conv2dNCHW().apply(kernel, target, False) is None
+    mod = lowered(lambda x, w: nn.conv2d(x, w, padding=1), x=(1, 16, 8, 8), w=(16, 16, 3, 3))
+    for func in prim_funcs(mod).values():
+        assert Conv2dNCHWc().apply(func, target, False) is None

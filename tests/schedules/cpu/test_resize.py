@@ -1,0 +1,62 @@
+"""Resize: (n, c, rows) across cores, output columns on vectors, with a fused add or concat."""
+
+import pytest
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.relax.op import image, nn
+
+from tvm_fusion.schedules.cpu import Resize
+
+
+def upsample(x, size, method="nearest_neighbor", mode="asymmetric", rounding="floor"):
+    return image.resize2d(x, size, method=method, coordinate_transformation_mode=mode,
+                          rounding_method=rounding)
+
+
+MODES = {
+    "nearest_asymmetric_floor": {"method": "nearest_neighbor", "mode": "asymmetric", "rounding": "floor"},
+    "nearest_half_pixel_round_prefer_floor": {"method": "nearest_neighbor", "mode": "half_pixel",
+                                              "rounding": "round_prefer_floor"},
+    "linear_half_pixel": {"method": "linear", "mode": "half_pixel", "rounding": ""},
+    "linear_align_corners": {"method": "linear", "mode": "align_corners", "rounding": ""},
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_resize_matches_unscheduled(assert_schedule_matches, mode):
+    assert_schedule_matches(Resize(), lambda x: upsample(x, (18, 26), **MODES[mode]), x=(1, 16, 9, 13))
+
+
+def test_resize_add_relu_matches_unscheduled(assert_schedule_matches):
+    def merge(top, lateral):
+        return nn.relu(relax.op.add(lateral, upsample(top, (20, 28))))
+
+    assert_schedule_matches(Resize(), merge, top=(1, 16, 10, 14), lateral=(1, 16, 20, 28))
+
+
+def test_concat_of_resized_levels_matches_unscheduled(assert_schedule_matches):
+    def neck_output(p4, p3, p2):
+        bilinear = upsample(p3, (24, 32), **MODES["linear_half_pixel"])
+        return relax.op.concat([upsample(p4, (24, 32)), bilinear, p2], axis=1)
+
+    assert_schedule_matches(Resize(), neck_output, p4=(1, 8, 6, 8), p3=(1, 8, 12, 16), p2=(1, 8, 24, 32))
+
+
+def test_declines_conv_and_plain_elementwise(lowered, prim_funcs, target):
+    mod = lowered(lambda x, w: nn.conv2d(x, w), x=(1, 4, 8, 8), w=(4, 4, 1, 1))
+    mod_add = lowered(lambda a, b: relax.op.add(a, b), a=(1, 4, 8, 8), b=(1, 4, 8, 8))
+    for func in [*prim_funcs(mod).values(), *prim_funcs(mod_add).values()]:
+        assert Resize().apply(func, target, False) is None
+
+
+def test_rows_run_in_parallel_and_columns_on_vectors(lowered, prim_funcs, target):
+    mod = lowered(lambda top, lateral: relax.op.add(lateral, upsample(top, (56, 56))),
+                  top=(1, 32, 28, 28), lateral=(1, 32, 56, 56))
+    (func,) = prim_funcs(mod).values()
+    scheduled = Resize().apply(func, target, False).mod["main"]
+    loops = []
+    tvm_ffi.structural_walk(scheduled.body, (tirx.For, loops.append))
+    kinds = {loop.kind for loop in loops}
+    assert tirx.ForKind.PARALLEL in kinds and tirx.ForKind.VECTORIZED in kinds
+    (vector,) = [loop for loop in loops if loop.kind == tirx.ForKind.VECTORIZED]
+    assert int(vector.extent) in (8, 14, 16, 28, 56)  # whole columns of the 56-wide row

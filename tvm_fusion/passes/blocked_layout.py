@@ -1,0 +1,155 @@
+"""Dense convolutions in the blocked channel layout NCHW[x]c, with the transforms at the edges.
+
+In NCHW[x]c a pixel's ``x`` consecutive channels sit next to each other, ``x`` being the
+vector width: a conv's inner step is then one broadcast input value times one contiguous
+weight vector into a vector of ``x`` output channels, with no strided loads even when the
+conv is strided (ONNX Runtime's NCHWc transformer and TVM's x86 conv schedules do the same).
+TVM's ``ConvertLayout`` carries the layout through the element-wise ops, pools and means
+between convs, so a chain of convs keeps one layout transform at each end; the weight and
+bias transforms are constants and fold away. Convs whose channel counts are not multiples of
+the block, and grouped or depthwise convs, stay in NCHW.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te, topi
+
+from ..patterns import NearMiss, PatternReport
+from ..patterns.base import static_shape
+from .fold_constants import FoldConstantsSafely
+
+PATTERN_NAME = "blocked_layout"
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ConvertConvsToBlockedLayout")
+class ConvertConvsToBlockedLayout:
+    """Rewrite every dense conv2d whose input and output channels divide by ``block`` to
+    ``NCHW{block}c`` data with ``OIHW{block}i{block}o`` weights.
+
+    All or nothing: when some conv inside the network cannot take the blocked layout (a
+    depthwise conv, channels off the block), or TVM's layout inference cannot carry the
+    layout through some op, the module is left in NCHW and the reason recorded as a near
+    miss. ``report.fired["blocked_layout.conv2d"]`` counts the converted convs.
+    """
+
+    def __init__(self, block: int, report: PatternReport):
+        self.block = block
+        self.report = report
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        staying = self._convs_staying_in_nchw(mod)
+        if staying:
+            self.report.add_near_miss(NearMiss(
+                PATTERN_NAME, "main",
+                f"{len(staying)} conv(s) cannot take NCHW{self.block}c (e.g. {staying[0]}); mixing "
+                "layouts would put a layout transform between convs, so the model stays in NCHW"))
+            return mod
+        converted = []
+
+        def desired_layout(call: relax.Call) -> dict:
+            if not self._convertible(call):
+                # Said explicitly: left to infer from a blocked input, a conv that cannot take
+                # the blocked layout makes TVM's layout inference fail.
+                return {"relax.nn.conv2d": ["NCHW", "OIHW"]}
+            converted.append(call)
+            return {"relax.nn.conv2d": [f"NCHW{self.block}c", f"OIHW{self.block}i{self.block}o"]}
+
+        try:
+            blocked = relax.transform.ConvertLayout({}, desired_layout)(mod)
+        except (tvm.error.InternalError, tvm.error.OpError) as err:
+            reason = str(err).strip().splitlines()[-1]
+            self.report.add_near_miss(NearMiss(PATTERN_NAME, "main", f"layout inference failed: {reason}"))
+            return mod
+        if converted:
+            self.report.fired[f"{PATTERN_NAME}.conv2d"] += len(converted)
+        return FoldConstantsSafely()(blocked)
+
+    def _convs_staying_in_nchw(self, mod: tvm.IRModule) -> list[str]:
+        """Convs that would stay in NCHW inside the network: grouped/depthwise convs and convs
+        with channel counts off the block. A conv reading a graph input (an RGB stem) may stay:
+        its transform sits at the model boundary anyway."""
+        staying = []
+        for func in mod.functions.values():
+            if not isinstance(func, relax.Function):
+                continue
+            params = list(func.params)
+
+            def visit(expr, params=params):
+                if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                        and expr.op.name == "relax.nn.conv2d") or self._convertible(expr):
+                    return
+                if any(expr.args[0].same_as(param) for param in params):
+                    return
+                staying.append(f"groups={int(expr.attrs.groups)} weight {static_shape(expr.args[1])}")
+
+            relax.analysis.post_order_visit(func.body, visit)
+        return staying
+
+    def _convertible(self, call: relax.Call) -> bool:
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+            return False
+        attrs = call.attrs
+        data, weight = static_shape(call.args[0]), static_shape(call.args[1])
+        if data is None or weight is None or int(attrs.groups) != 1:
+            return False
+        if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
+            return False
+        return data[1] % self.block == 0 and weight[0] % self.block == 0
+
+
+def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """Legalize conv2d in ``NCHW{x}c``/``OIHW{x}i{x}o`` (TVM's own legalizer declines blocked
+    layouts); every other conv2d goes to TVM's legalizer."""
+    attrs = call.attrs
+    if len(attrs.data_layout) == 4 or attrs.out_layout != attrs.data_layout or int(attrs.groups) != 1:
+        return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
+    out_dtype = attrs.out_dtype if str(attrs.out_dtype) not in ("", "void") else None
+    return bb.call_te(_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
+                      [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
+                      primfunc_name_hint="conv2d_nchwc")
+
+
+def gather_layout_transform_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """Legalize a padding-free ``layout_transform`` as a loop over the *output* that gathers
+    from the input (TVM's legalizer loops over the input and scatters the writes, which no
+    CPU schedule makes fast); transforms that pad go to TVM's legalizer."""
+    index_map = call.attrs.index_map
+    shape = call.args[0].ty.shape
+    _, padding = index_map.non_surjective_inverse(shape)
+    if not (isinstance(padding, tvm.tirx.IntImm) and not padding.value):
+        return tvm.ir.Op.get("relax.layout_transform").get_attr("FLegalize")(bb, call)
+    inverse = index_map.inverse(shape)
+    out_shape = index_map.map_shape(list(shape))
+
+    def gather(data: te.Tensor) -> te.Tensor:
+        return te.compute(out_shape, lambda *index: data(*inverse.map_indices(list(index))),
+                          name="layout_transform")
+
+    return bb.call_te(gather, call.args[0], primfunc_name_hint="layout_transform")
+
+
+def _conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype):
+    """``out[n, oc, y, x, ob] = sum_{ic, ib, ky, kx} data[n, ic, y*s + ky*d, x*s + kx*d, ib]
+    * kernel[oc, ic, ky, kx, ib, ob]``; reduction order (ic, ky, kx, ib) so that the inner
+    loop walks one pixel's channel block."""
+    out_dtype = out_dtype or data.dtype
+    batch, in_chunks, height, width, in_block = (int(d) for d in data.shape)
+    out_chunks, _, kernel_h, kernel_w, _, out_block = (int(d) for d in kernel.shape)
+    top, left, bottom, right = padding
+    out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
+    out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
+    padded = data
+    if any(padding):
+        padded = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="pad_temp")
+    ic = te.reduce_axis((0, in_chunks), "ic")
+    ky = te.reduce_axis((0, kernel_h), "ky")
+    kx = te.reduce_axis((0, kernel_w), "kx")
+    ib = te.reduce_axis((0, in_block), "ib")
+    return te.compute(
+        (batch, out_chunks, out_h, out_w, out_block),
+        lambda n, oc, y, x, ob: te.sum(
+            padded[n, ic, y * strides[0] + ky * dilation[0], x * strides[1] + kx * dilation[1], ib].astype(out_dtype)
+            * kernel[oc, ic, ky, kx, ib, ob].astype(out_dtype),
+            axis=[ic, ky, kx, ib]),
+        name="conv2d_nchwc")

@@ -1,0 +1,135 @@
+"""Resize merge: the upsample in an FPN-style neck fused into the op that consumes it.
+
+Two shapes, one kernel each:
+
+* top-down merge: ``act(lateral + resize2d(top))`` (either operand order);
+* output fusion: ``concat([resize2d(p5), resize2d(p4), ..., p2], axis=1)``, where each level
+  is upsampled to a common size and some inputs may not be resized at all.
+
+Unfused, every upsampled map is written out at full resolution and read back by the add or
+concat; fused, each output element reads its source pixel(s) of the small map directly, so
+the upsampled maps never exist in memory.
+
+This rule must run before ``conv_epilogue``: the lateral map is usually a conv output, and
+the conv epilogue would otherwise take the add with the upsampled map as its residual,
+which writes that map out again.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, is_tuple, wildcard
+
+from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+
+MERGE_ACTIVATIONS = ("relu", "clip", "leakyrelu", "silu", "hardswish")
+ACTIVATIONS = {name: SHARED_ACTIVATIONS[name] for name in MERGE_ACTIVATIONS}
+# FPN/PAN necks concatenate 2-5 levels; a few more keeps wider heads covered.
+MAX_CONCAT_INPUTS = 8
+
+
+def resize_pattern():
+    data = wildcard()
+    return is_op("relax.image.resize2d")(data, wildcard()), data
+
+
+def merge_add_pattern(activation: str | None):
+    """``act(lateral + resize2d(top))``; the add is commutative, so either order matches."""
+    resize, top = resize_pattern()
+    lateral = wildcard()
+    out = add = is_op("relax.add")(lateral, resize)
+    annotations = {"top": top, "resize": resize, "lateral": lateral, "add": add}
+    if activation:
+        out = annotations["activation"] = ACTIVATIONS[activation](add)
+    return out, annotations
+
+
+def concat_pattern(inputs: int, first_resized: int):
+    """``concat`` of ``inputs`` tensors whose first resized one is input ``first_resized``.
+
+    Inputs before it are plain; later ones are either resized or plain. One variant per
+    position of the first resized input covers every mix without matching a concat that
+    has no resize at all.
+    """
+    fields, annotations = [], {}
+    for index in range(inputs):
+        if index < first_resized:
+            field = annotations[f"input{index}"] = wildcard()
+        else:
+            resize, annotations[f"input{index}"] = resize_pattern()
+            annotations[f"resize{index}"] = resize
+            field = resize if index == first_resized else resize | annotations[f"input{index}"]
+        fields.append(field)
+    annotations["concat"] = is_op("relax.concat")(is_tuple(fields))
+    return annotations["concat"], annotations
+
+
+class ResizeMerge(FusionRule):
+    name = "resize_merge"
+    description = ("resize2d (upsample) + add of a lateral map (+ relu, clip, leakyrelu, silu, "
+                   "hardswish), and resize2d outputs concatenated along channels (FPN necks)")
+
+    def variants(self):
+        variants = [(f"add_{activation}", *merge_add_pattern(activation)) for activation in ACTIVATIONS]
+        variants.append(("add", *merge_add_pattern(None)))
+        # A tuple pattern has a fixed length: one set of variants per concat arity.
+        for inputs in range(2, MAX_CONCAT_INPUTS + 1):
+            variants += [(f"concat{inputs}", *concat_pattern(inputs, first)) for first in range(inputs)]
+        return variants
+
+    def anchor(self, context):
+        found = context.annotated_expr
+        return found["add"] if "add" in found else found["concat"]
+
+    def check(self, context):
+        found = context.annotated_expr
+        resizes = [expr for name, expr in found.items() if name.startswith("resize")]
+        for resize in resizes:
+            reason = _resize_reason(resize)
+            if reason:
+                return reason
+        if "add" in found:
+            reason = _lateral_reason(found["lateral"], found["resize"])
+        else:
+            reason = _channel_concat_reason(found["concat"])
+        if reason:
+            return reason
+        if has_leaking_intermediate_variables(context):
+            return "an upsampled map or the merged sum is also used outside the chain"
+        return None
+
+
+def _resize_reason(resize) -> str | None:
+    dtype = dtype_of(resize)
+    if dtype not in FLOAT_DTYPES:
+        return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
+    if resize.attrs.layout != "NCHW":
+        return f"resize layout {resize.attrs.layout} is not NCHW"
+    for expr in (resize.args[0], resize):
+        shape = static_shape(expr)
+        if shape is None or len(shape) != 4:
+            return "the resize input or output is not 4-D with a static shape (bind the dynamic dims)"
+    return None
+
+
+def _lateral_reason(lateral, upsampled) -> str | None:
+    """The add must be same-shape: a broadcast would grow the output past the upsampled map."""
+    lateral_shape, upsampled_shape = static_shape(lateral), static_shape(upsampled)
+    if lateral_shape != upsampled_shape:
+        return (f"the add broadcasts: lateral shape {lateral_shape} does not equal the upsampled "
+                f"shape {upsampled_shape}")
+    if dtype_of(lateral) != dtype_of(upsampled):
+        return f"lateral dtype {dtype_of(lateral)} differs from {dtype_of(upsampled)}"
+    return None
+
+
+def _channel_concat_reason(concat) -> str | None:
+    shape = static_shape(concat)
+    if shape is None or len(shape) != 4:
+        return "the concat output is not 4-D with a static shape"
+    if int(concat.attrs.axis) not in (1, -3):
+        return f"concat axis {int(concat.attrs.axis)} is not the channel axis (1)"
+    if dtype_of(concat) not in FLOAT_DTYPES:
+        return f"dtype {dtype_of(concat)} is not supported ({', '.join(FLOAT_DTYPES)})"
+    return None

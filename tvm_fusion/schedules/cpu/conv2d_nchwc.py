@@ -1,0 +1,66 @@
+"""Conv2d in the blocked channel layout NCHW[x]c (passes/blocked_layout.py) + fused epilogue.
+
+The accumulator tile is ``ow_tile`` output pixels of one row x ``oc_tile`` channel blocks, one
+vector register each. For every (input channel block, ky, kx, input channel) one input value
+per pixel is broadcast and multiplied into ``oc_tile`` contiguous weight vectors, so each
+load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv's stride.
+Bias, activations and the residual add run on the tile before it is stored.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .conv2d_nchw import extent, largest_divisor, schedule_pad, store_tile_epilogue
+from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .target_info import vector_lanes, vector_registers
+
+# Output pixels per tile: with two channel blocks, 16 accumulators of AVX-512's 32 registers,
+# leaving room for the weight vectors and the broadcast input (measured on resnet_tiny: 7-8
+# beat 14 and 28, whose tiles spill).
+_MAX_ROW_TILE = 8
+
+
+class Conv2dNCHWc(ScheduleRule):
+    """``[pad] -> conv2d_nchwc (S S S S S R R R R) -> elementwise..``."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        inline_cheap_blocks(sch)
+        found = only_reduction(sch)
+        if found is None:
+            return None
+        blocks, index = found
+        conv = blocks[index]
+        stmt = sch.get(conv)
+        if iter_kinds(stmt) != "SSSSSRRRR" or any(not isinstance(iv.dom.extent, tirx.IntImm)
+                                                  for iv in stmt.iter_vars):
+            return None
+        if any(len(read.source.shape) not in (5, 6) for read in stmt.reads) or len(stmt.reads) != 2:
+            return None  # one 5-D map and one 6-D blocked weight
+        if any(not is_spatial(sch.get(b)) for b in blocks[:index] + blocks[index + 1:]):
+            return None
+        lanes = vector_lanes(target, stmt.writes[0].source.dtype)
+        n, oc, y, x, ob, ic, ky, kx, ib = sch.get_loops(conv)
+        if extent(sch, ob) > lanes or lanes % extent(sch, ob):
+            return None  # the channel block must fit one vector register
+        schedule_pad(sch, list(blocks[:index]))
+        # 16-register ISAs (AVX2) get half the tile: one channel block.
+        registers = vector_registers(target)
+        ow_tile = largest_divisor(extent(sch, x), _MAX_ROW_TILE)
+        oc_tile = 2 if extent(sch, oc) % 2 == 0 and 2 * ow_tile <= registers // 2 else 1
+        oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
+        x_outer, x_inner = sch.split(x, [None, ow_tile])
+        sch.reorder(n, oc_outer, y, x_outer, ic, ky, kx, ib, oc_inner, x_inner, ob)
+        store_tile_epilogue(sch, conv, list(blocks[index + 1:]), x_outer)
+        sch.parallel(sch.fuse(n, oc_outer, y))
+        sch.unroll(oc_inner)
+        sch.unroll(x_inner)
+        sch.vectorize(ob)
+        init = sch.decompose_reduction(conv, ic)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return sch

@@ -1,0 +1,68 @@
+"""Resize (NCHW) and what is fused onto it (an add, an activation, a channel concat): rows
+across cores, output columns on vectors.
+
+The Injective rule fuses all four axes into one loop, so every vector lane re-derives
+(n, c, y, x) by division and a concat picks its input per lane. Keeping (n, c, y) as the
+parallel row loop and vectorizing only the columns makes the source row, the interpolation
+weights in y and the concat's choice of input loop-invariant per row; only the column
+gather (x // 2 for a nearest 2x) varies across lanes.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .conv2d_nchw import extent, row_tile
+from .inline import inline_cheap_blocks, is_spatial
+from .target_info import vector_lanes
+
+# Below this many output elements a parallel launch costs more than the loop itself.
+_MIN_PARALLEL_ELEMENTS = 4096
+
+
+class Resize(ScheduleRule):
+    """All-spatial kernels with a legalized ``image.resize2d`` block (topi names it ``resize``)
+    whose remaining blocks are 4-D with static extents."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(get_root_block(sch))
+        if not all(is_spatial(sch.get(b)) for b in blocks):
+            return None
+        if not any(_is_resize(sch, b) for b in blocks):
+            return None
+        inline_cheap_blocks(sch)
+        # A linear resize calls floor, which keeps inline_cheap_blocks away; it is still read
+        # once per consumer element, so inlining it recomputes nothing.
+        for block in sch.get_child_blocks(get_root_block(sch)):
+            if not _is_resize(sch, block):
+                continue
+            try:
+                sch.compute_inline(block)
+            except s_tir.ScheduleError:
+                continue  # the kernel's output, or read by several consumers
+        remaining = sch.get_child_blocks(get_root_block(sch))
+        nests = [sch.get_loops(b) for b in remaining]
+        if any(len(loops) != 4 or any(not isinstance(sch.get(loop).extent, tirx.IntImm) for loop in loops)
+               for loops in nests):
+            return None
+        for block, (n, c, y, x) in zip(remaining, nests):
+            lanes = vector_lanes(target, sch.get(block).writes[0].source.dtype)
+            elements = extent(sch, n) * extent(sch, c) * extent(sch, y) * extent(sch, x)
+            rows = sch.fuse(n, c, y)
+            tile = row_tile(extent(sch, x), lanes, max_vectors=4)
+            columns = sch.split(x, [None, tile])[1] if tile < extent(sch, x) else x
+            if tile > 1:
+                sch.vectorize(columns)
+            if elements >= _MIN_PARALLEL_ELEMENTS:
+                sch.parallel(rows)
+        return sch
+
+
+def _is_resize(sch: s_tir.Schedule, block) -> bool:
+    return sch.get(block).name_hint.startswith("resize")
