@@ -119,6 +119,8 @@ def test_resnet_in_blocked_layout_matches_onnx_runtime_and_nchw(shape):
             rules = set(optimized.schedule_rules.values())
             assert optimized.report.fired["blocked_layout.conv2d"] == 19
             assert "Conv2dNCHWc" in rules and "Fallback" not in rules
+            # One transform into the blocked layout after the stem, one out before the classifier.
+            assert len([k for k in optimized.schedule_rules if "layout_transform" in k]) == 2
             (expected,) = reference_outputs(prepared.onnx_model, inputs).values()
     np.testing.assert_allclose(results["blocked"], expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(results["blocked"], results["nchw"], rtol=1e-4, atol=1e-5)

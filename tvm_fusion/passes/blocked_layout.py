@@ -63,7 +63,9 @@ class ConvertConvsToBlockedLayout:
             return mod
         if converted:
             self.report.fired[f"{PATTERN_NAME}.conv2d"] += len(converted)
-        return FoldConstantsSafely()(blocked)
+        # A map read by two blocked convs (a residual block's input) gets one transform each;
+        # common-subexpression elimination keeps one.
+        return relax.transform.EliminateCommonSubexpr()(FoldConstantsSafely()(blocked))
 
     def _convs_staying_in_nchw(self, mod: tvm.IRModule) -> list[str]:
         """Convs that would stay in NCHW inside the network: grouped/depthwise convs and convs

@@ -15,6 +15,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
 from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
@@ -33,6 +34,7 @@ class ConvBlocks:
     conv: object
     epilogue: list
     depthwise: bool
+    column_stride: int  # input columns between adjacent output columns
 
 
 def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
@@ -64,17 +66,19 @@ def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
     # The data side may carry an inlined prologue (an SE scale): the feature map is its
     # largest 4-D input.
     data_side = product.a if weight_is_b else product.b
-    maps = [ld.source for ld in _loads(data_side) if len(ld.indices) == 4
+    maps = [ld for ld in _loads(data_side) if len(ld.indices) == 4
             and all(isinstance(d, tirx.IntImm) for d in ld.source.shape)]
     if not maps:
         return None
-    channels_in = int(max(maps, key=lambda b: _size(b)).shape[1])
+    feature_map = max(maps, key=lambda load: _size(load.source))
+    channels_in = int(feature_map.source.shape[1])
+    stride, _ = detect_linear_equation(feature_map.indices[3], [x]) or (1, None)
     channels_out = int(stmt.iter_vars[1].dom.extent)
     depthwise = int(stmt.iter_vars[4].dom.extent) == 1 and channels_in == channels_out > 1
     pad = [b for b in blocks[:index] if is_spatial(sch.get(b))]
     if len(pad) != index or any(not is_spatial(sch.get(b)) for b in blocks[index + 1:]):
         return None
-    return ConvBlocks(pad, conv, list(blocks[index + 1:]), depthwise)
+    return ConvBlocks(pad, conv, list(blocks[index + 1:]), depthwise, int(stride))
 
 
 def _reads_at(expr, variables) -> bool:
@@ -148,7 +152,10 @@ class Conv2dNCHW(ScheduleRule):
         lanes = vector_lanes(target, dtype)
         schedule_pad(sch, blocks.pad)
         n, f, y, x, rc, ry, rx = sch.get_loops(blocks.conv)
-        ow_tile = row_tile(extent(sch, x), lanes, max_vectors=2)
+        # A strided conv gathers its input vectors: one vector of columns and twice the
+        # channels gets each gathered vector twice the FMAs (measured 1.2-1.4x on 3x3/2 convs
+        # with 160-320 output columns).
+        ow_tile = row_tile(extent(sch, x), lanes, max_vectors=2 if blocks.column_stride == 1 else 1)
         vectors = -(-ow_tile // lanes)
         oc_tile = largest_divisor(extent(sch, f), _MAX_ACCUMULATORS // vectors)
         f_outer, f_inner = sch.split(f, [None, oc_tile])
