@@ -26,15 +26,15 @@ ACTIVATIONS = {name: SHARED_ACTIVATIONS[name] for name in CONV_ACTIVATIONS}
 POST_RESIDUAL = ("relu", "clip", "hardswish")
 
 
-def conv_epilogue_pattern(scaled: bool, bias: bool, activation: str | None, residual: bool,
-                          post_activation: str | None):
-    """``post(act(conv2d([x * gate], w) [+ bias]) [+ residual])`` and its annotations."""
+def conv_epilogue_pattern(conv_op: str, scaled: bool, bias: bool, activation: str | None,
+                          residual: bool, post_activation: str | None):
+    """``post(act(conv_op([x * gate], w) [+ bias]) [+ residual])`` and its annotations."""
     data, weight = wildcard(), wildcard()
     annotations = {"data": data, "weight": weight}
     if scaled:
         annotations["gate"] = wildcard()
         data = annotations["scale"] = is_op("relax.multiply")(data, annotations["gate"])
-    out = annotations["conv"] = is_op("relax.nn.conv2d")(data, weight)
+    out = annotations["conv"] = is_op(conv_op)(data, weight)
     if bias:
         annotations["bias"] = wildcard()
         out = annotations["bias_add"] = is_op("relax.add")(out, annotations["bias"])
@@ -48,11 +48,36 @@ def conv_epilogue_pattern(scaled: bool, bias: bool, activation: str | None, resi
     return out, annotations
 
 
-def variant_name(scaled, bias, activation, residual, post_activation) -> str:
-    parts = ["conv"] + (["scaled"] if scaled else []) + (["bias"] if bias else [])
+def variant_name(prefix: str, scaled, bias, activation, residual, post_activation) -> str:
+    parts = [prefix] + (["scaled"] if scaled else []) + (["bias"] if bias else [])
     parts += [activation] if activation else []
     parts += (["residual"] if residual else []) + ([post_activation] if post_activation else [])
     return "_".join(parts)
+
+
+def epilogue_variants(conv_op: str, prefix: str, with_input_scale: bool) -> list:
+    """Every non-empty epilogue chain on ``conv_op``, named ``prefix_...``, longest first, so
+    the biggest chain whose check passes wins."""
+    variants = []
+    for scaled, bias, activation, residual in itertools.product(
+            (True, False) if with_input_scale else (False,), (True, False), (*ACTIVATIONS, None),
+            (True, False)):
+        for post in ((*POST_RESIDUAL, None) if residual else (None,)):
+            choice = (scaled, bias, activation, residual, post)
+            if any(choice):
+                variants.append((variant_name(prefix, *choice), *conv_epilogue_pattern(conv_op, *choice)))
+    return sorted(variants, key=lambda v: -len(v[2]))
+
+
+def bias_reason(found: dict, out_shape: tuple[int, ...]) -> str | None:
+    """The bias, when the chain has one, must be one value per output channel."""
+    if "bias" not in found:
+        return None
+    per_channel = per_channel_shapes(out_shape)
+    bias_shape = static_shape(found["bias"])
+    if bias_shape not in per_channel:
+        return f"bias shape {bias_shape} is not one value per output channel (expected {per_channel[0]})"
+    return None
 
 
 class ConvEpilogue(FusionRule):
@@ -62,15 +87,7 @@ class ConvEpilogue(FusionRule):
                    "with an optional per-channel input scale (SE) in front")
 
     def variants(self):
-        variants = []
-        for scaled, bias, activation, residual in itertools.product(
-                (True, False), (True, False), (*ACTIVATIONS, None), (True, False)):
-            for post in ((*POST_RESIDUAL, None) if residual else (None,)):
-                choice = (scaled, bias, activation, residual, post)
-                if any(choice):
-                    variants.append((variant_name(*choice), *conv_epilogue_pattern(*choice)))
-        # Longest chain first, so the biggest chain whose check passes wins.
-        return sorted(variants, key=lambda v: -len(v[2]))
+        return epilogue_variants("relax.nn.conv2d", "conv", with_input_scale=True)
 
     def anchor(self, context):
         return context.annotated_expr["conv"]
@@ -88,12 +105,9 @@ class ConvEpilogue(FusionRule):
         out_shape = static_shape(conv)
         if out_shape is None:
             return "the conv output shape is not static (bind the dynamic dims)"
-        if "bias" in found:
-            per_channel = per_channel_shapes(out_shape)
-            bias_shape = static_shape(found["bias"])
-            if bias_shape not in per_channel:
-                return (f"bias shape {bias_shape} is not one value per output channel "
-                        f"(expected {per_channel[0]})")
+        reason = bias_reason(found, out_shape)
+        if reason:
+            return reason
         if "gate" in found:
             reason = _check_channel_scale(found["data"], found["gate"])
             if reason:

@@ -10,37 +10,8 @@ constant, so unfused the bias and the activation are two more passes over a map 
 
 from __future__ import annotations
 
-import itertools
-
-from tvm.relax.dpl import is_op, wildcard
-
 from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, static_shape
-from .conv_epilogue import ACTIVATIONS, POST_RESIDUAL
-
-
-def conv_transpose_epilogue_pattern(bias: bool, activation: str | None, residual: bool,
-                                    post_activation: str | None):
-    """``post(act(conv2d_transpose(x, w) [+ bias]) [+ residual])`` and its annotations."""
-    data, weight = wildcard(), wildcard()
-    annotations = {"data": data, "weight": weight}
-    out = annotations["conv"] = is_op("relax.nn.conv2d_transpose")(data, weight)
-    if bias:
-        annotations["bias"] = wildcard()
-        out = annotations["bias_add"] = is_op("relax.add")(out, annotations["bias"])
-    if activation:
-        out = annotations["activation"] = ACTIVATIONS[activation](out)
-    if residual:
-        annotations["residual"] = wildcard()
-        out = annotations["residual_add"] = is_op("relax.add")(out, annotations["residual"])
-        if post_activation:
-            out = annotations["post_activation"] = ACTIVATIONS[post_activation](out)
-    return out, annotations
-
-
-def variant_name(bias, activation, residual, post_activation) -> str:
-    parts = ["conv_transpose"] + (["bias"] if bias else []) + ([activation] if activation else [])
-    parts += (["residual"] if residual else []) + ([post_activation] if post_activation else [])
-    return "_".join(parts)
+from .conv_epilogue import bias_reason, epilogue_variants
 
 
 class ConvTransposeEpilogue(FusionRule):
@@ -50,15 +21,7 @@ class ConvTransposeEpilogue(FusionRule):
                    "+ activation")
 
     def variants(self):
-        variants = []
-        for bias, activation, residual in itertools.product(
-                (True, False), (*ACTIVATIONS, None), (True, False)):
-            for post in ((*POST_RESIDUAL, None) if residual else (None,)):
-                choice = (bias, activation, residual, post)
-                if any(choice):
-                    variants.append((variant_name(*choice), *conv_transpose_epilogue_pattern(*choice)))
-        # Longest chain first, so the biggest chain whose check passes wins.
-        return sorted(variants, key=lambda v: -len(v[2]))
+        return epilogue_variants("relax.nn.conv2d_transpose", "conv_transpose", with_input_scale=False)
 
     def anchor(self, context):
         return context.annotated_expr["conv"]
@@ -76,10 +39,4 @@ class ConvTransposeEpilogue(FusionRule):
         out_shape = static_shape(conv)
         if out_shape is None:
             return "the conv_transpose output shape is not static (bind the dynamic dims)"
-        channels = out_shape[1]
-        if "bias" in found:
-            bias_shape = static_shape(found["bias"])
-            if bias_shape not in ((1, channels, 1, 1), (channels, 1, 1)):
-                return (f"bias shape {bias_shape} is not one value per output channel "
-                        f"(expected (1, {channels}, 1, 1))")
-        return residual_or_leak_reason(context, dtype)
+        return bias_reason(found, out_shape) or residual_or_leak_reason(context, dtype)

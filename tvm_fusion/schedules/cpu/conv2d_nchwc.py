@@ -14,7 +14,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, largest_divisor, schedule_pad, store_tile_epilogue
-from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .inline import is_spatial, iter_kinds, one_reduction_kernel
 from .target_info import vector_lanes, vector_registers
 
 # Output pixels per tile: with two channel blocks, 16 accumulators of AVX-512's 32 registers,
@@ -27,14 +27,10 @@ class Conv2dNCHWc(ScheduleRule):
     """``[pad] -> conv2d_nchwc (S S S S S R R R R) -> elementwise..``."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        inline_cheap_blocks(sch)
-        found = only_reduction(sch)
+        found = one_reduction_kernel(func, target)
         if found is None:
             return None
-        blocks, index = found
+        sch, blocks, index = found
         conv = blocks[index]
         stmt = sch.get(conv)
         if iter_kinds(stmt) != "SSSSSRRRR" or any(not isinstance(iv.dom.extent, tirx.IntImm)

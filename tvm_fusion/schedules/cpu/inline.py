@@ -34,6 +34,17 @@ def only_reduction(sch: s_tir.Schedule) -> tuple[list, int] | None:
     return (blocks, reductions[0]) if len(reductions) == 1 else None
 
 
+def one_reduction_kernel(func, target) -> tuple[s_tir.Schedule, list, int] | None:
+    """For a CPU PrimFunc: a schedule with the cheap blocks inlined, its root blocks and the
+    index of its one reduction block (a conv, a pool); None for other targets and kernels."""
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    sch = s_tir.Schedule(func)
+    inline_cheap_blocks(sch)
+    found = only_reduction(sch)
+    return None if found is None else (sch, *found)
+
+
 def iter_kinds(block: s_tir.SBlock) -> str:
     """The block's axes as a string, "S" per spatial and "R" per reduction axis."""
     return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)

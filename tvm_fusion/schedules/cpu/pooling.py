@@ -13,7 +13,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, row_tile, schedule_pad, store_tile_epilogue
-from .inline import inline_cheap_blocks, iter_kinds, only_reduction
+from .inline import iter_kinds, one_reduction_kernel
 from .target_info import vector_lanes
 from .vector_sum import vectorize_reduction
 
@@ -26,14 +26,10 @@ class Pooling(ScheduleRule):
     in 1-D, 2-D and 3-D, and global pools."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        inline_cheap_blocks(sch)
-        found = only_reduction(sch)
+        found = one_reduction_kernel(func, target)
         if found is None:
             return None
-        blocks, index = found
+        sch, blocks, index = found
         pool = blocks[index]
         stmt = sch.get(pool)
         kinds = iter_kinds(stmt)
