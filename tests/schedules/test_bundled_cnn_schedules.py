@@ -1,0 +1,23 @@
+"""No kernel of the bundled CNNs runs as naive loops: each gets the rule written for it."""
+
+import pytest
+
+from helpers import EXAMPLES
+from tvm_fusion import api
+
+# Kernels that only move data (layout transforms, the classifier's flatten) are Injective's.
+DATA_MOVEMENT = ("layout_transform", "reshape")
+
+
+@pytest.mark.parametrize("model, conv_rules", [
+    ("resnet_tiny", {"Conv2dNCHWc", "Conv2dNCHW"}),           # the RGB stem stays NCHW
+    ("mobilenetv3_tiny", {"Conv2dNCHW", "DepthwiseConv2d"}),
+    ("dbnet_tiny", {"Conv2dNCHW", "Conv2dTranspose"}),
+])
+def test_every_kernel_gets_a_specific_schedule(model, conv_rules):
+    prepared = api.prepare(EXAMPLES / f"{model}.onnx", None, "input:1x3x64x64")
+    rules = api.optimize(prepared, tuning_log=False).schedule_rules
+    assert "Fallback" not in rules.values(), rules
+    generic = [kernel for kernel, rule in rules.items() if rule == "Injective"]
+    assert all(any(word in kernel for word in DATA_MOVEMENT) for kernel in generic), generic
+    assert conv_rules <= set(rules.values())
