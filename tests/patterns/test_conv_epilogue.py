@@ -9,6 +9,7 @@ from tvm.script import relax as R
 
 from cnn_helpers import compile_and_compare, make_model, prim_func_names, random_weights
 from helpers import EXAMPLES
+from tvm_fusion.frontend.onnx import TensorSpec, import_model
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.patterns import PatternReport, get_pattern
 
@@ -152,3 +153,43 @@ def test_bundled_cnns_fold_every_batch_norm_and_fuse_every_conv_activation(model
         "squeeze_excitation", 0)
     leftover = {op for op in report.fused_ops if op in ("nn.conv2d", "nn.batch_norm", "nn.relu")}
     assert not leftover
+
+
+# Nearest as PyTorch exports it, and bilinear in two coordinate modes.
+UPSAMPLE_MODES = {
+    "nearest": {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+    "bilinear_half_pixel": {"mode": "linear", "coordinate_transformation_mode": "half_pixel"},
+    "bilinear_align_corners": {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+}
+
+
+def fpn_merge_model(resize_mode: dict, upsampled_also_output: bool = False):
+    """Conv1x1(c4) + Resize(p5, 2x): an FPN top-down merge whose lateral is a conv."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["c4", "w"], ["lateral"]),
+             helper.make_node("Resize", ["p5", "", "scales"], ["up"], **resize_mode),
+             helper.make_node("Add", ["lateral", "up"], ["y"])]
+    weights = {**random_weights(rng, w=(8, 16, 1, 1)), "scales": np.array([1, 1, 2, 2])}
+    model = make_model(nodes, {"c4": (1, 16, 10, 14), "p5": (1, 8, 5, 7)}, "y", weights)
+    if upsampled_also_output:
+        model.graph.output.append(helper.make_tensor_value_info("up", 1, ["n", "c", "h", "w"]))
+    return model
+
+
+@pytest.mark.parametrize("mode", sorted(UPSAMPLE_MODES))
+def test_fpn_merge_with_a_conv_lateral_is_one_kernel(mode):
+    """Neither the lateral map nor the upsampled one is stored: the conv's epilogue reads the
+    small top map (rtol/atol 1e-4 against ONNX Runtime and the unfused module)."""
+    report, module = compile_and_compare(fpn_merge_model(UPSAMPLE_MODES[mode]),
+                                         patterns=["conv_epilogue", "resize_merge"])
+    assert report.fired["conv_epilogue.conv_upsampled_residual"] == 1
+    assert len(prim_func_names(module)) == 1
+
+
+def test_must_not_absorb_an_upsampled_map_that_is_also_an_output():
+    model = fpn_merge_model(UPSAMPLE_MODES["nearest"], upsampled_also_output=True)
+    mod = import_model(model, [TensorSpec("c4", (1, 16, 10, 14), "float32"),
+                               TensorSpec("p5", (1, 8, 5, 7), "float32")])
+    after, report = fuse(mod)
+    assert report.fired["conv_epilogue.conv_upsampled_residual"] == 0
+    assert report.fired["conv_epilogue.conv_residual"] == 1  # the stored map is a plain residual

@@ -42,9 +42,9 @@ PATTERNS: dict[str, RewriteRule | FusionRule] = {
         HardSigmoid(),
         ConvBnFold(),
         SqueezeExcitation(),
-        ResizeMerge(),  # before conv_epilogue, which would take the add as its residual
-        ConvEpilogue(),
+        ConvEpilogue(),  # before resize_merge: it takes an FPN merge whose lateral is a conv
         ConvTransposeEpilogue(),
+        ResizeMerge(),
         Attention(),
         LayerNormDecomposed(),
         RmsNormDecomposed(),

@@ -5,8 +5,11 @@ Every step after the conv is elementwise on its output, so unfused each is a ful
 the feature map through memory; fused, the epilogue runs on the conv's output tile while it is
 in registers. The input scale is the last step of a squeeze-and-excitation block
 (``x * gate[n, c, 1, 1]``): fused as the conv's prologue it costs one multiply per loaded value
-instead of a pass over the map. Activations are matched in their canonical forms (after the
-``clip``, ``silu``, ``hardswish`` and ``hardsigmoid`` rewrites).
+instead of a pass over the map. The residual may be an upsampled map (``resize2d``), the
+top-down merge of an FPN neck (``lateral_conv(x) + upsample(top)``): fused, each output reads
+its pixel of the small top map, and neither the lateral map nor the upsampled one is stored.
+Activations are matched in their canonical forms (after the ``clip``, ``silu``, ``hardswish``
+and ``hardsigmoid`` rewrites).
 """
 
 from __future__ import annotations
@@ -18,16 +21,19 @@ from tvm.relax.dpl import is_op, wildcard
 
 from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
 from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, static_shape
+from .resize_merge import resize_reason
 
 
 CONV_ACTIVATIONS = ("relu", "clip", "leakyrelu", "sigmoid", "silu", "hardsigmoid", "hardswish")
 ACTIVATIONS = {name: SHARED_ACTIVATIONS[name] for name in CONV_ACTIVATIONS}
 # After a residual add, exporters only put plain activations.
 POST_RESIDUAL = ("relu", "clip", "hardswish")
+# Residual kinds: none, any tensor, or an upsampled map computed inside the kernel.
+UPSAMPLED = "upsampled"
 
 
 def conv_epilogue_pattern(conv_op: str, scaled: bool, bias: bool, activation: str | None,
-                          residual: bool, post_activation: str | None):
+                          residual: bool | str, post_activation: str | None):
     """``post(act(conv_op([x * gate], w) [+ bias]) [+ residual])`` and its annotations."""
     data, weight = wildcard(), wildcard()
     annotations = {"data": data, "weight": weight}
@@ -40,8 +46,13 @@ def conv_epilogue_pattern(conv_op: str, scaled: bool, bias: bool, activation: st
         out = annotations["bias_add"] = is_op("relax.add")(out, annotations["bias"])
     if activation:
         out = annotations["activation"] = ACTIVATIONS[activation](out)
-    if residual:
+    if residual == UPSAMPLED:
+        annotations["top"] = wildcard()
+        annotations["residual"] = annotations["resize"] = is_op("relax.image.resize2d")(
+            annotations["top"], wildcard())
+    elif residual:
         annotations["residual"] = wildcard()
+    if residual:
         out = annotations["residual_add"] = is_op("relax.add")(out, annotations["residual"])
         if post_activation:
             out = annotations["post_activation"] = ACTIVATIONS[post_activation](out)
@@ -51,17 +62,19 @@ def conv_epilogue_pattern(conv_op: str, scaled: bool, bias: bool, activation: st
 def variant_name(prefix: str, scaled, bias, activation, residual, post_activation) -> str:
     parts = [prefix] + (["scaled"] if scaled else []) + (["bias"] if bias else [])
     parts += [activation] if activation else []
-    parts += (["residual"] if residual else []) + ([post_activation] if post_activation else [])
+    parts += ([UPSAMPLED] if residual == UPSAMPLED else []) + (["residual"] if residual else [])
+    parts += [post_activation] if post_activation else []
     return "_".join(parts)
 
 
-def epilogue_variants(conv_op: str, prefix: str, with_input_scale: bool) -> list:
+def epilogue_variants(conv_op: str, prefix: str, with_input_scale: bool,
+                      residuals: tuple = (True, False)) -> list:
     """Every non-empty epilogue chain on ``conv_op``, named ``prefix_...``, longest first, so
     the biggest chain whose check passes wins."""
     variants = []
     for scaled, bias, activation, residual in itertools.product(
             (True, False) if with_input_scale else (False,), (True, False), (*ACTIVATIONS, None),
-            (True, False)):
+            residuals):
         for post in ((*POST_RESIDUAL, None) if residual else (None,)):
             choice = (scaled, bias, activation, residual, post)
             if any(choice):
@@ -87,7 +100,8 @@ class ConvEpilogue(FusionRule):
                    "with an optional per-channel input scale (SE) in front")
 
     def variants(self):
-        return epilogue_variants("relax.nn.conv2d", "conv", with_input_scale=True)
+        return epilogue_variants("relax.nn.conv2d", "conv", with_input_scale=True,
+                                 residuals=(UPSAMPLED, True, False))
 
     def anchor(self, context):
         return context.annotated_expr["conv"]
@@ -108,6 +122,10 @@ class ConvEpilogue(FusionRule):
         reason = bias_reason(found, out_shape)
         if reason:
             return reason
+        if "resize" in found:
+            reason = resize_reason(found["resize"])
+            if reason:
+                return reason
         if "gate" in found:
             reason = _check_channel_scale(found["data"], found["gate"])
             if reason:

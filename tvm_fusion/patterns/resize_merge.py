@@ -10,9 +10,9 @@ Unfused, every upsampled map is written out at full resolution and read back by 
 concat; fused, each output element reads its source pixel(s) of the small map directly, so
 the upsampled maps never exist in memory.
 
-This rule must run before ``conv_epilogue``: the lateral map is usually a conv output, and
-the conv epilogue would otherwise take the add with the upsampled map as its residual,
-which writes that map out again.
+Where the lateral map is a conv output, ``conv_epilogue`` (which runs first) takes the merge
+as its upsampled-residual variant, and the lateral map is not stored either; this rule takes
+the other merges and the concats.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class ResizeMerge(FusionRule):
         found = context.annotated_expr
         resizes = [expr for name, expr in found.items() if name.startswith("resize")]
         for resize in resizes:
-            reason = _resize_reason(resize)
+            reason = resize_reason(resize)
             if reason:
                 return reason
         if "add" in found:
@@ -100,7 +100,8 @@ class ResizeMerge(FusionRule):
         return None
 
 
-def _resize_reason(resize) -> str | None:
+def resize_reason(resize) -> str | None:
+    """Why a matched ``resize2d`` cannot be fused (conv_epilogue's upsampled residual too)."""
     dtype = dtype_of(resize)
     if dtype not in FLOAT_DTYPES:
         return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
