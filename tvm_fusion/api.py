@@ -264,13 +264,13 @@ class _SharedWork:
         return self.prepared[key]
 
     def fuse(self, cfg: PipelineConfig, prepared: PreparedModel) -> tuple[object, PatternReport]:
-        from .passes import fusion_pipeline
+        from .passes import GRAPH_PHASES, fusion_pipeline
 
         key = (id(prepared), cfg.patterns)
         if key not in self.fused:
             self.progress(f"running the tvm_fusion pipeline ({', '.join(cfg.patterns)})")
             report = PatternReport()
-            fused = fusion_pipeline(cfg, report, phases=("canonicalize", "layout", "fuse"))(prepared.relax_module)
+            fused = fusion_pipeline(cfg, report, phases=GRAPH_PHASES)(prepared.relax_module)
             self.fused[key] = (fused, report)
         return self.fused[key]
 
@@ -522,7 +522,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
     """Op counts before/after fusion, which fusions fired how often (with the ONNX nodes each
     absorbed), and near misses; with ``graph``, the graph drawn before/after fusion (.svg/.png)."""
     from .graph_render import check_graph_path, render_fusion_graph
-    from .passes import fusion_pipeline
+    from .passes import GRAPH_PHASES, fusion_pipeline
     from .provenance import import_with_node_names, node_index
 
     if graph is not None:
@@ -534,7 +534,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         named = import_with_node_names(simplified, {s.name: list(s.shape) for s in prepared.inputs},
                                        {s.name: s.dtype for s in prepared.inputs})
         report = PatternReport()
-        fused = fusion_pipeline(prepared.config, report, phases=("canonicalize", "layout", "fuse"))(named)
+        fused = fusion_pipeline(prepared.config, report, phases=GRAPH_PHASES)(named)
         lowered = fusion_pipeline(prepared.config, PatternReport(), phases=("lower",))(fused)
         stock_kernels = stock_kernel_calls(prepared)
     for miss in report.near_misses:

@@ -29,8 +29,12 @@ from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
 
 
+# The graph-level phases: what inspect and a multi-target compile share before lowering.
+GRAPH_PHASES = ("canonicalize", "layout", "fuse")
+
+
 def fusion_pipeline(config: PipelineConfig, report: PatternReport,
-                    phases: tuple[str, ...] = ("canonicalize", "layout", "fuse", "lower", "schedule"),
+                    phases: tuple[str, ...] = (*GRAPH_PHASES, "lower", "schedule"),
                     schedule_log: dict[str, str] | None = None, tuning=None) -> tvm.transform.Pass:
     """The configured pipeline (optionally only some phases, for inspection and tests).
 

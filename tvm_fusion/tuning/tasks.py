@@ -32,9 +32,9 @@ class KernelTask:
 
 def lowered_module(prepared) -> tvm.IRModule:
     """The module compile schedules: our canonicalize, fuse and lower phases, nothing after."""
-    from ..passes import fusion_pipeline
+    from ..passes import GRAPH_PHASES, fusion_pipeline
 
-    phases = ("canonicalize", "layout", "fuse", "lower")
+    phases = (*GRAPH_PHASES, "lower")
     return fusion_pipeline(prepared.config, PatternReport(), phases=phases)(prepared.relax_module)
 
 

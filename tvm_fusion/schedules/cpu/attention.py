@@ -26,7 +26,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import is_spatial
+from .inline import has_static_extents, is_spatial
 from .matmul_epilogue import _largest_divisor, _match_matmul
 from .target_info import vector_lanes
 
@@ -80,7 +80,7 @@ def _find_parts(sch: s_tir.Schedule) -> _Parts | None:
     scores, context = stmts[i_scores], stmts[i_context]
     if _match_matmul(scores) is None or _match_matmul(context) is None:
         return None
-    if any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in [*scores.iter_vars, *context.iter_vars]):
+    if not has_static_extents(scores, context):
         return None
     row_axes = len(scores.iter_vars) - 2  # batch.., query row
     if not (_is_row_reduction(stmts[i_max], tirx.Max, row_axes)

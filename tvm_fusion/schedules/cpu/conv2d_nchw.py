@@ -18,7 +18,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
-from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .inline import has_static_extents, inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
 from .target_info import vector_lanes
 
 # 16 accumulator vectors + input vector + broadcasts fit AVX-512's 32 registers (and AVX2's 16
@@ -49,7 +49,7 @@ def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
     blocks, index = found
     conv = blocks[index]
     stmt = sch.get(conv)
-    if iter_kinds(stmt) != "SSSSRRR" or any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+    if iter_kinds(stmt) != "SSSSRRR" or not has_static_extents(stmt):
         return None
     store = stmt.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):

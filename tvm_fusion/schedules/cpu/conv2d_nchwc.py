@@ -14,7 +14,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, largest_divisor, schedule_pad, store_tile_epilogue
-from .inline import is_spatial, iter_kinds, one_reduction_kernel
+from .inline import has_static_extents, is_spatial, iter_kinds, one_reduction_kernel
 from .target_info import vector_lanes, vector_registers
 
 # Output pixels per tile: with two channel blocks, 16 accumulators of AVX-512's 32 registers,
@@ -33,8 +33,7 @@ class Conv2dNCHWc(ScheduleRule):
         sch, blocks, index = found
         conv = blocks[index]
         stmt = sch.get(conv)
-        if iter_kinds(stmt) != "SSSSSRRRR" or any(not isinstance(iv.dom.extent, tirx.IntImm)
-                                                  for iv in stmt.iter_vars):
+        if iter_kinds(stmt) != "SSSSSRRRR" or not has_static_extents(stmt):
             return None
         if any(len(read.source.shape) not in (5, 6) for read in stmt.reads) or len(stmt.reads) != 2:
             return None  # one 5-D map and one 6-D blocked weight

@@ -31,7 +31,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, largest_divisor, row_tile, schedule_pad, store_tile_epilogue
-from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .inline import has_static_extents, inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
 from .target_info import vector_lanes
 
 _MAX_ACCUMULATORS = 16
@@ -64,7 +64,7 @@ class Conv2dTranspose(ScheduleRule):
         stmt = sch.get(conv)
         if (iter_kinds(stmt) != "SSSSRRR" or len(pad) != 1
                 or not all(is_spatial(sch.get(b)) for b in blocks if not b.same_as(conv))
-                or any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars)):
+                or not has_static_extents(stmt)):
             return None
         dtype = stmt.writes[0].source.dtype
         lanes = vector_lanes(target, dtype)

@@ -45,6 +45,11 @@ def one_reduction_kernel(func, target) -> tuple[s_tir.Schedule, list, int] | Non
     return None if found is None else (sch, *found)
 
 
+def has_static_extents(*blocks: s_tir.SBlock) -> bool:
+    """True if every axis of every block has a constant extent (tile factors can be chosen)."""
+    return all(isinstance(iv.dom.extent, tirx.IntImm) for block in blocks for iv in block.iter_vars)
+
+
 def iter_kinds(block: s_tir.SBlock) -> str:
     """The block's axes as a string, "S" per spatial and "R" per reduction axis."""
     return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)

@@ -7,7 +7,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import only_reduction
+from .inline import has_static_extents, only_reduction
 from .target_info import vector_lanes
 
 # Rows of the register tile: 8 rows x 2 vectors of columns keeps 16 accumulators in
@@ -60,7 +60,7 @@ def _match_matmul(block: s_tir.SBlock) -> _MatmulAxes | None:
         return None
     if any(kind != tirx.IterVar.DataPar for kind in kinds[:-1]):
         return None
-    if any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
+    if not has_static_extents(block):
         return None  # symbolic extents: tile factors could not be chosen
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):

@@ -13,7 +13,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, row_tile, schedule_pad, store_tile_epilogue
-from .inline import iter_kinds, one_reduction_kernel
+from .inline import has_static_extents, iter_kinds, one_reduction_kernel
 from .target_info import vector_lanes
 from .vector_sum import vectorize_reduction
 
@@ -36,7 +36,7 @@ class Pooling(ScheduleRule):
         spatial = len(kinds) - len(kinds.lstrip("S"))
         if spatial < 3 or kinds != "S" * spatial + "R" * (len(kinds) - spatial) or spatial == len(kinds):
             return None  # not (batch, channel, positions..., window...)
-        if any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+        if not has_static_extents(stmt):
             return None
         if len({read.source for read in stmt.reads} - {stmt.writes[0].source}) != 1:
             return None  # a window reduction reads one input; two would be a conv or a product

@@ -15,7 +15,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent
-from .inline import inline_cheap_blocks, is_spatial, iter_kinds
+from .inline import has_static_extents, inline_cheap_blocks, is_spatial, iter_kinds
 from .target_info import vector_lanes
 from .vector_sum import vectorize_reduction
 
@@ -37,11 +37,11 @@ class SqueezeExcitation(ScheduleRule):
         if len(reductions) < 2 or not blocks[0].same_as(reductions[0]):
             return None
         pool = sch.get(reductions[0])
-        if iter_kinds(pool) != "SSSSRR" or not _static(pool):
+        if iter_kinds(pool) != "SSSSRR" or not has_static_extents(pool):
             return None
         if [int(iv.dom.extent) for iv in pool.iter_vars[2:4]] != [1, 1]:
             return None  # not a global pool: the output keeps a spatial map
-        if any(not _static(sch.get(b)) or _spatial_size(sch.get(b)) > _spatial_size(pool)
+        if any(not has_static_extents(sch.get(b)) or _spatial_size(sch.get(b)) > _spatial_size(pool)
                for b in blocks[1:]):
             return None  # the tail must work on the pooled vector, not on a map
         lanes = vector_lanes(target, pool.writes[0].source.dtype)
@@ -67,10 +67,6 @@ class SqueezeExcitation(ScheduleRule):
         vectorize_reduction(sch, block, lanes)
         if macs >= _PARALLEL_TAIL_MACS and extent(sch, outputs) > 1:
             sch.parallel(outputs)
-
-
-def _static(block: s_tir.SBlock) -> bool:
-    return all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars)
 
 
 def _spatial_size(block: s_tir.SBlock) -> int:
