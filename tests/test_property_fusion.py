@@ -1,20 +1,30 @@
-"""Property: on random chains of fusable ops, fused == unfused == ONNX Runtime.
+"""Property: on random chains of fusable ops, fused == unfused == ONNX Runtime, and the fusions
+each chain was built for fired.
 
 Each example is one ONNX graph holding several independent chains (so one compile checks
 many cases): MatMul, optional bias, optional activation (as exporters write it, decomposed
 GELUs included), optional residual add, optional normalization (LayerNormalization, the
 opset-14 decomposed LayerNorm, or a decomposed RMSNorm) whose sum may also be an output,
-with random small shapes and broadcasts. ``TVM_FUSION_PROPERTY_EXAMPLES`` raises the number
-of examples for a long local run (CI runs the default, derandomized).
+with random small shapes and broadcasts. ``intended(spec)`` says which rewrites and fusions
+(with their variants) a chain must trigger and how many kernels it becomes; the test checks
+the PatternReport and the kernel count against the sum over the chains, so a fusion that
+silently stops firing fails here even though the numbers still match.
+
+The default run checks a few derandomized graphs; ``pytest -m slow tests/test_property_fusion.py``
+(or ``scripts/fuzz_fusions.py``) checks at least 2,000 random chains, and
+``TVM_FUSION_PROPERTY_EXAMPLES`` sets the number of graphs of either run.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import math
 import os
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -25,7 +35,11 @@ from tvm_fusion.runtime import CompiledModel
 from tvm_fusion.verify import reference_outputs
 
 CHAINS_PER_GRAPH = 16
+# Graphs per run: the default keeps the file near a minute on 2 cores; the slow run covers
+# SLOW_CHAINS chains at least.
 EXAMPLES = int(os.environ.get("TVM_FUSION_PROPERTY_EXAMPLES", "14"))
+SLOW_CHAINS = 2000
+SLOW_EXAMPLES = int(os.environ.get("TVM_FUSION_PROPERTY_EXAMPLES", str(-(-SLOW_CHAINS // CHAINS_PER_GRAPH))))
 # float32 with reductions over <= 48 elements; LayerNorm divides by a std that can be small.
 RTOL, ATOL = 1e-3, 2e-4
 
@@ -43,6 +57,69 @@ chain_strategy = st.fixed_dictionaries({
     "norm": st.sampled_from(NORMS),
     "sum_output": st.booleans(),
 })
+
+# The rewrite rule that turns each exporter spelling into one Relax op.
+ACTIVATION_REWRITES = {"silu": "silu", "gelu_erf": "gelu_erf", "gelu_tanh": "gelu_tanh"}
+NORM_REWRITES = {"layer_norm_decomposed": "layernorm_decomposed", "rms_norm_decomposed": "rmsnorm_decomposed"}
+# gemm_epilogue's name for each activation (once rewritten) in its variant names.
+GEMM_ACTIVATIONS = {"relu": "relu", "sigmoid": "sigmoid", "silu": "silu", "gelu_erf": "gelu",
+                    "gelu_tanh": "gelu_tanh"}
+
+
+@dataclasses.dataclass
+class Intent:
+    """What the default pipeline must make of some chains."""
+
+    rewrites: collections.Counter  # rewrite rule -> times fired
+    fusions: collections.Counter   # "pattern.variant" -> times fired
+    kernels: int                   # kernel launches of main
+
+    def __add__(self, other: Intent) -> Intent:
+        return Intent(self.rewrites + other.rewrites, self.fusions + other.fusions, self.kernels + other.kernels)
+
+
+def gemm_variant(bias: bool, activation: str | None, residual: bool) -> str:
+    return "gemm_epilogue." + "_".join(["matmul"] + (["bias"] if bias else [])
+                                       + ([GEMM_ACTIVATIONS[activation]] if activation else [])
+                                       + (["residual"] if residual else []))
+
+
+def intended(spec: dict) -> Intent:
+    """The rewrites, fusions (with variants) and kernels one chain must give.
+
+    * Each exporter-decomposed activation or norm is first rewritten to its op.
+    * A norm takes the adds right before it (skip_layernorm / skip_rms_norm run before
+      gemm_epilogue): the residual add, and the bias add too when no activation sits between
+      ("bias_skip"); without a residual, a bias add right before the norm is its skip.
+      gemm_epilogue fuses the matmul with the activation (and its bias) if there is one.
+      Two kernels: the matmul's and the norm's.
+    * Without a norm, gemm_epilogue takes bias, activation and residual add: one kernel. It
+      declines a residual of another shape than its output (broadcast over a batch), which
+      then is a kernel of its own after a fused epilogue, is fused with a bare matmul by
+      FuseOps, or (a [1, N] residual on a bare matmul) is taken as the bias.
+    """
+    bias, activation, residual, norm = (spec[key] for key in ("bias", "activation", "residual", "norm"))
+    rewrites = collections.Counter(r for r in (ACTIVATION_REWRITES.get(activation), NORM_REWRITES.get(norm)) if r)
+    fusions: collections.Counter = collections.Counter()
+    if norm:
+        skip_norm = "skip_rms_norm" if norm == "rms_norm_decomposed" else "skip_layernorm"
+        bias_with_norm = bool(bias) and not activation
+        if residual or bias_with_norm:
+            fusions[f"{skip_norm}.{'bias_skip' if residual and bias_with_norm else 'skip'}"] += 1
+        if activation:
+            fusions[gemm_variant(bool(bias), activation, residual=False)] += 1
+        return Intent(rewrites, fusions, kernels=2)
+    exact_residual = residual == "full" or (residual == "broadcast" and not spec["batch"])
+    if residual and not exact_residual:
+        if bias or activation:
+            fusions[gemm_variant(bool(bias), activation, residual=False)] += 1
+            return Intent(rewrites, fusions, kernels=2)
+        if spec["rows"] == 1:
+            fusions[gemm_variant(True, None, residual=False)] += 1
+        return Intent(rewrites, fusions, kernels=1)
+    if bias or activation or residual:
+        fusions[gemm_variant(bool(bias), activation, bool(residual))] += 1
+    return Intent(rewrites, fusions, kernels=1)
 
 
 class GraphBuilder:
@@ -130,11 +207,8 @@ def run_tvm(executable, prepared, inputs) -> dict[str, np.ndarray]:
     return CompiledModel(executable, metadata).run(inputs)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(chains=st.lists(chain_strategy, min_size=CHAINS_PER_GRAPH, max_size=CHAINS_PER_GRAPH),
-       seed=st.integers(0, 2**16))
-def test_fused_equals_unfused_equals_onnxruntime(tmp_path_factory, chains, seed):
+def check_chains(tmp_path_factory, chains: list[dict], seed: int) -> None:
+    """Build one graph of ``chains``; the intended fusions fired, and fused == unfused == ORT."""
     import tvm
     from tvm import relax
 
@@ -144,12 +218,38 @@ def test_fused_equals_unfused_equals_onnxruntime(tmp_path_factory, chains, seed)
     path = tmp_path_factory.mktemp("chains") / "chains.onnx"
     onnx.save(builder.model(), str(path))
     prepared = api.prepare(path, load_config())
+    optimized = api.optimize(prepared)
+    want = sum((intended(spec) for spec in chains), Intent(collections.Counter(), collections.Counter(), 0))
+    instances = optimized.report.instances
+    assert collections.Counter(i.pattern for i in instances if i.variant == i.pattern) == want.rewrites, chains
+    assert collections.Counter(i.variant for i in instances if i.variant != i.pattern) == want.fusions, chains
+    assert api.kernel_calls(optimized.module) == want.kernels, chains
+
     rng = np.random.default_rng(seed)
     inputs = {s.name: rng.standard_normal(s.shape).astype("float32") for s in prepared.inputs}
-    fused = run_tvm(api.build(api.optimize(prepared).module, prepared.config), prepared, inputs)
+    fused = run_tvm(api.build(optimized.module, prepared.config), prepared, inputs)
     unfused = run_tvm(tvm.compile(relax.get_pipeline("zero")(prepared.relax_module),
                                   target=prepared.config.tvm_target()), prepared, inputs)
     expected = reference_outputs(prepared.onnx_model, inputs)
     for name, value in expected.items():
         np.testing.assert_allclose(fused[name], value, rtol=RTOL, atol=ATOL, err_msg=f"{name} vs ORT")
         np.testing.assert_allclose(fused[name], unfused[name], rtol=RTOL, atol=ATOL, err_msg=f"{name} vs unfused")
+
+
+graphs = st.lists(chain_strategy, min_size=CHAINS_PER_GRAPH, max_size=CHAINS_PER_GRAPH)
+HYPOTHESIS_SETTINGS = {"deadline": None, "database": None,
+                       "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]}
+
+
+@settings(max_examples=EXAMPLES, derandomize=True, **HYPOTHESIS_SETTINGS)
+@given(chains=graphs, seed=st.integers(0, 2**16))
+def test_fused_equals_unfused_equals_onnxruntime(tmp_path_factory, chains, seed):
+    check_chains(tmp_path_factory, chains, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=SLOW_EXAMPLES, **HYPOTHESIS_SETTINGS)
+@given(chains=graphs, seed=st.integers(0, 2**16))
+def test_many_random_chains(tmp_path_factory, chains, seed):
+    """The long run: new random graphs each time (not derandomized), SLOW_CHAINS chains at least."""
+    check_chains(tmp_path_factory, chains, seed)

@@ -21,8 +21,9 @@ import onnx
 
 from . import __version__
 from .config import PipelineConfig, load_config
-from .errors import ArtifactError, ConfigError, TvmFusionError, VerificationError
+from .errors import ArtifactError, ConfigError, ShapeError, TvmFusionError, VerificationError
 from .export import artifact_dir, write_artifact
+from .files import check_writable
 from .frontend import onnx as onnx_frontend
 from .native_log import captured_native_stderr, summarize
 from .patterns import PatternReport
@@ -79,7 +80,73 @@ def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple[int, ...]]:
         return {name: tuple(dims) for name, dims in shapes.items()}
     if isinstance(shapes, str):
         shapes = [shapes]
-    return dict(onnx_frontend.parse_shape_flag(flag) for flag in shapes)
+    parsed: dict[str, tuple[int, ...]] = {}
+    for flag in shapes:
+        name, dims = onnx_frontend.parse_shape_flag(flag)
+        if parsed.get(name, dims) != dims:
+            given = " and ".join(f"{name}:{'x'.join(map(str, d))}" for d in (parsed[name], dims))
+            raise ShapeError(f"--input-shape gives input {name!r} two different shapes: {given}",
+                             f"pass --input-shape once for {name}")
+        parsed[name] = dims
+    return parsed
+
+
+def check_memory(inputs: list[onnx_frontend.TensorSpec], module=None) -> None:
+    """A ShapeError before any heavy work when the bound shapes cannot fit in memory.
+
+    What a compile or bench holds at least: the inputs, plus the largest tensor the model
+    computes (from the imported module's types, once there is one). Without this check a
+    mistyped dim builds the model and then dies allocating its test inputs.
+    """
+    import psutil
+
+    input_bytes = sum(_tensor_bytes(s.shape, s.dtype) for s in inputs)
+    largest, described = max(_computed_tensors(module), default=(0, "")) if module is not None else (0, "")
+    available = psutil.virtual_memory().available
+    if input_bytes + largest > available:
+        shapes = ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}" for s in inputs)
+        need = f"{_human_bytes(input_bytes)} for its inputs" + (
+            f" plus {_human_bytes(largest)} for its largest intermediate ({described})" if largest else "")
+        raise ShapeError(f"at {shapes} the model needs {need}, but only {_human_bytes(available)} of memory "
+                         "is available", "pass smaller --input-shape dims (the sizes you deploy with), or "
+                         "lower the config's [inputs] defaults")
+
+
+def _tensor_bytes(shape, dtype: str) -> int:
+    import tvm
+
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count * ((tvm.runtime.DataType(dtype).bits + 7) // 8)
+
+
+def _computed_tensors(module):
+    """(bytes, 'dtype[shape]') of every statically shaped tensor bound in ``main``."""
+    from tvm import relax
+
+    def sizes(ty):
+        if isinstance(ty, relax.TupleType):
+            for field in ty.fields:
+                yield from sizes(field)
+        elif isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+            try:
+                shape = [int(dim) for dim in ty.shape.values]
+            except TypeError:  # a symbolic dim
+                return
+            yield _tensor_bytes(shape, str(ty.dtype)), f"{ty.dtype}{shape}"
+
+    for block in getattr(module["main"].body, "blocks", []):
+        for binding in block.bindings:
+            yield from sizes(binding.var.ty)
+
+
+def _human_bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if count < 1024 or unit == "TiB":
+            return f"{count:.1f} {unit}" if unit != "B" else f"{count} B"
+        count /= 1024
+    raise AssertionError("unreachable")
 
 
 def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
@@ -88,11 +155,13 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
     cfg = resolve_config(config)
     model = onnx_frontend.load_onnx(model_path)
     specs = onnx_frontend.bind_input_shapes(model, parse_input_shapes(input_shapes), cfg.dim_defaults)
+    check_memory(specs)
     progress("simplifying shape subgraphs at " + ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}"
                                                            for s in specs))
     simplified = onnx_frontend.simplify(model, specs)
     progress(f"importing {len(simplified.graph.node)} ONNX nodes into Relax")
     module = onnx_frontend.import_model(simplified, specs)
+    check_memory(specs, module)
     return PreparedModel(cfg, Path(model_path).stem, model, specs,
                          onnx_frontend.output_specs(model), module)
 
@@ -223,6 +292,7 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     if Path(output_dir).exists() and not Path(output_dir).is_dir():
         raise ArtifactError(f"output directory {output_dir} is an existing file",
                             "pass a directory with -o/--output-dir")
+    check_writable(output_dir, "the artifact", "-o/--output-dir")
     configs = [resolve_config(config) for config in (configs or [None])]
     names = [cfg.name for cfg in configs]
     for name in names:
@@ -314,7 +384,7 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
     metadata = {
         "model": prepared.name,
         "model_sha256": _sha256(prepared.onnx_model),
-        "inputs": [spec.to_json() for spec in prepared.inputs],
+        "inputs": _input_metadata(prepared),
         "outputs": _declared_outputs(module, prepared.output_names),
         "target": cfg.target,
         "config": cfg.name,
@@ -382,6 +452,20 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
     else:
         status = "matches ONNX Runtime" + (" (run under qemu-aarch64)" if execution.how == "qemu" else "")
     return TargetResult(target_dir, metadata, report, comparisons, target=cfg.name, verification=status)
+
+
+def _input_metadata(prepared: PreparedModel) -> list[dict]:
+    """Names, shapes, dtypes; for an input that indexes a table (token ids), the valid range,
+    which ``CompiledModel.prepare`` checks: TVM's gather does not, and reads out of bounds."""
+    tables = onnx_frontend.index_tables(prepared.onnx_model)
+    specs = []
+    for spec in prepared.inputs:
+        entry = spec.to_json()
+        if spec.name in tables and spec.dtype not in (*onnx_frontend.FLOAT_DTYPES, "bool"):
+            table, rows = tables[spec.name]
+            entry.update(index_range=[-rows, rows - 1], index_table=table)  # ONNX Gather: negatives from the end
+        specs.append(entry)
+    return specs
 
 
 def _declared_outputs(module, names: list[str]) -> list[dict]:

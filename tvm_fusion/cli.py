@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -138,17 +140,39 @@ def _tuning_parsers(commands) -> None:
     diff.add_argument("b")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be, so that the same cleanup runs (staging removed)."""
+
+
+def _raise_terminated(_signum, _frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    if threading.current_thread() is not threading.main_thread():  # signal handlers: main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     say = _progress(not args.quiet)
     try:
-        return COMMANDS[args.command](args, say)
+        with _sigterm_as_interrupt():
+            return COMMANDS[args.command](args, say)
     except TvmFusionError as err:
         print(f"tvm-fusion: error: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("tvm-fusion: interrupted; nothing partial was written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        how, code = ("terminated", 143) if isinstance(interrupt, Terminated) else ("interrupted", 130)
+        print(f"tvm-fusion: {how}; nothing partial was written", file=sys.stderr)
+        return code
 
 
 def _compile(args, say) -> int:
@@ -207,18 +231,17 @@ def _run(args, say) -> int:
     import numpy as np
 
     from .errors import ArtifactError
-    from .runtime import load
+    from .runtime import check_save_dir, load, read_input, save_outputs
 
+    if args.save:
+        check_save_dir(args.save)
     model = load(args.artifact)
     given = {}
     for item in args.input:
         name, sep, path = item.partition("=")
         if not sep:
             raise ArtifactError(f"--input {item!r} is not NAME=FILE.npy", "e.g. --input x=x.npy")
-        try:
-            given[name] = np.load(path)
-        except (OSError, ValueError) as err:
-            raise ArtifactError(f"cannot read --input {name}={path}: {err}", "pass a .npy file") from err
+        given[name] = read_input(name, path)
     rng = np.random.default_rng(0)
     for spec in model.inputs:
         if spec["name"] in given or not args.fill:
@@ -236,15 +259,11 @@ def _run(args, say) -> int:
         model.run_prepared(tensors)
         times.append(time.perf_counter() - start)
     outputs = model.run(given)
+    if args.save:
+        save_outputs(outputs, args.save)
     for name, value in outputs.items():
         print(f"{name}: shape {list(value.shape)} dtype {value.dtype} "
               f"mean {float(np.mean(value)):.6g} std {float(np.std(value)):.6g}")
-        if args.save:
-            os.makedirs(args.save, exist_ok=True)
-            final = Path(args.save) / f"{name}.npy"
-            staging = final.with_name(f".{final.name}.tmp-{os.getpid()}.npy")
-            np.save(staging, value)
-            os.replace(staging, final)
     if args.repeat > 1:
         print(f"median latency over {args.repeat} runs: {np.median(times) * 1e3:.3f} ms")
     return 0
@@ -286,8 +305,11 @@ def _inspect(args, say) -> int:
 
 def _bench(args, say) -> int:
     from .api import bench_model
+    from .files import check_writable
     from .report import table, write_json
 
+    if args.json:
+        check_writable(Path(args.json).parent, "--json results", "--json")
     result = bench_model(args.model, args.config, args.input_shape, repeat=args.repeat,
                          warmup=args.warmup, include_stock=not args.no_stock,
                          tuning_log=_tuning_log_choice(args), progress=say)

@@ -7,6 +7,7 @@ because a silently ignored typo would compile a different pipeline than the user
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
@@ -116,6 +117,29 @@ def _check_platform_keys(target: dict[str, Any], fail) -> None:
         raise fail("target.host", f"has value {host!r}", 'a table like {kind = "llvm", mcpu = "x86-64-v3"}')
 
 
+def llvm_cpu_names(triple: str) -> list[str]:
+    """The CPU names LLVM accepts as ``mcpu`` for ``triple`` (what ``-mcpu=help`` would list)."""
+    import tvm
+    from tvm.target import codegen
+
+    return sorted(set(codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm", "mtriple": triple}))))
+
+
+def _check_mcpu(key: str, mcpu: Any, triple: str | None, fail) -> None:
+    """An unknown CPU name is not an error in LLVM: it warns and emits generic code, silently slow."""
+    if mcpu is None:
+        return
+    from tvm.target import codegen
+
+    triple = triple or str(codegen.llvm_get_system_triple())
+    if isinstance(mcpu, str) and codegen.llvm_is_valid_cpu(mcpu, triple):
+        return
+    close = difflib.get_close_matches(str(mcpu), llvm_cpu_names(triple), n=4, cutoff=0.5)
+    raise fail(key, f"names CPU {mcpu!r}, which LLVM does not know for {triple}",
+               "an LLVM CPU name" + (f" such as {', '.join(close)}" if close else "") + "; list them all with "
+               f"`python -c \"from tvm_fusion.config import llvm_cpu_names; print(*llvm_cpu_names('{triple}'))\"`")
+
+
 def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> PipelineConfig:
     """Validate a parsed TOML document; every error names the file, the key and what is allowed."""
     from .patterns import registered_patterns
@@ -150,6 +174,10 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     if kind == "cuda" and "arch" not in target:
         raise fail("target.arch", "is missing for a cuda target", 'an arch like "sm_80" or "sm_90"')
     _check_platform_keys(target, fail)
+    if kind == "llvm":
+        _check_mcpu("target.mcpu", target.get("mcpu"), target.get("mtriple"), fail)
+    elif isinstance(target.get("host"), dict):
+        _check_mcpu("target.host.mcpu", target["host"].get("mcpu"), target["host"].get("mtriple"), fail)
 
     pipeline = raw.get("pipeline", {})
     known = registered_patterns()

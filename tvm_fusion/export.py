@@ -7,7 +7,6 @@ artifact of the same name stays intact until the new one is complete.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -15,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import ArtifactError
+from .files import (describe, hint_for, missing_folders, remove_empty, remove_stale_staging, staging_path,
+                    temp_files_in)
 from .runtime import LIBRARY_NAME, METADATA_NAME, sha256_of
 
 
@@ -31,42 +32,38 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
     before anything is committed and returns metadata to add; if it raises, nothing is written.
     """
     final_dir = Path(final_dir)
-    # Folders this call creates, deepest first: removed again if ``check`` rejects the artifact.
-    created = [folder for folder in (final_dir.parent, *final_dir.parent.parents) if not folder.exists()]
+    # Folders this call creates, deepest first: removed again if the artifact is not committed.
+    created = missing_folders(final_dir)
     try:
         final_dir.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ArtifactError(f"cannot create the output directory {final_dir.parent}: {err.strerror or err}",
-                            "pass a writable directory with -o/--output-dir") from err
-    staging = final_dir.with_name(f".{final_dir.name}.tmp-{os.getpid()}")
-    retired = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+        raise ArtifactError(f"cannot create the output directory {final_dir.parent}: {describe(err)}",
+                            hint_for(err, "-o/--output-dir")) from err
+    remove_stale_staging(final_dir.parent)
+    staging = staging_path(final_dir)
+    retired = staging_path(final_dir, "old")
     try:
+        staging.mkdir()
         library = staging / LIBRARY_NAME
-        executable.export_library(str(library), **(export_options or {}))
-        if check is not None:
-            try:
+        # TVM's export workspace (lib0.o ...), gcc's and nvcc's temp files: inside the staging.
+        with temp_files_in(staging / ".tmp"):
+            executable.export_library(str(library), **(export_options or {}))
+            if check is not None:
                 metadata = {**metadata, **check(library)}
-            except BaseException:
-                _remove_empty(staging, *created)
-                raise
+        shutil.rmtree(staging / ".tmp")
         metadata = {**metadata, "library": LIBRARY_NAME, "library_sha256": sha256_of(library)}
         (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
         if final_dir.exists():
             final_dir.rename(retired)
         staging.rename(final_dir)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
         if retired.exists() and not final_dir.exists():
             retired.rename(final_dir)
+        remove_empty(created)
+        if isinstance(err, OSError):
+            raise ArtifactError(f"cannot write the artifact {final_dir}: {describe(err)}",
+                                hint_for(err, "-o/--output-dir")) from err
         raise
     shutil.rmtree(retired, ignore_errors=True)
     return final_dir
-
-
-def _remove_empty(staging: Path, *folders: Path) -> None:
-    shutil.rmtree(staging, ignore_errors=True)
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            folder.rmdir()

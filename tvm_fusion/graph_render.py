@@ -10,13 +10,13 @@ names its pattern and the ops it absorbed.
 from __future__ import annotations
 
 import collections
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
 
 from .errors import ArtifactError
+from .files import check_writable, write_file
 
 FORMATS = (".svg", ".png")
 _PALETTE = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5",
@@ -33,6 +33,7 @@ def check_graph_path(path: str | Path) -> Path:
     if path.parent and path.parent.exists() and not path.parent.is_dir():
         raise ArtifactError(f"cannot draw the graph to {path}: {path.parent} is not a directory",
                             "give --graph a path in an existing directory")
+    check_writable(path.parent, f"the graph {path.name}", "--graph")
     return path
 
 
@@ -140,15 +141,12 @@ def render_fusion_graph(model: onnx.ModelProto, groups: Sequence, path: str | Pa
         figure.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / height),
                       ncol=min(len(handles), 6), fontsize=8, frameon=False)
     figure.suptitle(title, y=1 - 0.05 / height, fontsize=11, va="top")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    try:
+
+    def save(staging: Path) -> None:
         with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text: small, searchable
             figure.savefig(staging, format=path.suffix[1:].lower(), bbox_inches="tight", dpi=110)
-        os.replace(staging, path)
-    finally:
-        staging.unlink(missing_ok=True)
-    return path
+
+    return write_file(path, save, "the graph", "--graph")
 
 
 def _mean(values: list[float], default: float) -> float:

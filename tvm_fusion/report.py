@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from .files import write_file
+
 
 def table(headers: list[str], rows: list[list], align: str | None = None) -> str:
     """A fixed-width table; ``align`` is one of 'l'/'r' per column (numbers right by default)."""
@@ -28,11 +30,9 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def write_json(path: str | os.PathLike, data, indent: int = 2, sort_keys: bool = False) -> Path:
-    """Write ``data`` as JSON atomically (temp file beside it, then rename): no half files."""
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    staging.write_text(json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n")
-    os.replace(staging, final)
-    return final
+def write_json(path: str | os.PathLike, data, indent: int = 2, sort_keys: bool = False,
+               flag: str = "--json") -> Path:
+    """Write ``data`` as JSON atomically (temp file beside it, then rename): no half files; an
+    unwritable path is an ArtifactError whose hint names ``flag``."""
+    text = json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n"
+    return write_file(path, lambda staging: staging.write_text(text), "JSON", flag)

@@ -13,6 +13,8 @@ import ml_dtypes  # also registers "bfloat16" as a numpy dtype name
 import numpy as np
 
 from .errors import ArtifactError
+from .files import (check_writable, describe, hint_for, missing_folders, remove_empty, remove_stale_staging,
+                    staging_path)
 from .native_log import captured_native_stderr, summarize
 
 LIBRARY_NAME = "model.so"
@@ -73,6 +75,8 @@ class CompiledModel:
                 raise ArtifactError(f"input {spec['name']!r} has dtype {value.dtype}, expected {spec['dtype']}",
                                     f"convert it with .astype('{spec['dtype']}')"
                                     + (" after `import ml_dtypes`" if spec["dtype"] == "bfloat16" else ""))
+            if "index_range" in spec:
+                _check_index_range(spec, value)
             tensors.append(tvm.runtime.tensor(np.ascontiguousarray(value), self._device))
         return tensors
 
@@ -83,6 +87,74 @@ class CompiledModel:
         result = self.run_prepared(self.prepare(inputs))
         values = [result] if hasattr(result, "numpy") else list(result)
         return {spec["name"]: value.numpy() for spec, value in zip(self.outputs, values)}
+
+
+def _check_index_range(spec: dict, value: np.ndarray) -> None:
+    """Token ids outside the embedding table: TVM would read out of bounds (garbage or a crash)."""
+    low, high = spec["index_range"]
+    if value.size == 0 or (low <= int(value.min()) and int(value.max()) <= high):
+        return
+    where = tuple(int(i) for i in np.argwhere((value < low) | (value > high))[0])
+    raise ArtifactError(
+        f"input {spec['name']!r} holds {value[where]} at {list(where)}, outside its valid range "
+        f"[{low}, {high}]: it indexes the {high + 1}-row table {spec.get('index_table', '')!r}",
+        f"pass ids within [{low}, {high}] (e.g. the tokenizer the model was exported with)")
+
+
+def read_input(name: str, path: str | os.PathLike) -> np.ndarray:
+    """``run --input NAME=FILE``: a .npy, or a .npz archive's array named NAME (or its only array)."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except EOFError:
+        raise ArtifactError(f"cannot read --input {name}={path}: the file is empty",
+                            "pass a .npy file written by np.save (or a .npz by np.savez)") from None
+    except (OSError, ValueError) as err:
+        raise ArtifactError(f"cannot read --input {name}={path}: {err}",
+                            "pass a .npy file written by np.save (or a .npz by np.savez)") from err
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        return loaded
+    with loaded:
+        arrays = loaded.files
+        if name in arrays or len(arrays) == 1:
+            try:
+                return loaded[name if name in arrays else arrays[0]]
+            except (OSError, ValueError, EOFError) as err:
+                raise ArtifactError(f"cannot read --input {name}={path}: {err or 'truncated archive'}",
+                                    "pass an archive written by np.savez") from err
+    raise ArtifactError(f"--input {name}={path} is a .npz archive of {len(arrays)} arrays "
+                        f"({', '.join(arrays) or 'none'}), none named {name!r}",
+                        f"store the array as {name} (np.savez(file, {name}=array)) or pass a .npy")
+
+
+def check_save_dir(directory: str | os.PathLike) -> None:
+    """``run --save DIR``: fail before the run if DIR is a file or on a read-only file system."""
+    check_writable(directory, "the outputs", "--save")
+
+
+def save_outputs(outputs: Mapping[str, np.ndarray], directory: str | os.PathLike) -> list[Path]:
+    """Write each output to ``DIR/<name>.npy``: all of them or, on failure, none (and no staging)."""
+    directory = Path(directory)
+    created = missing_folders(directory / "x")
+    staged: list[tuple[Path, Path]] = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(directory)
+        for name, value in outputs.items():
+            final = directory / f"{name}.npy"
+            staged.append((staging_path(final), final))
+            with open(staged[-1][0], "wb") as stream:  # a file object: np.save adds no suffix
+                np.save(stream, value)
+        for staging, final in staged:
+            os.replace(staging, final)
+    except BaseException as err:
+        for staging, _ in staged:
+            staging.unlink(missing_ok=True)
+        remove_empty(created)
+        if isinstance(err, OSError):
+            raise ArtifactError(f"cannot write the outputs into {directory}: {describe(err)}",
+                                hint_for(err, "--save")) from err
+        raise
+    return [final for _, final in staged]
 
 
 def _as_bfloat16_if_saved(value: np.ndarray, dtype: str) -> np.ndarray:
@@ -154,6 +226,18 @@ def _checked_metadata(text: str) -> dict:
         for spec in metadata[section]:
             if not isinstance(spec, dict) or any(field not in spec for field in fields):
                 raise ValueError(f"an entry of {section!r} lacks one of {', '.join(fields)}")
+    for spec in metadata["inputs"]:
+        name = spec["name"]
+        if not isinstance(name, str) or not isinstance(spec["dtype"], str):
+            raise ValueError(f"input {name!r}: 'name' and 'dtype' must be strings")
+        if not _int_list(spec["shape"]) or any(dim < 0 for dim in spec["shape"]):
+            raise ValueError(f"input {name!r}: 'shape' is {spec['shape']!r}, not a list of non-negative integers")
+        if "index_range" in spec and not (_int_list(spec["index_range"]) and len(spec["index_range"]) == 2):
+            raise ValueError(f"input {name!r}: 'index_range' is {spec['index_range']!r}, not [low, high]")
     if not isinstance(metadata.get("target", {}), dict):
         raise ValueError("field 'target' is not an object")
     return metadata
+
+
+def _int_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)

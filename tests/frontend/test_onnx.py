@@ -155,10 +155,42 @@ def test_unbound_named_dim():
     assert "seq = N under [inputs]" in err.hint
 
 
-def test_unbound_anonymous_dim():
+def test_unbound_anonymous_dim_is_named_after_input_and_axis():
     err = shape_error(bind_input_shapes, two_input_model(), {}, {"batch": 2, "seq": 3})
-    assert "input 'c' dim 1 is dynamic and unbound" in err.message
-    assert "--input-shape c:3xN" in err.hint and "[inputs]" not in err.hint
+    assert "input 'c' dim 1 ('c_dim1') is dynamic and unbound" in err.message
+    assert "--input-shape c:3xN" in err.hint and "c_dim1 = N under [inputs]" in err.hint
+    assert bind_input_shapes(two_input_model(), {}, {"batch": 2, "seq": 3, "c_dim1": 7})[2].shape == (3, 7)
+
+
+def negative_dim_model() -> onnx.ModelProto:
+    """paddle2onnx's spelling of a dynamic batch: ``dim_value: -1`` instead of a ``dim_param``."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3, 8])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "negative_dim", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_negative_dim_value_is_dynamic_and_binds_from_the_flag():
+    assert bind_input_shapes(negative_dim_model(), {"x": (4, 3, 8)})[0].shape == (4, 3, 8)
+    err = shape_error(bind_input_shapes, negative_dim_model(), {"x": (4, 2, 8)})
+    assert "'x' dim 1 is fixed to 3" in err.message  # the positive dims stay fixed
+
+
+def test_negative_dim_value_binds_from_config_under_its_generated_name():
+    err = shape_error(bind_input_shapes, negative_dim_model(), {})
+    assert "input 'x' dim 0 ('x_dim0') is dynamic and unbound" in err.message
+    assert "--input-shape x:Nx3x8" in err.hint and "x_dim0 = N under [inputs]" in err.hint
+    assert bind_input_shapes(negative_dim_model(), {}, {"x_dim0": 5})[0].shape == (5, 3, 8)
+
+
+def test_negative_dim_model_compiles_and_verifies(tmp_path, config_path):
+    from tvm_fusion.api import compile_model
+
+    path = tmp_path / "negative_dim.onnx"
+    onnx.save(negative_dim_model(), path)
+    result = compile_model(path, config_path(), ["x:2x3x8"], output_dir=tmp_path / "build")
+    assert result.metadata["inputs"][0]["shape"] == [2, 3, 8]
+    assert all(o["within_tolerance"] for o in result.metadata["verification"]["outputs"])
 
 
 def test_wrong_rank():

@@ -11,6 +11,7 @@ import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
+from machine import host_target
 from tvm import relax
 
 from tvm_fusion import api
@@ -22,7 +23,7 @@ from tvm_fusion.patterns.dropout_training import emit_dropout_training
 from tvm_fusion.runtime import CompiledModel
 from tvm_fusion.schedules import ApplySchedules
 
-TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+TARGET = tvm.target.Target(host_target())
 PATTERNS = ["gelu_erf", "dropout", "dropout_training", "gemm_epilogue"]
 
 
@@ -92,7 +93,7 @@ def ffn_dropout_model(training=True, ratio=0.1, seed=7, m=16, k=32, n=64,
 
 
 def config(patterns):
-    return parse_config({"target": {"kind": "llvm", "mcpu": "znver5", "num-cores": 2},
+    return parse_config({"target": host_target(),
                          "pipeline": {"patterns": patterns}}, name="test")
 
 

@@ -6,6 +6,7 @@ import onnxruntime as ort
 import pytest
 import tvm
 from onnx import TensorProto, helper
+from machine import host_target
 from tvm import relax
 
 from tvm_fusion import api
@@ -43,7 +44,7 @@ def eye_like_add_model(shape=(8, 8), k=0, dtype=None, input_type=TensorProto.FLO
 def compile_onnx(model, tmp_path, patterns):
     path = tmp_path / f"model-{len(patterns)}.onnx"
     onnx.save(model, str(path))
-    cfg = parse_config({"target": {"kind": "llvm", "mcpu": "znver5", "num-cores": 2},
+    cfg = parse_config({"target": host_target(),
                         "pipeline": {"patterns": patterns}}, name="test")
     prepared = api.prepare(path, cfg)
     optimized = api.optimize(prepared)

@@ -5,7 +5,10 @@ import pytest
 import tvm
 from tvm import relax
 
-TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+from loop_structure import float_lanes
+from machine import host_target
+
+TARGET = tvm.target.Target(host_target())  # the code is run here
 
 
 def _lower(fn, **shapes) -> tvm.IRModule:
@@ -41,6 +44,12 @@ def target():
 
 
 @pytest.fixture
+def lanes():
+    """float32 lanes of one vector register of the host target (8 on AVX2, 16 on AVX-512)."""
+    return float_lanes(TARGET)
+
+
+@pytest.fixture
 def lowered():
     """lowered(fn, x=shape, w=shape...) -> IRModule after the zero pipeline."""
     return _lower
@@ -57,14 +66,16 @@ def prim_funcs():
 @pytest.fixture
 def assert_schedule_matches():
     """Schedule every PrimFunc of the lowered graph with `rule` (it must answer for each),
-    build both modules and compare their outputs on random inputs."""
+    build both modules and compare their outputs on random inputs; returns the scheduled
+    PrimFuncs by name, for the test to check the loop structure the rule promises."""
 
     def check(rule, fn, rtol=1e-5, atol=1e-5, **shapes):
         mod = _lower(fn, **shapes)
         rng = np.random.default_rng(0)
         inputs = [rng.standard_normal(shape).astype("float32") for shape in shapes.values()]
         expected = _run(mod, inputs)
-        actual = _run(_schedule_with(rule, mod), inputs)
-        np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
+        scheduled = _schedule_with(rule, mod)
+        np.testing.assert_allclose(_run(scheduled, inputs), expected, rtol=rtol, atol=atol)
+        return {gv.name_hint: f for gv, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
     return check

@@ -9,6 +9,7 @@ import sys
 import pytest
 import tvm
 import tvm_ffi
+from machine import HOST_MCPU, OTHER_MCPU, host_target, other_target
 from tuning_helpers import ADD, GELU, add_record, other_schedule
 
 from tvm_fusion.tuning import logs
@@ -17,9 +18,9 @@ from tvm_fusion.tuning.store import (RECORD_FILE, WORKLOAD_FILE, TuningLogError,
 
 
 def test_target_key_separates_machine_classes():
-    base = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}
-    assert target_key(base) == "llvm-znver5-2c"
-    keys = {target_key(base), target_key({**base, "mcpu": "znver4"}), target_key({**base, "num-cores": 8}),
+    base = host_target()
+    assert target_key(base) == f"llvm-{HOST_MCPU}-2c"
+    keys = {target_key(base), target_key({**base, "mcpu": OTHER_MCPU}), target_key({**base, "num-cores": 8}),
             target_key({**base, "mattr": ["+avx2"]}), target_key({"kind": "llvm", "num-cores": 2})}
     assert len(keys) == 5
 
@@ -123,7 +124,7 @@ def test_merge_keeps_the_best_record_per_workload(tmp_path, mlp_tasks, mlp_prepa
     add_record(machine_a, mlp_tasks[ADD], other_schedule(mlp_tasks[ADD]), 7e-6, target)
     add_record(machine_b, mlp_tasks[ADD], other_schedule(mlp_tasks[ADD]), 2e-6, target)
     add_record(machine_b, mlp_tasks[GELU], mlp_tasks[GELU].hand_schedule, 8e-6, target)
-    other = {"kind": "llvm", "mcpu": "znver4", "num-cores": 16}
+    other = other_target(num_cores=16)
     add_record(machine_b, mlp_tasks[GELU], mlp_tasks[GELU].hand_schedule, 1e-6, tvm.target.Target(other))
 
     report = logs.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "merged")
@@ -147,7 +148,7 @@ def test_prune_drops_failed_foreign_and_slower_records(store, mlp_tasks, mlp_pre
     target = mlp_prepared.config.tvm_target()
     add_record(store, mlp_tasks[GELU], other_schedule(mlp_tasks[GELU]), 1e10, target)  # failed run
     add_record(store, mlp_tasks[GELU], mlp_tasks[GELU].hand_schedule, 1e-7,
-               tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}))
+               tvm.target.Target(other_target()))
     (report,) = logs.prune(store)
     assert report.kept == 2
     assert report.dropped == {"other target": 1, "failed measurement": 1, "beyond the best 1": 2}

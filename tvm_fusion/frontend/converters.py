@@ -11,6 +11,7 @@
   nearest source pixel (ONNX says floor: its output differs from ONNX Runtime's) and fails to
   import opset 9, where the scales are an input. Ours is ``resize2d`` with Upsample's
   asymmetric coordinates and floor.
+* LSTM, GRU: TVM has no converter (CRNN OCR recognizers use them); ours are in ``recurrent.py``.
 
 Everything else goes to TVM's own converters.
 """
@@ -25,8 +26,11 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, get_constan
 from ..errors import ModelError
 from ..patterns.dropout_training import emit_dropout_training
 from ..patterns.eye_like_add import emit_eye_like
+from .recurrent import convert_gru, convert_lstm
 
 _DEFAULT_RATIO = 0.5
+# Ops converted only here: TVM's importer (and its unsupported-op check) does not know them.
+OWN_OPS = frozenset({"LSTM", "GRU"})
 
 
 class Importer(ONNXGraphImporter):
@@ -38,11 +42,26 @@ class Importer(ONNXGraphImporter):
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
         convert = {"Dropout": self._dropout, "EyeLike": self._eye_like,
-                   "Upsample": self._upsample}.get(op_name)
+                   "Upsample": self._upsample, "LSTM": self._recurrent(convert_lstm),
+                   "GRU": self._recurrent(convert_gru)}.get(op_name)
         converted = convert(inputs, attrs, opset) if convert is not None else None
         if converted is None:
             return super()._convert_operator(op_name, inputs, attrs, opset)
         return self.bb.normalize(converted)
+
+    def _check_for_unsupported_ops(self, graph):
+        """TVM's check would refuse the ops only we convert; ours counts them."""
+        from .onnx import unsupported_ops, unsupported_ops_message
+
+        missing = unsupported_ops(graph)
+        if missing:
+            raise ModelError(*unsupported_ops_message(missing))
+
+    def _recurrent(self, convert):
+        def run(inputs, attrs, _opset):
+            return convert(self.bb, inputs, attrs, lambda e: get_constant(e, [self._nodes, self._params]))
+
+        return run
 
     def _dropout(self, inputs, attrs, opset):
         if opset < 12 or len(inputs) < 3 or inputs[2] is None:

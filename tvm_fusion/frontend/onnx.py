@@ -55,6 +55,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     if not model.graph.node:
         raise ModelError(f"{path} is not an ONNX model: it has no graph nodes",
                          "pass a .onnx file written by an ONNX exporter")
+    _check_opset(model, path)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as err:
@@ -62,6 +63,17 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         raise ModelError(f"{path} is not a valid ONNX model: {first_line}",
                          "re-export the model; onnx.checker.check_model must pass") from err
     return model
+
+
+def _check_opset(model: onnx.ModelProto, path: Path) -> None:
+    """A default-domain opset newer than the installed onnx knows: its ops' meaning is unknown
+    here (the checker lets it through, and the importer would guess)."""
+    known = onnx.defs.onnx_opset_version()
+    declared = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if declared > known:
+        raise ModelError(f"{path} declares ONNX opset {declared}, newer than the installed onnx "
+                         f"{onnx.__version__} knows (up to opset {known})",
+                         f"export the model at opset {known} or lower, or upgrade onnx")
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -114,7 +126,7 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
                 raise ShapeError(f"input {value.name!r} has rank {len(dims)} but --input-shape gives "
                                  f"{len(given)} dims {given}", f"give {len(dims)} dims")
             for axis, (dim, size) in enumerate(zip(dims, given)):
-                if dim.HasField("dim_value") and dim.dim_value != size:
+                if _fixed(dim) and dim.dim_value != size:
                     raise ShapeError(f"input {value.name!r} dim {axis} is fixed to {dim.dim_value} "
                                      f"in the model, but --input-shape gives {size}",
                                      f"use {dim.dim_value} for that dim")
@@ -122,19 +134,31 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
             continue
         shape = []
         for axis, dim in enumerate(dims):
-            if dim.HasField("dim_value"):
+            name = dynamic_dim_name(value.name, axis, dim)
+            if _fixed(dim):
                 shape.append(dim.dim_value)
-            elif dim.dim_param and dim.dim_param in dim_defaults:
-                shape.append(dim_defaults[dim.dim_param])
+            elif name in dim_defaults:
+                shape.append(dim_defaults[name])
             else:
-                label = f" ({dim.dim_param!r})" if dim.dim_param else ""
-                example = "x".join(str(d.dim_value) if d.HasField("dim_value") else "N" for d in dims)
+                example = "x".join(str(d.dim_value) if _fixed(d) else "N" for d in dims)
                 raise ShapeError(
-                    f"input {value.name!r} dim {axis}{label} is dynamic and unbound",
-                    f"pass --input-shape {value.name}:{example} (N = the size you deploy with)"
-                    + (f", or set {dim.dim_param} = N under [inputs] in the config" if dim.dim_param else ""))
+                    f"input {value.name!r} dim {axis} ({name!r}) is dynamic and unbound",
+                    f"pass --input-shape {value.name}:{example} (N = the size you deploy with), "
+                    f"or set {name} = N under [inputs] in the config")
         specs.append(TensorSpec(value.name, tuple(shape), dtype))
     return specs
+
+
+def _fixed(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    """A dim the model fixes. paddle2onnx writes dynamic dims as ``dim_value: -1`` (ONNX Runtime
+    and OpenVINO read a negative dim as unknown), so only a non-negative value is fixed."""
+    return dim.HasField("dim_value") and dim.dim_value >= 0
+
+
+def dynamic_dim_name(input_name: str, axis: int, dim: onnx.TensorShapeProto.Dimension) -> str:
+    """The name a dynamic dim is bound by under ``[inputs]``: its ``dim_param``, or for an unnamed
+    dim (no ``dim_param``, or a negative ``dim_value``) ``<input>_dim<axis>``."""
+    return dim.dim_param or f"{input_name}_dim{axis}"
 
 
 def _input_tensor_type(value: onnx.ValueInfoProto) -> onnx.TypeProto.Tensor:
@@ -181,13 +205,16 @@ def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProt
         return model
 
 
-def unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
-    """Op type -> node names, for every node TVM's ONNX importer has no converter for."""
+def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[str]]:
+    """Op type -> node names, for every node neither TVM's importer nor ours can convert."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    supported = _get_convert_map()
+    from .converters import OWN_OPS
+
+    supported = set(_get_convert_map()) | OWN_OPS
     missing: dict[str, list[str]] = collections.defaultdict(list)
-    for index, node in enumerate(model.graph.node):
+    graph = model.graph if isinstance(model, onnx.ModelProto) else model
+    for index, node in enumerate(graph.node):
         default_domain = node.domain in ("", "ai.onnx")
         if node.op_type not in supported or not default_domain:
             # A custom-domain op is named with its domain: "com.microsoft.Gelu", not "Gelu".
@@ -196,16 +223,21 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
     return dict(missing)
 
 
+def unsupported_ops_message(missing: dict[str, list[str]]) -> tuple[str, str]:
+    """The error (message, fix) for ``unsupported_ops``' answer: each op with its first nodes."""
+    listing = "; ".join(f"{op} (nodes: {', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''})"
+                        for op, nodes in sorted(missing.items()))
+    return (f"the model uses ONNX ops TVM cannot import: {listing}",
+            "replace these ops in the exporter (or export at another opset)")
+
+
 def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):
     """Import a simplified model into a Relax IRModule with static input shapes."""
-    from .converters import from_onnx  # TVM's importer + our Dropout/EyeLike converters
+    from .converters import from_onnx  # TVM's importer + our converters (Dropout, EyeLike, LSTM, ...)
 
     missing = unsupported_ops(model)
     if missing:
-        listing = "; ".join(f"{op} (nodes: {', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''})"
-                            for op, nodes in sorted(missing.items()))
-        raise ModelError(f"the model uses ONNX ops TVM cannot import: {listing}",
-                         "replace these ops in the exporter (or export at another opset)")
+        raise ModelError(*unsupported_ops_message(missing))
     try:
         return from_onnx(model, shape_dict={s.name: list(s.shape) for s in inputs},
                          dtype_dict={s.name: s.dtype for s in inputs})
@@ -220,7 +252,7 @@ def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):
 def random_inputs(model: onnx.ModelProto, inputs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:
     """Seeded inputs that are valid for the model: indices stay inside the table they index."""
     rng = np.random.default_rng(seed)
-    index_limits = _gather_index_limits(model)
+    index_limits = {name: rows for name, (_table, rows) in index_tables(model).items()}
     values = {}
     for spec in inputs:
         if spec.dtype in FLOAT_DTYPES:
@@ -236,8 +268,9 @@ def random_inputs(model: onnx.ModelProto, inputs: list[TensorSpec], seed: int) -
 VIEW_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity")
 
 
-def _gather_index_limits(model: onnx.ModelProto) -> dict[str, int]:
-    """Input name -> rows of the initializer it indexes (token ids, positions), seen through views."""
+def index_tables(model: onnx.ModelProto) -> dict[str, tuple[str, int]]:
+    """Input name -> (initializer, rows) of the smallest table it indexes (token ids, positions),
+    seen through views. TVM gathers without a bounds check: the runtime checks these instead."""
     rows = {init.name: init.dims[0] for init in model.graph.initializer if init.dims}
     consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
     for node in model.graph.node:
@@ -253,7 +286,8 @@ def _gather_index_limits(model: onnx.ModelProto) -> dict[str, int]:
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                 if (node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == tensor
                         and node.input[0] in rows and axis == 0):
-                    limits[value.name] = min(limits.get(value.name, rows[node.input[0]]), rows[node.input[0]])
+                    table = (node.input[0], rows[node.input[0]])
+                    limits[value.name] = min(limits.get(value.name, table), table, key=lambda t: t[1])
                 elif node.op_type in VIEW_OPS and node.input[0] == tensor:
                     frontier.extend(out for out in node.output if out not in seen)
     return limits

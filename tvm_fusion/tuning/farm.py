@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +47,11 @@ def wait_for_port(host: str, port: int, timeout_s: float = 30.0) -> None:
 def start_tracker(port: int, host: str = LOOPBACK) -> subprocess.Popen:
     process = _spawn(["tvm.exec.rpc_tracker", "--host", host, "--port", str(port), "--port-end", str(port + 1)],
                      None)
-    wait_for_port(host, port)
+    try:
+        wait_for_port(host, port)
+    except BaseException:  # not listening, or stopped meanwhile: leave no tracker behind
+        stop(process)
+        raise
     return process
 
 
@@ -102,16 +107,26 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("--port", type=int, default=9090)
     server.add_argument("--threads", type=int, default=None, help="TVM_NUM_THREADS for measurements")
     args = parser.parse_args(argv)
-    if args.role == "tracker":
-        process = start_tracker(args.port, args.host)
-    else:
-        process = start_server(args.tracker, args.key, args.port, args.host, args.threads)
-    print(f"{args.role} pid {process.pid} on {args.host}:{args.port}; Ctrl-C stops it", file=sys.stderr)
+    # SIGTERM (kill, systemd, a CI runner) stops the children like Ctrl-C: they would outlive us.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    process = None
     try:
+        if args.role == "tracker":
+            process = start_tracker(args.port, args.host)
+        else:
+            process = start_server(args.tracker, args.key, args.port, args.host, args.threads)
+        print(f"{args.role} pid {process.pid} on {args.host}:{args.port}; Ctrl-C or SIGTERM stops it",
+              file=sys.stderr)
         process.wait()
     except KeyboardInterrupt:
-        stop(process)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
+        if process is not None:
+            stop(process)
     return 0
+
+
+def _raise_interrupt(_signum, _frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -56,12 +56,18 @@ def _rows(contents: StoreContents) -> list[KernelRow]:
 
 
 def show(path: str | Path) -> tuple[list[KernelRow], list[str]]:
-    """Per kernel: trials, failures, best and hand-schedule latency; plus damaged-line notes."""
+    """Per kernel: trials, failures, best and hand-schedule latency; plus damaged-line notes.
+    A path without any record is a TuningLogError."""
     rows, notes = [], []
     for directory in store_dirs(path):
         contents = read_store(directory)
         rows += _rows(contents)
         notes += [str(p) for p in contents.problems]
+    if not rows:  # an empty table would read as "nothing tuned yet" for a mistyped path
+        damaged = f" ({len(notes)} damaged line(s), first: {notes[0]})" if notes else ""
+        raise TuningLogError(f"no tuning records found in {path}{damaged}",
+                             "pass a store (tuning_logs/<target-key>/) or a log root that `tvm-fusion tune` "
+                             "wrote into")
     return rows, notes
 
 

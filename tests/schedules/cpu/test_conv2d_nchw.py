@@ -1,10 +1,29 @@
 """Conv2dNCHW: register-blocked direct conv with its epilogue fused per output tile."""
 
 import pytest
+from loop_structure import largest_divisor, loop_kinds, whole_vectors
 from tvm import relax
 from tvm.relax.op import add, matmul, nn
 
 from tvm_fusion.schedules.cpu import Conv2dNCHW
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride, padded):
+    """Output rows (batch x channel tiles x rows) across cores; a tile of channels x columns,
+    the columns whole vectors (two when the stride is 1) or a divisor of the row, the channels
+    unrolled so that the tile holds at most 16 accumulator vectors; the pad copy is a parallel
+    pass of its own."""
+    cols = whole_vectors(columns, lanes, 2 if stride == 1 else 1) or largest_divisor(columns, lanes)
+    channel_tile = largest_divisor(channels, 16 // -(-cols // lanes))
+    loops = loop_kinds(func)
+    conv_rows = batch * (channels // channel_tile) * rows
+    assert loops.parallel[-1] == conv_rows and len(loops.parallel) == (2 if padded else 1)
+    assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2
+    assert channel_tile in loops.unrolled
 
 
 @pytest.mark.parametrize(
@@ -15,25 +34,31 @@ from tvm_fusion.schedules.cpu import Conv2dNCHW
      ((2, 8, 9, 11), (12, 4, 3, 3), 1, 2, 2, 2),        # batch 2, dilated, grouped, odd sizes
      ((1, 16, 7, 7), (24, 16, 5, 5), 2, 2, 1, 1)],      # 5x5 stride 2 on a 7x7 map
 )
-def test_conv_bias_relu_matches_unscheduled(assert_schedule_matches, x, w, strides, padding, dilation, groups):
+def test_conv_bias_relu_matches_unscheduled(assert_schedule_matches, lanes, x, w, strides, padding, dilation,
+                                            groups):
     channels = w[0]
 
     def block(x, w, b):
         conv = nn.conv2d(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups)
         return nn.relu(add(conv, b))
 
-    assert_schedule_matches(Conv2dNCHW(), block, rtol=1e-4, atol=1e-4, x=x, w=w, b=(1, channels, 1, 1))
+    funcs = assert_schedule_matches(Conv2dNCHW(), block, rtol=1e-4, atol=1e-4, x=x, w=w, b=(1, channels, 1, 1))
+    (func,) = funcs.values()
+    rows, columns = (output_size(x[i], w[i], strides, padding, dilation) for i in (2, 3))
+    assert_register_blocked(func, lanes, x[0], channels, rows, columns, strides, padded=padding > 0)
 
 
-def test_residual_and_hardswish_epilogue(assert_schedule_matches):
+def test_residual_and_hardswish_epilogue(assert_schedule_matches, lanes):
     def block(x, w, r):
         conv = nn.conv2d(x, w, padding=1)
         hardswish = relax.op.multiply(conv, relax.op.clip(relax.op.add(relax.op.multiply(
             conv, relax.const(1 / 6, "float32")), relax.const(0.5, "float32")), 0, 1))
         return nn.relu(add(hardswish, r))
 
-    assert_schedule_matches(Conv2dNCHW(), block, rtol=1e-4, atol=1e-4, x=(1, 8, 12, 12), w=(8, 8, 3, 3),
-                            r=(1, 8, 12, 12))
+    funcs = assert_schedule_matches(Conv2dNCHW(), block, rtol=1e-4, atol=1e-4, x=(1, 8, 12, 12),
+                                    w=(8, 8, 3, 3), r=(1, 8, 12, 12))
+    (func,) = funcs.values()
+    assert_register_blocked(func, lanes, 1, 8, 12, 12, 1, padded=True)
 
 
 def test_declines_depthwise_and_matmul(lowered, prim_funcs, target):

@@ -3,14 +3,18 @@
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
+from loop_structure import float_lanes, largest_divisor, loop_kinds
+from machine import host_target
 from tvm import relax
 from tvm.relax.op import add, nn
 
 from tvm_fusion.passes.pipeline import lowering_passes
 from tvm_fusion.schedules.cpu import Conv2dNCHW, Conv2dNCHWc
+from tvm_fusion.schedules.cpu.target_info import vector_registers
 
-BLOCK = 16
+# One vector register of channels, the block the pipeline picks for this host (the rule
+# declines a block wider than a register).
+BLOCK = float_lanes(tvm.target.Target(host_target()))
 
 
 def out_shape(x, w, stride, pad, dilation):
@@ -19,7 +23,7 @@ def out_shape(x, w, stride, pad, dilation):
 
 
 def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
-    """The one PrimFunc of ``relu(conv2d(x, w) + b) [+ r]`` in NCHW16c after our lowering."""
+    """The one PrimFunc of ``relu(conv2d(x, w) + b) [+ r]`` in NCHW[BLOCK]c after our lowering."""
     shapes = {"x": x, "w": w, "b": (1, w[0], 1, 1, BLOCK)}
     if residual:
         shapes["r"] = out_shape(x, w, stride, pad, dilation)
@@ -28,7 +32,7 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     with builder.function("main", params):
         with builder.dataflow():
             conv = nn.conv2d(params[0], params[1], strides=stride, padding=pad, dilation=dilation,
-                             data_layout="NCHW16c", kernel_layout="OIHW16i16o")
+                             data_layout=f"NCHW{BLOCK}c", kernel_layout=f"OIHW{BLOCK}i{BLOCK}o")
             out = nn.relu(add(conv, params[2]))
             if residual:
                 out = add(out, params[3])
@@ -58,13 +62,24 @@ def test_blocked_conv_matches_the_unscheduled_kernel(target, x, w, stride, pad, 
     kernel, shapes = blocked_conv_kernel(x, w, stride, pad, dilation, residual)
     sch = Conv2dNCHWc().apply(kernel, target, False)
     assert sch is not None
-    loops = []
-    tvm_ffi.structural_walk(sch.mod["main"].body, (tvm.tirx.For, loops.append))
-    kinds = {loop.kind for loop in loops}
-    assert tvm.tirx.ForKind.PARALLEL in kinds and tvm.tirx.ForKind.VECTORIZED in kinds
     result_shape = out_shape(x, w, stride, pad, dilation)
+    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0)
     np.testing.assert_allclose(run(sch.mod["main"], shapes, result_shape, target),
                                run(kernel, shapes, result_shape, target), rtol=1e-4, atol=1e-4)
+
+
+def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded):
+    """Output rows (batch x channel-block tiles x rows) across cores; a tile of up to 8 pixels
+    x 2 channel blocks (1 when 16 vector registers cannot hold 2 x pixels accumulators plus
+    operands), both unrolled, the channel block one vector; the pad copy a parallel pass."""
+    batch, channel_blocks, rows, columns, _ = result_shape
+    pixels = largest_divisor(columns, 8)
+    blocks = 2 if channel_blocks % 2 == 0 and 2 * pixels <= vector_registers(target) // 2 else 1
+    loops = loop_kinds(func)
+    assert loops.parallel[-1] == batch * (channel_blocks // blocks) * rows
+    assert len(loops.parallel) == (2 if padded else 1)
+    assert loops.vectorized == [BLOCK] * len(loops.vectorized) and len(loops.vectorized) >= 2
+    assert pixels in loops.unrolled and blocks in loops.unrolled
 
 
 def test_the_nchw_rule_declines_a_blocked_conv_and_vice_versa(lowered, prim_funcs, target):

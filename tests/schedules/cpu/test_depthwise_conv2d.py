@@ -1,6 +1,7 @@
 """DepthwiseConv2d: one filter per channel, window unrolled over a vector tile of columns."""
 
 import pytest
+from loop_structure import largest_divisor, loop_kinds, whole_vectors
 from tvm.relax.op import add, nn
 
 from tvm_fusion.schedules.cpu import DepthwiseConv2d
@@ -10,14 +11,24 @@ from tvm_fusion.schedules.cpu import DepthwiseConv2d
     "shape, kernel, strides, padding",
     [((1, 16, 28, 28), 3, 1, 1), ((1, 96, 14, 14), 5, 2, 2), ((2, 24, 9, 13), 3, 2, 1), ((1, 8, 7, 7), 7, 1, 3)],
 )
-def test_depthwise_bias_relu_matches_unscheduled(assert_schedule_matches, shape, kernel, strides, padding):
-    channels = shape[1]
+def test_depthwise_bias_relu_matches_unscheduled(assert_schedule_matches, lanes, shape, kernel, strides, padding):
+    """Also: (batch x channel x output row) across cores after a parallel pad pass, up to 4
+    vectors of output columns per tile (a divisor of the row when vectors do not divide it),
+    the window taps unrolled."""
+    batch, channels, height, width = shape
 
     def block(x, w, b):
         return nn.relu(add(nn.conv2d(x, w, strides=strides, padding=padding, groups=channels), b))
 
-    assert_schedule_matches(DepthwiseConv2d(), block, rtol=1e-4, atol=1e-4, x=shape,
-                            w=(channels, 1, kernel, kernel), b=(1, channels, 1, 1))
+    funcs = assert_schedule_matches(DepthwiseConv2d(), block, rtol=1e-4, atol=1e-4, x=shape,
+                                    w=(channels, 1, kernel, kernel), b=(1, channels, 1, 1))
+    (func,) = funcs.values()
+    rows, columns = ((size + 2 * padding - kernel) // strides + 1 for size in (height, width))
+    cols = whole_vectors(columns, lanes, 4) or largest_divisor(columns, lanes)
+    loops = loop_kinds(func)
+    assert loops.parallel == [batch * channels * (height + 2 * padding), batch * channels * rows]
+    assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2
+    assert loops.unrolled.count(kernel) >= 2  # both window loops
 
 
 def test_declines_dense_conv(lowered, prim_funcs, target):

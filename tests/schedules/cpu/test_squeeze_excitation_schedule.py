@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from machine import host_target
 from tvm import relax
 from tvm.relax.op import add, mean, nn, sigmoid
 
@@ -30,7 +31,7 @@ def fused_gate_kernel(channels: int, squeezed: int, size: int):
         with builder.dataflow():
             out = builder.emit_output(squeeze_excitation(*params))
         builder.emit_func_output(out)
-    config = parse_config({"target": {"kind": "llvm", "mcpu": "znver5", "num-cores": 2},
+    config = parse_config({"target": host_target(),
                            "pipeline": {"patterns": ["squeeze_excitation"]}}, name="test")
     mod = fusion_pipeline(config, PatternReport(), phases=("canonicalize", "fuse", "lower"))(builder.get())
     (kernel,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]

@@ -20,8 +20,12 @@ class Fallback(ScheduleRule):
         sch = s_tir.Schedule(func)
         for block in sch.get_child_blocks(get_root_block(sch)):
             leading = _leading_spatial_loops(sch, block)
-            if leading:
+            if not leading:
+                continue
+            try:
                 sch.parallel(sch.fuse(*leading))
+            except s_tir.ScheduleError:
+                continue  # parallel refuses blocks with an opaque axis (a scan): left serial
         return sch
 
 

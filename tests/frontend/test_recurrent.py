@@ -1,0 +1,169 @@
+"""LSTM and GRU converters (frontend/recurrent.py) against ONNX Runtime, and the nodes they refuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from tvm_fusion.errors import ModelError
+from tvm_fusion.frontend import onnx as onnx_frontend
+
+SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 6
+GATES = {"LSTM": 4, "GRU": 3}
+
+
+def recurrent_model(kind: str, direction: str = "forward", layout: int = 0, bias: bool = True,
+                    initial: bool = False, peepholes: bool = False, seed: int = 0,
+                    sequence_lens: np.ndarray | None = None, outputs: tuple[str, ...] | None = None,
+                    **attrs) -> onnx.ModelProto:
+    """One LSTM/GRU node with random weights as initializers; x (and states) as graph inputs."""
+    rng = np.random.default_rng(seed)
+    dirs = 2 if direction == "bidirectional" else 1
+    gates = GATES[kind]
+    x_shape = [BATCH, SEQ, INPUT] if layout else [SEQ, BATCH, INPUT]
+    state_shape = [BATCH, dirs, HIDDEN] if layout else [dirs, BATCH, HIDDEN]
+    y_shape = [BATCH, SEQ, dirs, HIDDEN] if layout else [SEQ, dirs, BATCH, HIDDEN]
+    inits = [numpy_helper.from_array(rng.uniform(-0.6, 0.6, (dirs, gates * HIDDEN, INPUT)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.uniform(-0.6, 0.6, (dirs, gates * HIDDEN, HIDDEN)).astype(np.float32), "R")]
+    names = ["x", "W", "R", "", "", "", "", ""]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.uniform(-0.5, 0.5, (dirs, 2 * gates * HIDDEN)).astype(np.float32), "B"))
+        names[3] = "B"
+    if sequence_lens is not None:
+        inits.append(numpy_helper.from_array(sequence_lens.astype(np.int32), "lens"))
+        names[4] = "lens"
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)]
+    if initial:
+        names[5] = "h0"
+        graph_inputs.append(helper.make_tensor_value_info("h0", TensorProto.FLOAT, state_shape))
+        if kind == "LSTM":
+            names[6] = "c0"
+            graph_inputs.append(helper.make_tensor_value_info("c0", TensorProto.FLOAT, state_shape))
+    if peepholes:
+        inits.append(numpy_helper.from_array(rng.uniform(-0.5, 0.5, (dirs, 3 * HIDDEN)).astype(np.float32), "P"))
+        names[7] = "P"
+    names = names[:8 if kind == "LSTM" else 6]
+    while names[-1] == "":
+        names.pop()
+    outputs = outputs or (("Y", "Y_h", "Y_c") if kind == "LSTM" else ("Y", "Y_h"))
+    node = helper.make_node(kind, names, list(outputs), name=f"{kind.lower()}_node", hidden_size=HIDDEN,
+                            direction=direction, **({"layout": layout} if layout else {}), **attrs)
+    graph = helper.make_graph([node], kind.lower(), graph_inputs,
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, y_shape if o == "Y" else state_shape)
+                               for o in outputs if o],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {value.name: rng.standard_normal([d.dim_value for d in value.type.tensor_type.shape.dim]).astype(np.float32)
+            for value in model.graph.input}
+
+
+def assert_matches_onnxruntime(model: onnx.ModelProto) -> None:
+    inputs = feeds(model)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
+    got = run_imported(model, inputs)
+    assert len(got) == len(expected)
+    for ours, theirs in zip(got, expected):
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_directions_match_onnxruntime(kind, direction):
+    assert_matches_onnxruntime(recurrent_model(kind, direction))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("bias, initial", [(False, False), (True, True), (False, True)])
+def test_with_and_without_biases_and_initial_states(kind, bias, initial):
+    assert_matches_onnxruntime(recurrent_model(kind, "bidirectional", bias=bias, initial=initial))
+
+
+def run_imported(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    specs = [onnx_frontend.TensorSpec(name, value.shape, "float32") for name, value in inputs.items()]
+    module = onnx_frontend.import_model(model, specs)
+    vm = relax.VirtualMachine(tvm.compile(relax.get_pipeline("zero")(module), target="llvm"), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()])
+    return [got.numpy()] if isinstance(got, tvm.runtime.Tensor) else [g.numpy() for g in got]
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_batch_major_layout(kind):
+    """ONNX Runtime refuses layout 1, so the reference is the same weights in layout 0 on
+    transposed inputs, with the outputs transposed back."""
+    batch_major = recurrent_model(kind, "bidirectional", layout=1, initial=True)
+    time_major = recurrent_model(kind, "bidirectional", layout=0, initial=True)
+    inputs = feeds(batch_major)
+    to_time_major = {name: value.transpose(1, 0, 2) for name, value in inputs.items()}
+    expected = ort.InferenceSession(time_major.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, to_time_major)
+    got = run_imported(batch_major, inputs)
+    np.testing.assert_allclose(got[0], expected[0].transpose(2, 0, 1, 3), rtol=1e-5, atol=1e-5)
+    for ours, theirs in zip(got[1:], expected[1:]):
+        np.testing.assert_allclose(ours, theirs.transpose(1, 0, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_lstm_peepholes_and_clip():
+    assert_matches_onnxruntime(recurrent_model("LSTM", "bidirectional", peepholes=True, clip=0.4))
+
+
+@pytest.mark.parametrize("linear_before_reset", [0, 1])
+def test_gru_linear_before_reset(linear_before_reset):
+    assert_matches_onnxruntime(recurrent_model("GRU", "reverse", linear_before_reset=linear_before_reset))
+
+
+def test_custom_activations():
+    assert_matches_onnxruntime(recurrent_model("GRU", "forward", activations=["HardSigmoid", "Relu"],
+                                               activation_alpha=[0.25], activation_beta=[0.4]))
+
+
+def test_only_the_sequence_output_is_used():
+    assert_matches_onnxruntime(recurrent_model("LSTM", "forward", outputs=("Y",)))
+
+
+def test_full_length_constant_sequence_lens_is_accepted():
+    assert_matches_onnxruntime(recurrent_model("GRU", "forward", sequence_lens=np.full(BATCH, SEQ)))
+
+
+def test_shorter_sequence_lens_is_refused_naming_the_node():
+    model = recurrent_model("LSTM", "forward", sequence_lens=np.array([SEQ, 2, SEQ]))
+    with pytest.raises(ModelError) as info:
+        onnx_frontend.import_model(model, [onnx_frontend.TensorSpec("x", (SEQ, BATCH, INPUT), "float32")])
+    assert "LSTM node 'lstm_node'" in str(info.value) and "sequence_lens" in str(info.value)
+
+
+def test_unknown_activation_is_refused_naming_it():
+    model = recurrent_model("GRU", "forward", activations=["Softsign", "Tanh"])
+    with pytest.raises(ModelError, match="GRU node 'gru_node': activation 'Softsign'"):
+        onnx_frontend.import_model(model, [onnx_frontend.TensorSpec("x", (SEQ, BATCH, INPUT), "float32")])
+
+
+def test_an_op_neither_importer_knows_is_still_named_with_its_node():
+    model = recurrent_model("GRU", "forward")
+    model.graph.node[0].op_type = "RNN"  # plain RNN: no converter anywhere
+    with pytest.raises(ModelError, match=r"RNN \(nodes: gru_node\)"):
+        onnx_frontend.import_model(model, [onnx_frontend.TensorSpec("x", (SEQ, BATCH, INPUT), "float32")])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_compiles_through_the_pipeline_and_verifies(kind, tmp_path, config_path):
+    """The fused, scheduled artifact matches ONNX Runtime (compile_model verifies it)."""
+    from tvm_fusion.api import compile_model
+
+    path = tmp_path / f"{kind}.onnx"
+    onnx.save(recurrent_model(kind, "bidirectional", initial=True), path)
+    result = compile_model(path, config_path(), [], output_dir=tmp_path / "build")
+    outputs = result.metadata["verification"]["outputs"]
+    assert len(outputs) == (3 if kind == "LSTM" else 2) and all(o["within_tolerance"] for o in outputs)

@@ -1,0 +1,50 @@
+"""The loop structure a schedule rule produced, so a test can check what the rule promises
+(rows across cores, vectors of the target's width, tile sizes) and not only that the numbers
+still match: a rule that returned its input unchanged would pass a numbers-only test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+import tvm_ffi
+from tvm.tirx import ForKind
+
+from tvm_fusion.schedules.cpu.target_info import simd_bits
+
+
+@dataclasses.dataclass
+class LoopKinds:
+    """Extents of the scheduled function's annotated loops, in walk order."""
+
+    parallel: list[int]
+    vectorized: list[int]
+    unrolled: list[int]
+
+
+def loop_kinds(func: tvm.tirx.PrimFunc) -> LoopKinds:
+    """Walk ``func`` and collect the extents of its parallel, vectorized and unrolled loops."""
+    found: dict[int, list[int]] = {ForKind.PARALLEL: [], ForKind.VECTORIZED: [], ForKind.UNROLLED: []}
+
+    def visit(loop: tvm.tirx.For) -> None:
+        if loop.kind in found:
+            found[loop.kind].append(int(loop.extent))
+
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, visit))
+    return LoopKinds(found[ForKind.PARALLEL], found[ForKind.VECTORIZED], found[ForKind.UNROLLED])
+
+
+def float_lanes(target: tvm.target.Target) -> int:
+    """float32 lanes in one vector register of ``target``: 8 on AVX2, 16 on AVX-512."""
+    return simd_bits(target) // 32
+
+
+def largest_divisor(extent: int, limit: int) -> int:
+    """The largest tile of at most ``limit`` that divides ``extent`` (no remainder loop)."""
+    return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
+
+
+def whole_vectors(width: int, lanes: int, max_vectors: int) -> int | None:
+    """The widest run of whole vectors (at most ``max_vectors``) that divides ``width``, the
+    tile the rules take for a row; None when not even one vector divides it."""
+    return next((v * lanes for v in range(max_vectors, 0, -1) if width % (v * lanes) == 0), None)
