@@ -43,6 +43,7 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
     staging = staging_path(final_dir)
     retired = staging_path(final_dir, "old")
     try:
+        shutil.rmtree(staging, ignore_errors=True)  # this process's own, from an earlier failed call
         staging.mkdir()
         library = staging / LIBRARY_NAME
         # TVM's export workspace (lib0.o ...), gcc's and nvcc's temp files: inside the staging.

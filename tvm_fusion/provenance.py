@@ -21,10 +21,11 @@ _NAME = re.compile(r"^onnx(\d+)(?:_\d+)?$")
 
 def import_with_node_names(model: onnx.ModelProto, shapes: dict[str, list[int]],
                            dtypes: dict[str, str]) -> tvm.IRModule:
-    """``model`` imported as ``frontend.onnx.import_model`` does, bindings named after nodes."""
-    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+    """``model`` imported as ``frontend.onnx.import_model`` does (the same importer, with our
+    converters, so inspect sees what compile builds), bindings named after nodes."""
+    from .frontend.converters import Importer
 
-    class RecordingImporter(ONNXGraphImporter):
+    class RecordingImporter(Importer):
         converted: list[tuple[str, relax.Expr]] = []
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
