@@ -21,6 +21,8 @@ import onnx
 
 from . import __version__
 from .config import PipelineConfig, load_config
+from .coverage import Coverage
+from .coverage import measure as measure_coverage
 from .errors import ArtifactError, ConfigError, ShapeError, TvmFusionError, VerificationError
 from .export import artifact_dir, write_artifact
 from .files import check_writable
@@ -530,11 +532,13 @@ class InspectReport:
     kernels: int
     stock_kernels: int
     instances: list[FusedNodes] = dataclasses.field(default_factory=list)
+    coverage: Coverage | None = None
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
         data["report"] = {"fired": dict(self.report.fired),
                           "near_misses": [dataclasses.asdict(m) for m in self.report.near_misses]}
+        data["coverage"] = self.coverage.to_json() if self.coverage is not None else None
         return data
 
 
@@ -639,6 +643,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         kernels=kernel_calls(lowered),
         stock_kernels=stock_kernels,
         instances=instances,
+        coverage=measure_coverage(simplified, instances, report.near_misses),
     )
 
 

@@ -290,6 +290,19 @@ def _inspect(args, say) -> int:
     if result.instances:
         print("\n" + table(["fused", "ONNX nodes absorbed"],
                            [[i.variant, ", ".join(i.nodes) or "-"] for i in result.instances]))
+    coverage = result.coverage
+    targets = sorted(coverage.targeted)
+    print(f"\ncoverage: {coverage.fused_compute_nodes} of {coverage.compute_nodes} ONNX compute nodes "
+          f"({coverage.compute_share:.0%}) run in kernels our fusions built; "
+          f"{sum(coverage.fused.values())} of {sum(coverage.targeted.values())} targeted chains fused "
+          f"({coverage.targeted_share:.0%})")
+    if targets:
+        print(table(["targeted chain", "found", "fused"],
+                    [[t, coverage.targeted[t], coverage.fused.get(t, 0)] for t in targets]))
+    if coverage.unfused:
+        print("\nchains left unfused:")
+        print(table(["chain", "ONNX nodes", "why"],
+                    [[u.target, ", ".join(u.nodes), u.reason] for u in coverage.unfused]))
     if result.report.near_misses:
         print("\nnear misses (matched, but the check declined):")
         print(table(["pattern", "where", "reason"],

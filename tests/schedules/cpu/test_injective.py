@@ -1,34 +1,56 @@
 """Injective: fused, vectorized, parallel element-wise and data-movement functions."""
 
+import math
+
 import pytest
+from loop_structure import loop_kinds
 from tvm import relax
 from tvm.relax.op import add, concat, nn, permute_dims, reshape, take, where, greater
 
 from tvm_fusion.schedules.cpu import Injective
 
+# Below this many elements a block runs on one core (the rule's launch-cost threshold).
+MIN_PARALLEL_ELEMENTS = 4096
+
+
+def assert_fused_vectors(funcs, lanes, elements: int, blocks: int):
+    """Each of the kernel's ``blocks`` loop nests fused into one loop of ``elements``, split
+    into vectors of the target's width when they divide it, the rest across cores when large."""
+    (func,) = funcs.values()
+    vectors = elements % lanes == 0 and elements > lanes
+    loops = loop_kinds(func)
+    assert loops.vectorized == ([lanes] * blocks if vectors else [])
+    parallel = elements // lanes if vectors else elements
+    assert loops.parallel == ([parallel] * blocks if elements >= MIN_PARALLEL_ELEMENTS else [])
+
 
 @pytest.mark.parametrize("shape", [(128, 256), (3, 5, 7), (1,)])
-def test_elementwise_chain(assert_schedule_matches, shape):
-    assert_schedule_matches(Injective(), lambda x, y: nn.gelu(add(x, y)), x=shape, y=shape)
+def test_elementwise_chain(assert_schedule_matches, lanes, shape):
+    funcs = assert_schedule_matches(Injective(), lambda x, y: nn.gelu(add(x, y)), x=shape, y=shape)
+    # the add is inlined; gelu's erf block and its output block are kept (erf is not recomputed)
+    assert_fused_vectors(funcs, lanes, math.prod(shape), blocks=2)
 
 
-def test_broadcast_add(assert_schedule_matches):
-    assert_schedule_matches(Injective(), add, x=(4, 33, 16), y=(16,))
+def test_broadcast_add(assert_schedule_matches, lanes):
+    funcs = assert_schedule_matches(Injective(), add, x=(4, 33, 16), y=(16,))
+    assert_fused_vectors(funcs, lanes, 4 * 33 * 16, blocks=1)
 
 
-def test_reshape_transpose(assert_schedule_matches):
+def test_reshape_transpose(assert_schedule_matches, lanes):
     def heads(x):
         return permute_dims(reshape(x, (1, 128, 4, 64)), (0, 2, 1, 3))
 
-    assert_schedule_matches(Injective(), heads, x=(1, 128, 256))
+    funcs = assert_schedule_matches(Injective(), heads, x=(1, 128, 256))
+    assert_fused_vectors(funcs, lanes, 128 * 256, blocks=1)  # the reshape inlined
 
 
-def test_concat_and_where(assert_schedule_matches):
+def test_concat_and_where(assert_schedule_matches, lanes):
     def block(x, y):
         both = concat([x, y], axis=1)
         return where(greater(both, relax.const(0.0)), both, relax.const(0.5))
 
-    assert_schedule_matches(Injective(), block, x=(6, 5), y=(6, 11))
+    funcs = assert_schedule_matches(Injective(), block, x=(6, 5), y=(6, 11))
+    assert_fused_vectors(funcs, lanes, 6 * 16, blocks=2)  # the comparison inlined into the select
 
 
 def test_take_rows(lowered, prim_funcs, target):

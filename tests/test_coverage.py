@@ -1,0 +1,90 @@
+"""Coverage (tvm_fusion/coverage.py): the chains found on ONNX graphs whose answer is known, and
+inspect's account of what was fused and why the rest was not."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import helpers
+from tvm_fusion import api
+from tvm_fusion.coverage import find_chains
+
+
+def graph_model(nodes, inputs, outputs, constants) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in constants.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def chains_of(model) -> list[tuple[str, list[str]]]:
+    return [(c.target, [model.graph.node[i].name for i in c.nodes]) for c in find_chains(model)]
+
+
+def test_attention_is_a_softmax_between_two_matmuls_and_a_lone_softmax_is_softmax():
+    node = helper.make_node
+    model = graph_model(
+        [node("MatMul", ["q", "k"], ["s"], name="qk"), node("Mul", ["s", "scale"], ["ss"], name="scale"),
+         node("Softmax", ["ss"], ["p"], name="probs", axis=-1), node("MatMul", ["p", "v"], ["o"], name="pv"),
+         node("Softmax", ["o"], ["y"], name="lone", axis=-1)],
+        [("q", [4, 8]), ("k", [8, 4]), ("v", [4, 8])], ["y"], {"scale": 0.35})
+    assert chains_of(model) == [("attention", ["qk", "probs", "pv"]), ("softmax", ["lone"])]
+
+
+def test_decomposed_layer_norm_rms_norm_and_softmax_by_what_they_compute():
+    node = helper.make_node
+    model = graph_model(
+        [# LayerNorm: mean(x) subtracted from x, variance of the difference
+         node("ReduceMean", ["x"], ["mu"], name="ln_mean", axes=[-1]), node("Sub", ["x", "mu"], ["d"], name="ln_sub"),
+         node("Pow", ["d", "two"], ["d2"], name="ln_pow"), node("ReduceMean", ["d2"], ["var"], name="ln_var", axes=[-1]),
+         # RMSNorm spelled x*x (jax2tf) on another tensor
+         node("Mul", ["z", "z"], ["z2"], name="rms_square"), node("ReduceMean", ["z2"], ["ms"], name="rms_mean", axes=[-1]),
+         # softmax spelled out: max-subtract, exp, sum, div
+         node("ReduceMax", ["w"], ["m"], name="sm_max", axes=[-1]), node("Sub", ["w", "m"], ["c"], name="sm_sub"),
+         node("Exp", ["c"], ["e"], name="sm_exp"), node("ReduceSum", ["e"], ["t"], name="sm_sum", axes=[-1]),
+         node("Div", ["e", "t"], ["y"], name="sm_div")],
+        [("x", [2, 8]), ("z", [2, 8]), ("w", [2, 8])], ["var", "ms", "y"], {"two": 2.0})
+    assert chains_of(model) == [("layer_norm", ["ln_mean"]), ("rms_norm", ["rms_square", "rms_mean"]),
+                                ("softmax", ["sm_max", "sm_exp", "sm_div"])]
+
+
+def test_epilogues_gelu_and_activation_gates():
+    node = helper.make_node
+    model = graph_model(
+        [node("MatMul", ["x", "w"], ["m"], name="mm"), node("Reshape", ["m", "shape"], ["r"], name="view"),
+         node("Add", ["r", "b"], ["h"], name="bias"),
+         node("Pow", ["h", "three"], ["h3"], name="cube"), node("Mul", ["h3", "c"], ["h3c"], name="coef"),
+         node("Tanh", ["h3c"], ["t"], name="tanh"),
+         node("Sigmoid", ["t"], ["s"], name="sig"), node("Mul", ["t", "s"], ["y"], name="silu_mul"),
+         node("MatMul", ["y", "w2"], ["m2"], name="mm2"), node("MatMul", ["m2", "w3"], ["o"], name="mm3")],
+        [("x", [2, 4]), ("w", [4, 4]), ("w2", [4, 4]), ("w3", [4, 4])], ["o"],
+        {"shape": [2, 4], "b": np.zeros(4), "three": 3.0, "c": 0.044715})
+    assert chains_of(model) == [("gemm_epilogue", ["mm", "view", "bias"]), ("gelu", ["tanh"]), ("silu", ["sig"])]
+
+
+def test_inspect_reports_every_chain_of_the_mlp_fused(tmp_path, mlp_path, config_path):
+    coverage = api.inspect_model(mlp_path, config_path(), ["x:4x16"]).coverage
+    assert coverage.targeted == {"gemm_epilogue": 2, "gelu": 1} == coverage.fused
+    assert coverage.unfused == [] and coverage.targeted_share == 1.0
+    assert coverage.compute_nodes == 9 and coverage.fused_compute_nodes == 9
+
+
+def test_chains_no_pattern_took_are_listed_with_their_ops(tmp_path, mlp_path, config_path):
+    coverage = api.inspect_model(mlp_path, config_path(patterns=["gelu_erf"]), ["x:4x16"]).coverage
+    assert coverage.fused == {"gelu": 1} and coverage.fused_compute_nodes == 0
+    assert [(u.target, u.nodes) for u in coverage.unfused] == [
+        ("gemm_epilogue", ["fc1_matmul", "fc1_bias"]), ("gemm_epilogue", ["fc2_matmul", "fc2_bias"])]
+    assert all(u.reason == "no pattern matched MatMul -> Add" for u in coverage.unfused)
+
+
+def test_a_declined_chain_carries_the_near_miss(tmp_path, config_path):
+    """The first matmul's output is also a graph output: its epilogue would leave it computed anyway."""
+    model = helpers.mlp_model()
+    model.graph.output.append(helper.make_tensor_value_info("mm1", TensorProto.FLOAT, [4, 32]))
+    path = helpers.save(model, tmp_path / "leaky.onnx")
+    coverage = api.inspect_model(path, config_path(), ["x:4x16"]).coverage
+    (unfused,) = [u for u in coverage.unfused if u.nodes[0] == "fc1_matmul"]
+    assert unfused.reason.startswith("gemm_epilogue: ") and "outside" in unfused.reason
