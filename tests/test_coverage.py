@@ -24,14 +24,17 @@ def chains_of(model) -> list[tuple[str, list[str]]]:
     return [(c.target, [model.graph.node[i].name for i in c.nodes]) for c in find_chains(model)]
 
 
-def test_attention_is_a_softmax_between_two_matmuls_and_a_lone_softmax_is_softmax():
+def test_attention_is_a_softmax_between_two_matmuls_a_scaled_softmax_is_softmax():
     node = helper.make_node
     model = graph_model(
         [node("MatMul", ["q", "k"], ["s"], name="qk"), node("Mul", ["s", "scale"], ["ss"], name="scale"),
          node("Softmax", ["ss"], ["p"], name="probs", axis=-1), node("MatMul", ["p", "v"], ["o"], name="pv"),
-         node("Softmax", ["o"], ["y"], name="lone", axis=-1)],
-        [("q", [4, 8]), ("k", [8, 4]), ("v", [4, 8])], ["y"], {"scale": 0.35})
-    assert chains_of(model) == [("attention", ["qk", "probs", "pv"]), ("softmax", ["lone"])]
+         node("Div", ["o", "scale"], ["od"], name="temperature"),
+         node("Softmax", ["od"], ["y"], name="scaled_softmax", axis=-1),
+         node("Softmax", ["o"], ["z"], name="lone", axis=-1)],  # one op, one kernel: nothing to fuse
+        [("q", [4, 8]), ("k", [8, 4]), ("v", [4, 8])], ["y", "z"], {"scale": 0.35})
+    assert chains_of(model) == [("attention", ["qk", "probs", "pv"]),
+                                ("softmax", ["temperature", "scaled_softmax"])]
 
 
 def test_decomposed_layer_norm_rms_norm_and_softmax_by_what_they_compute():
@@ -51,7 +54,7 @@ def test_decomposed_layer_norm_rms_norm_and_softmax_by_what_they_compute():
                                 ("softmax", ["sm_max", "sm_exp", "sm_div"])]
 
 
-def test_epilogues_gelu_and_activation_gates():
+def test_an_epilogue_is_all_the_element_wise_work_after_the_matmul_in_any_spelling():
     node = helper.make_node
     model = graph_model(
         [node("MatMul", ["x", "w"], ["m"], name="mm"), node("Reshape", ["m", "shape"], ["r"], name="view"),
@@ -62,7 +65,28 @@ def test_epilogues_gelu_and_activation_gates():
          node("MatMul", ["y", "w2"], ["m2"], name="mm2"), node("MatMul", ["m2", "w3"], ["o"], name="mm3")],
         [("x", [2, 4]), ("w", [4, 4]), ("w2", [4, 4]), ("w3", [4, 4])], ["o"],
         {"shape": [2, 4], "b": np.zeros(4), "three": 3.0, "c": 0.044715})
-    assert chains_of(model) == [("gemm_epilogue", ["mm", "view", "bias"]), ("gelu", ["tanh"]), ("silu", ["sig"])]
+    assert chains_of(model) == [
+        ("gemm_epilogue", ["mm", "view", "bias", "cube", "coef", "tanh", "sig", "silu_mul"]),
+        ("gelu", ["tanh"]), ("silu", ["sig"])]
+
+
+def test_hard_gates_in_clip_spelling_and_an_affine_epilogue():
+    """PP-LCNetV3 (paddle2onnx): conv + bias, a scalar affine, Clip(x+3)/6 HardSwish, an affine."""
+    node = helper.make_node
+    model = graph_model(
+        [node("Conv", ["x", "w", "b"], ["c"], name="conv"), node("Mul", ["c", "s1"], ["c1"], name="lab_scale"),
+         node("Add", ["c1", "o1"], ["a"], name="lab_offset"), node("Add", ["a", "three"], ["a3"], name="plus3"),
+         node("Clip", ["a3", "zero", "six"], ["r6"], name="relu6"), node("Mul", ["a", "r6"], ["m"], name="gate"),
+         node("Div", ["m", "six"], ["y"], name="over6"),
+         node("Add", ["x", "three"], ["x3"], name="gate_plus3"), node("Clip", ["x3", "zero", "six"], ["g"], name="gate_relu6"),
+         node("Div", ["g", "six"], ["hs"], name="gate_over6")],
+        [("x", [1, 2, 4, 4]), ("w", [2, 2, 1, 1])], ["y", "hs"],
+        {"b": np.zeros(2), "s1": 1.5, "o1": 0.1, "three": 3.0, "zero": 0.0, "six": 6.0})
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w"))
+    del model.graph.input[1]
+    assert chains_of(model) == [
+        ("conv_epilogue", ["conv", "lab_scale", "lab_offset", "plus3", "relu6", "gate", "over6"]),
+        ("hardswish", ["plus3", "relu6", "gate"]), ("hardsigmoid", ["gate_plus3", "gate_relu6"])]
 
 
 def test_inspect_reports_every_chain_of_the_mlp_fused(tmp_path, mlp_path, config_path):
@@ -76,8 +100,10 @@ def test_chains_no_pattern_took_are_listed_with_their_ops(tmp_path, mlp_path, co
     coverage = api.inspect_model(mlp_path, config_path(patterns=["gelu_erf"]), ["x:4x16"]).coverage
     assert coverage.fused == {"gelu": 1} and coverage.fused_compute_nodes == 0
     assert [(u.target, u.nodes) for u in coverage.unfused] == [
-        ("gemm_epilogue", ["fc1_matmul", "fc1_bias"]), ("gemm_epilogue", ["fc2_matmul", "fc2_bias"])]
-    assert all(u.reason == "no pattern matched MatMul -> Add" for u in coverage.unfused)
+        ("gemm_epilogue", ["fc1_matmul", "fc1_bias", "gelu_div", "gelu_erf", "gelu_add", "gelu_mul", "gelu_half"]),
+        ("gemm_epilogue", ["fc2_matmul", "fc2_bias"])]
+    assert coverage.unfused[1].reason == "no pattern matched MatMul -> Add"
+    assert coverage.unfused[0].reason.endswith("(partly fused elsewhere)")
 
 
 def test_a_declined_chain_carries_the_near_miss(tmp_path, config_path):

@@ -648,6 +648,50 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
 
 
 @dataclasses.dataclass
+class FusedOnnxReport:
+    path: str
+    fused_ops: dict[str, int]
+    kept: list  # onnx_export.KeptInstance: fusions left as their original nodes, with why
+    comparisons: list[OutputComparison] | None  # with check: per output, against ONNX Runtime
+    rtol: float
+    atol: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def export_fused_onnx(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
+                      path: str | Path = "fused.onnx", check: bool = False) -> FusedOnnxReport:
+    """Write the model as it stands after our patterns, each fusion one ``tvm_fusion`` node
+    (``onnx_export``); with ``check``, run it under onnx.reference with our ops' numpy
+    definitions against the original under ONNX Runtime (VerificationError outside the
+    config's tolerances, after the file is written so that it can be looked at)."""
+    from . import onnx_export
+    from .passes import GRAPH_PHASES, fusion_pipeline
+    from .provenance import import_with_node_names
+
+    path = Path(path)
+    check_writable(path.parent, f"the fused ONNX file {path.name}", "--onnx")
+    with captured_native_stderr([]):
+        prepared = prepare(model_path, config, input_shapes)
+        simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
+        named = import_with_node_names(simplified, {s.name: list(s.shape) for s in prepared.inputs},
+                                       {s.name: s.dtype for s in prepared.inputs})
+        report = PatternReport()
+        fusion_pipeline(prepared.config, report, phases=GRAPH_PHASES)(named)
+    cfg = prepared.config
+    inputs = onnx_frontend.random_inputs(prepared.onnx_model, prepared.inputs, cfg.seed)
+    exported = onnx_export.fused_onnx(simplified, fused_nodes(report, simplified), inputs)
+    onnx_export.write_model(exported.model, path)
+    comparisons = None
+    if check:
+        comparisons = onnx_export.compare_with_onnxruntime(prepared.onnx_model, exported.model, inputs,
+                                                           cfg.rtol, cfg.atol, cfg.threads)
+        onnx_export.check_comparisons(comparisons, path, cfg.rtol, cfg.atol)
+    return FusedOnnxReport(str(path), exported.fused, exported.kept, comparisons, cfg.rtol, cfg.atol)
+
+
+@dataclasses.dataclass
 class BenchReport:
     model: str
     threads: int

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import TvmFusionError
+from .errors import ConfigError, TvmFusionError
 
 
 def _progress(verbose: bool):
@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_cmd.add_argument("--json", action="store_true", help="print JSON instead of tables")
     inspect_cmd.add_argument("--graph", metavar="FILE.svg|FILE.png",
                              help="also draw the graph before and after fusion, side by side")
+    inspect_cmd.add_argument("--onnx", metavar="FILE.onnx",
+                             help="also write the fused graph as ONNX, each fusion one tvm_fusion-domain node")
+    inspect_cmd.add_argument("--check", action="store_true",
+                             help="with --onnx: run the fused graph under onnx.reference against ONNX Runtime")
 
     bench_cmd = commands.add_parser("bench", help="ONNX Runtime vs stock TVM vs tvm_fusion")
     bench_cmd.add_argument("model")
@@ -270,12 +274,17 @@ def _run(args, say) -> int:
 
 
 def _inspect(args, say) -> int:
-    from .api import inspect_model
+    from .api import export_fused_onnx, inspect_model
     from .report import table
 
+    if args.check and not args.onnx:
+        raise ConfigError("--check verifies the fused ONNX file, and no --onnx was given", "add --onnx FILE.onnx")
     result = inspect_model(args.model, args.config, args.input_shape, graph=args.graph)
+    exported = (export_fused_onnx(args.model, args.config, args.input_shape, args.onnx, check=args.check)
+                if args.onnx else None)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps({**result.to_json(), **({"fused_onnx": exported.to_json()} if exported else {})},
+                         indent=2))
         return 0
     print(f"model: {result.model}")
     print(f"ONNX nodes: {sum(result.onnx_ops.values())} as exported, "
@@ -313,7 +322,23 @@ def _inspect(args, say) -> int:
                        [[op, result.relax_ops.get(op, 0), result.fused_ops.get(op, 0)] for op in ops]))
     if args.graph:
         print(f"\ngraph before/after fusion: {args.graph}")
+    if exported:
+        _print_fused_onnx(exported)
     return 0
+
+
+def _print_fused_onnx(exported) -> None:
+    from .report import table
+    from .verify import format_comparisons
+
+    ops = ", ".join(f"{count} {op}" for op, count in exported.fused_ops.items()) or "no fused node"
+    print(f"\nfused ONNX graph: {exported.path} ({ops})")
+    if exported.kept:
+        print(table(["kept as ONNX nodes", "ONNX nodes", "why"],
+                    [[k.variant, ", ".join(k.nodes), k.reason] for k in exported.kept]))
+    if exported.comparisons is not None:
+        print("onnx.reference (tvm_fusion ops) vs ONNX Runtime:")
+        print(format_comparisons(exported.comparisons, exported.rtol, exported.atol))
 
 
 def _bench(args, say) -> int:

@@ -29,6 +29,10 @@ ACTIVATIONS = frozenset({
     "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu",
     "Elu", "Selu", "Softplus", "Mish", "Erf",
 })
+ELEMENTWISE = ACTIVATIONS | frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Exp", "Log", "Neg", "Abs", "Max", "Min",
+    "Cast",
+})
 _PASS_THROUGH = frozenset({"Cast", "Dropout", "Identity"})
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 _SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast"})
@@ -164,8 +168,8 @@ def find_chains(model: onnx.ModelProto) -> list[Chain]:
         if scores is not None and values is not None:
             chains.append(Chain("attention", (scores, i, values)))
             in_attention |= {scores, values}
-        else:
-            chains.append(Chain("softmax", (i,)))
+        elif g.op(g.parent(i)) in _SCORE_OPS - {"Cast"}:  # a lone Softmax is one kernel anyway
+            chains.append(Chain("softmax", (g.parent(i), i)))
     for i, node in enumerate(g.nodes):
         op = node.op_type
         if op == "Exp" and g.op(g.parent(i)) == "Sub" and g.op(g.parent(g.parent(i), 1)) == "ReduceMax":
@@ -179,8 +183,11 @@ def find_chains(model: onnx.ModelProto) -> list[Chain]:
             chains.extend(_norm_chain(g, i))
         elif op in ("Gelu", "Erf") or (op == "Tanh" and g.has_constant_near(i, 0.044715, 4)):
             chains.append(Chain("gelu", (i,)))
-        elif op in ("HardSwish", "HardSigmoid"):
-            chains.append(Chain("hardswish" if op == "HardSwish" else "hardsigmoid", (i,)))
+        elif op == "HardSwish":
+            chains.append(Chain("hardswish", (i,)))
+        elif op == "HardSigmoid" or (op == "Clip" and g.op(g.parent(i)) == "Add"
+                                     and g.has_constant_near(i, 3.0, 1)):
+            chains.append(_hard_gate_chain(g, i))
         elif op == "Sigmoid" and any(g.op(c) == "Mul" and g.nodes[i].input[0] in g.nodes[c].input
                                      for c in g.children(i)):
             chains.append(Chain("silu", (i,)))
@@ -206,19 +213,63 @@ def _norm_chain(g: _Graph, mean: int) -> list[Chain]:
     return []
 
 
+def _hard_gate_chain(g: _Graph, gate: int) -> Chain:
+    """``HardSigmoid(x)`` or ``Clip(x + 3, 0, 6)`` (scaled by 1/6 after): a HardSwish when the
+    gate, or its scaled value, multiplies ``x`` itself."""
+    add = g.parent(gate) if g.op(gate) == "Clip" else None
+    x = g.nodes[add if add is not None else gate].input[0]
+    nodes = [n for n in (add, gate) if n is not None]
+    frontier = [gate]
+    for _ in range(2):
+        following = []
+        for node in frontier:
+            for child in g.children(node):
+                if g.op(child) == "Mul" and x in g.nodes[child].input:
+                    return Chain("hardswish", (*nodes, child))
+                if g.op(child) in ("Mul", "Div"):
+                    following.append(child)
+        frontier = following
+    return Chain("hardsigmoid", tuple(nodes))
+
+
 def _epilogue_chain(g: _Graph, producer: int, target: str) -> list[Chain]:
-    """A matmul or conv whose only consumer is an activation or an add: work for an epilogue."""
-    chain = [producer]
+    """A matmul or conv followed by element-wise work on its output alone (activations in any
+    spelling, affine constants, one residual add): all of it belongs in the epilogue."""
+    head = producer
     while True:  # through views (GPT-2's Reshape -> Gemm -> Reshape linears)
-        children = g.children(chain[-1])
-        if len(children) != 1:
-            return []
-        chain.append(children[0])
-        if g.op(children[0]) not in _VIEWS:
+        children = g.children(head)
+        if len(children) != 1 or g.op(children[0]) not in _VIEWS:
             break
-    if g.op(chain[-1]) in ACTIVATIONS or g.op(chain[-1]) in ("Add", "BatchNormalization"):
-        return [Chain(target, tuple(chain), required=tuple(chain[1:]))]
-    return []
+        head = children[0]
+    views = _nodes_between(g, producer, head)
+    inside = {out for out in g.nodes[head].output}
+    region: list[int] = []
+    residuals = 0
+    frontier = list(g.children(head))
+    while frontier:
+        node = frontier.pop(0)
+        if node in region or g.op(node) not in ELEMENTWISE:
+            continue
+        outside = [name for slot, name in enumerate(g.nodes[node].input)
+                   if name and name not in inside and g.constant(node, slot) is None]
+        if outside and not (g.op(node) == "Add" and len(outside) == 1 and residuals == 0):
+            continue
+        residuals += bool(outside)
+        region.append(node)
+        inside |= set(g.nodes[node].output)
+        frontier += g.children(node)
+    if not region or any(c not in region for c in g.children(head)):
+        return []
+    region.sort()  # ONNX graphs are topologically sorted
+    return [Chain(target, (producer, *views, *region), required=tuple(region))]
+
+
+def _nodes_between(g: _Graph, producer: int, head: int) -> list[int]:
+    nodes = []
+    while head != producer:
+        nodes.append(head)
+        head = g.parent(head)
+    return nodes[::-1]
 
 
 def measure(model: onnx.ModelProto, groups, near_misses) -> Coverage:

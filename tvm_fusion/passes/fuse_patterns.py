@@ -5,6 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .absorb_elementwise_tails import SUFFIX, absorb_elementwise_tails
 from ..patterns.base import FusionRule, NearMiss, PatternInstance, PatternReport, binding_name
 
 
@@ -25,16 +26,27 @@ class FusePatterns:
             for rule in self.rules
             for variant, root, annotations in rule.variants()
         ]
-        position = {var: index for _, func in mod.functions_items() if isinstance(func, relax.Function)
-                    for index, var in enumerate(relax.analysis.get_var2val(func))}
+        position_values = {var: value for _, func in mod.functions_items() if isinstance(func, relax.Function)
+                           for var, value in relax.analysis.get_var2val(func).items()}
+        position = {var: index for index, var in enumerate(position_values)}
         # Weights are constants; binding them into the composite would stop FuseTIR
         # ("Tensor constants are not supported in primitive functions").
         mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
                                                annotate_codegen=False)(mod)
+        instances = realized_instances(accepted, unfused_vars(mod), position)
+        mod, tails = absorb_elementwise_tails(mod, {r.name for r in self.rules if r.absorbs_elementwise_tail})
+        # FuseOpsByPattern renamed the composites' results; before it, a tail's first op read the
+        # result under the name its instance recorded.
+        by_output = {instance.output: instance for instance in instances}
+        for tail in tails:
+            instance = by_output[str(position_values[tail.first].args[tail.operand].name)]
+            instance.variant += SUFFIX
+            instance.output = tail.output
+            instance.absorbed = [*instance.absorbed, *tail.absorbed]
         for composite in composite_calls(mod):
             self.report.fired[composite.split(".")[0]] += 1
             self.report.fired[composite] += 1
-        self.report.instances.extend(realized_instances(accepted, unfused_vars(mod), position))
+        self.report.instances.extend(instances)
         still_unfused = unfused_anchor_names(mod)
         for anchor, miss in declined.items():
             if anchor in still_unfused:

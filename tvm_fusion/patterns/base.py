@@ -88,6 +88,9 @@ class FusionRule:
 
     name: str = ""
     description: str = ""
+    # Epilogue fusions: element-wise ops after the match (constants, one residual) join the
+    # composite too (passes/absorb_elementwise_tails.py).
+    absorbs_elementwise_tail: bool = False
 
     def variants(self) -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
         raise NotImplementedError

@@ -95,6 +95,7 @@ def bias_reason(found: dict, out_shape: tuple[int, ...]) -> str | None:
 
 class ConvEpilogue(FusionRule):
     name = "conv_epilogue"
+    absorbs_elementwise_tail = True
     description = ("conv2d (strided/dilated/grouped/depthwise) + bias + activation (relu, clip, "
                    "leakyrelu, sigmoid, silu, hardsigmoid, hardswish) + residual add + activation, "
                    "with an optional per-channel input scale (SE) in front")

@@ -16,6 +16,7 @@ from .conv_epilogue import bias_reason, epilogue_variants
 
 class ConvTransposeEpilogue(FusionRule):
     name = "conv_transpose_epilogue"
+    absorbs_elementwise_tail = True
     description = ("conv2d_transpose (strided/padded/grouped, output_padding) + bias + activation "
                    "(relu, clip, leakyrelu, sigmoid, silu, hardsigmoid, hardswish) + residual add "
                    "+ activation")

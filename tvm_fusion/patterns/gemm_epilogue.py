@@ -41,6 +41,7 @@ def variant_name(bias: bool, activation: str | None, residual: bool) -> str:
 
 class GemmEpilogue(FusionRule):
     name = "gemm_epilogue"
+    absorbs_elementwise_tail = True
     description = ("matmul + bias + activation (relu, gelu, gelu_tanh, sigmoid, silu, clip, leakyrelu, "
                    "hardsigmoid, hardswish) + residual add")
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from loop_structure import largest_divisor, loop_kinds, whole_vectors
 from tvm import relax, s_tir
 
 from tvm_fusion.passes import FusePatterns
@@ -81,7 +82,7 @@ def _largest_allocation(func) -> int:
     (1, 256, 1, 64, relax.op.divide, None, False, True, False),             # longer keys, no mask
     (1, 48, 2, 16, relax.op.multiply, (1, 1, 48, 48), False, True, True),   # Llama: Q, K head-first
 ])
-def test_schedule_matches_unscheduled_with_row_tiles(target, batch, seq, heads, dim, scale_op, mask_shape,
+def test_schedule_matches_unscheduled_with_row_tiles(target, lanes, batch, seq, heads, dim, scale_op, mask_shape,
                                                      causal, fast_math, qk_heads):
     mod = _attention_module(batch, seq, heads, dim, scale_op, mask_shape, causal, fast_math, qk_heads)
     gvar = _attention_func(mod)
@@ -92,6 +93,13 @@ def test_schedule_matches_unscheduled_with_row_tiles(target, batch, seq, heads, 
 
     # No seq x seq score matrix: every intermediate is at most a tile of <= 32 rows x all keys.
     assert _largest_allocation(sch.mod["main"]) <= 32 * seq < seq * seq
+    # One parallel loop over (batch, head, tile of up to 2 vectors of query rows); every step on
+    # vectors of the tile's rows, except the probs·V tile, on up to 2 vectors of the head dim.
+    row_tile = largest_divisor(seq, 2 * lanes)
+    dim_tile = whole_vectors(dim, lanes, 2) or largest_divisor(dim, 2 * lanes)
+    loops = loop_kinds(sch.mod["main"])
+    assert loops.parallel == [batch * heads * (seq // row_tile)]
+    assert set(loops.vectorized) == {row_tile, dim_tile}
 
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in mod["main"].params[:3]]

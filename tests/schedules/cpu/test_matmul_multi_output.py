@@ -1,8 +1,11 @@
 """MatmulMultiOutput: a matmul whose epilogue writes values and a mask, scheduled per output tile."""
 
+import math
+
 import numpy as np
 import pytest
 import tvm
+from loop_structure import largest_divisor, loop_kinds, whole_vectors
 from tvm import relax
 
 from tvm_fusion.passes import FusePatterns
@@ -33,11 +36,20 @@ def run(mod, target, inputs):
 
 
 @pytest.mark.parametrize("x_shape, n", [((32, 64), 96), ((2, 24, 40), 48), ((5, 16), 20)])
-def test_equals_the_unscheduled_kernel(target, prim_funcs, x_shape, n):
+def test_equals_the_unscheduled_kernel(target, lanes, prim_funcs, x_shape, n):
     mod = fused_dropout_kernel(x_shape, n)
     (name, func), = prim_funcs(mod).items()
     sch = MatmulMultiOutput().apply(func, target, False)
     assert sch is not None
+    # One parallel loop over tiles of up to 8 rows x 2 vectors of columns (a divisor when vectors
+    # do not fit): both outputs' columns, the matmul update and its init vectorized, rows unrolled.
+    *batch, m = x_shape[:-1]
+    rows = largest_divisor(m, 8)
+    cols = whole_vectors(n, lanes, 2) or largest_divisor(n, 2 * lanes)
+    loops = loop_kinds(sch.mod["main"])
+    assert loops.parallel == [math.prod(batch) * (m // rows) * (n // cols)]
+    assert loops.vectorized == [cols] * 4
+    assert rows in loops.unrolled
     scheduled = mod.clone()
     scheduled[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
     rng = np.random.default_rng(0)

@@ -1,8 +1,8 @@
 """Resize: (n, c, rows) across cores, output columns on vectors, with a fused add or concat."""
 
 import pytest
-import tvm_ffi
-from tvm import relax, tirx
+from loop_structure import largest_divisor, loop_kinds, whole_vectors
+from tvm import relax
 from tvm.relax.op import image, nn
 
 from tvm_fusion.schedules.cpu import Resize
@@ -22,9 +22,19 @@ MODES = {
 }
 
 
+def assert_rows_and_column_vectors(func, lanes, rows: int, columns: int):
+    """(n, c, y) fused into one parallel row loop; the columns in tiles of up to 4 vectors (a
+    divisor of the row when vectors do not divide it), vectorized."""
+    tile = whole_vectors(columns, lanes, 4) or largest_divisor(columns, lanes)
+    loops = loop_kinds(func)
+    assert loops.parallel == [rows]
+    assert loops.vectorized == [tile]
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_resize_matches_unscheduled(assert_schedule_matches, mode):
-    assert_schedule_matches(Resize(), lambda x: upsample(x, (18, 26), **MODES[mode]), x=(1, 16, 9, 13))
+def test_resize_matches_unscheduled(assert_schedule_matches, lanes, mode):
+    funcs = assert_schedule_matches(Resize(), lambda x: upsample(x, (18, 26), **MODES[mode]), x=(1, 16, 9, 13))
+    assert_rows_and_column_vectors(*funcs.values(), lanes, rows=16 * 18, columns=26)
 
 
 def test_resize_add_relu_matches_unscheduled(assert_schedule_matches):
@@ -49,14 +59,9 @@ def test_declines_conv_and_plain_elementwise(lowered, prim_funcs, target):
         assert Resize().apply(func, target, False) is None
 
 
-def test_rows_run_in_parallel_and_columns_on_vectors(lowered, prim_funcs, target):
+def test_rows_run_in_parallel_and_columns_on_vectors(lowered, prim_funcs, target, lanes):
     mod = lowered(lambda top, lateral: relax.op.add(lateral, upsample(top, (56, 56))),
                   top=(1, 32, 28, 28), lateral=(1, 32, 56, 56))
     (func,) = prim_funcs(mod).values()
     scheduled = Resize().apply(func, target, False).mod["main"]
-    loops = []
-    tvm_ffi.structural_walk(scheduled.body, (tirx.For, loops.append))
-    kinds = {loop.kind for loop in loops}
-    assert tirx.ForKind.PARALLEL in kinds and tirx.ForKind.VECTORIZED in kinds
-    (vector,) = [loop for loop in loops if loop.kind == tirx.ForKind.VECTORIZED]
-    assert int(vector.extent) in (8, 14, 16, 28, 56)  # whole columns of the 56-wide row
+    assert_rows_and_column_vectors(scheduled, lanes, rows=32 * 56, columns=56)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tvm
+from loop_structure import loop_kinds
 from tvm import relax
 from tvm.relax.op import add, nn
 
@@ -43,11 +44,12 @@ def rms_norm(x, gamma, _):
 @pytest.mark.parametrize("sum_output", [False, True])
 @pytest.mark.parametrize("norm", [layer_norm, rms_norm])
 @pytest.mark.parametrize("rows, cols", [(128, 256), (7, 33), (3, 8)])
-def test_matches_unscheduled(target, prim_funcs, norm, rows, cols, sum_output):
+def test_matches_unscheduled(target, lanes, prim_funcs, norm, rows, cols, sum_output):
     mod = fused_kernel(norm, rows, cols, sum_output)
     [(name, func)] = prim_funcs(mod).items()
     sch = SkipNorm().apply(func, target, False)
     assert sch is not None
+    assert_one_row_per_task(sch.mod["main"], lanes, rows, cols, reductions=2 if norm is layer_norm else 1)
     scheduled = mod.clone()
     scheduled[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
     rng = np.random.default_rng(0)
@@ -55,6 +57,16 @@ def test_matches_unscheduled(target, prim_funcs, norm, rows, cols, sum_output):
     expected, actual = run(mod, inputs), run(scheduled, inputs)
     for e, a in zip(expected, actual):
         np.testing.assert_allclose(a, e, **TOLERANCE)
+
+
+def assert_one_row_per_task(func, lanes, rows: int, cols: int, reductions: int):
+    """Rows across cores. The sum and the normalized row are written in vectors (of the target's
+    width when they divide the row, else one vector of the row); when the row is several whole
+    vectors each row reduction keeps a vector of partial sums (its update and init vectorized)."""
+    split = cols > lanes and cols % lanes == 0
+    loops = loop_kinds(func)
+    assert loops.parallel == [rows]
+    assert loops.vectorized == [lanes if split else cols] * (2 + (2 * reductions if split else 0))
 
 
 def run(mod, inputs):

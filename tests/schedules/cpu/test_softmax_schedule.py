@@ -1,9 +1,12 @@
 """Softmax rule: row max/sum as vector partial reductions (rfactor), prologue and epilogue in the
 row loop, same numbers as the unscheduled kernel."""
 
+import math
+
 import numpy as np
 import pytest
 import tvm
+from loop_structure import loop_kinds
 from tvm import relax
 
 from tvm_fusion.passes import FusePatterns
@@ -35,12 +38,21 @@ def _run(mod, inputs, target):
     return vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
 
 
-@pytest.mark.parametrize("shape, mask_shape, epilogue, fast_math, partial_lanes", [
-    ((1, 4, 64, 64), (1, 1, 1, 64), True, True, 16),
-    ((2, 3, 40), (2, 1, 40), False, False, 8),     # 40 keys: 8-wide partial sums
-    ((6, 10), (6, 10), True, True, None),          # 10 keys: too narrow to split, scalar reductions
+def partial_width(keys: int, lanes: int) -> int:
+    """Lanes of the partial max/sum vectors: the largest power of two dividing the key count,
+    at most one vector register."""
+    width = 1
+    while width * 2 <= lanes and keys % (width * 2) == 0:
+        width *= 2
+    return width
+
+
+@pytest.mark.parametrize("shape, mask_shape, epilogue, fast_math, split", [
+    ((1, 4, 64, 64), (1, 1, 1, 64), True, True, True),     # 64 keys: one full vector of partials
+    ((2, 3, 40), (2, 1, 40), False, False, True),          # 40 keys: 8-wide partials (8 divides 40)
+    ((6, 10), (6, 10), True, True, False),                 # 10 keys: too narrow to split, scalar reductions
 ])
-def test_schedule_matches_unscheduled(target, shape, mask_shape, epilogue, fast_math, partial_lanes):
+def test_schedule_matches_unscheduled(target, lanes, shape, mask_shape, epilogue, fast_math, split):
     mod = _fused_softmax(shape, mask_shape, epilogue, fast_math)
     (gvar,) = [gv for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     sch = Softmax().apply(mod[gvar], target, False)
@@ -48,13 +60,20 @@ def test_schedule_matches_unscheduled(target, shape, mask_shape, epilogue, fast_
     scheduled = mod.clone()
     scheduled[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
+    loops = loop_kinds(sch.mod["main"])
+    assert loops.parallel == [math.prod(shape[:-1])]
     script = sch.mod["main"].script()
-    assert "T.parallel" in script
-    if partial_lanes:  # both reductions go through a vector of partial results
+    partial = partial_width(shape[-1], lanes)
+    assert split == (partial >= 4)
+    if split:  # both reductions go through a vector of partial results, updated and initialized as vectors
         assert script.count(f"T.sblock_alloc_buffer(({', '.join(f'T.int64({d})' for d in shape[:-1])}, "
-                            f"T.int64({partial_lanes})))") == 2
+                            f"T.int64({partial})))") == 2
+        assert loops.vectorized.count(partial) >= 4
     else:
         assert "_rf" not in script
+    keys = shape[-1]
+    row_vector = lanes if keys > lanes and keys % lanes == 0 else keys
+    assert row_vector in loops.vectorized and set(loops.vectorized) <= {partial, row_vector}  # exp, normalize
 
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(shape).astype("float32"),

@@ -4,7 +4,7 @@ partial sums for the pool and the convs, channels across cores."""
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
+from loop_structure import loop_kinds
 from machine import host_target
 from tvm import relax
 from tvm.relax.op import add, mean, nn, sigmoid
@@ -46,22 +46,22 @@ def run_kernel(func, shapes, target) -> np.ndarray:
     return out.numpy()
 
 
-def loop_kinds(func) -> set:
-    loops = []
-    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, loops.append))
-    return {loop.kind for loop in loops}
-
-
 # (channels, squeezed, map size): MobileNetV3 stage shapes; the last one has a tail large
 # enough to run across cores, and a 7x7 map that does not split into whole vectors.
 @pytest.mark.parametrize("channels, squeezed, size", [(16, 8, 56), (96, 24, 16), (512, 128, 7)])
-def test_gate_matches_the_unscheduled_kernel(target, channels, squeezed, size):
+def test_gate_matches_the_unscheduled_kernel(target, lanes, channels, squeezed, size):
     kernel, shapes = fused_gate_kernel(channels, squeezed, size)
     sch = SqueezeExcitation().apply(kernel, target, False)
     assert sch is not None
     scheduled = sch.mod["main"]
-    kinds = loop_kinds(scheduled)
-    assert tvm.tirx.ForKind.PARALLEL in kinds and tvm.tirx.ForKind.VECTORIZED in kinds
+    # The pool's channels across cores, and each conv across cores once it has 2**16 MACs; each
+    # reduction (map, input channels, squeezed channels) that is two or more whole vectors long
+    # is summed in a vector of partial sums, its update and init vectorized.
+    tail_parallel = [squeezed, channels] if channels * squeezed >= 1 << 16 else []
+    split = [n for n in (size * size, channels, squeezed) if n % lanes == 0 and n >= 2 * lanes]
+    loops = loop_kinds(scheduled)
+    assert loops.parallel == [channels, *tail_parallel]
+    assert loops.vectorized == [lanes] * 2 * len(split)
     expected = run_kernel(Fallback().apply(kernel, target, False).mod["main"], shapes, target)
     np.testing.assert_allclose(run_kernel(scheduled, shapes, target), expected, rtol=1e-5, atol=1e-5)
 
