@@ -70,9 +70,9 @@ def absorb_elementwise_tails(mod: tvm.IRModule, rule_names: set[str]) -> tuple[t
             # The builder keeps one function per distinct structure, as FuseOpsByPattern does.
             new_gvar = builder.add_func(grown, old_gvar.name_hint + SUFFIX)
             exit_binding = bindings[tail[-1]]
+            operand = next(k for k, arg in enumerate(bindings[tail[0]].value.args) if arg.same_as(binding.var))
             call = builder.normalize(relax.Call(new_gvar, [*binding.value.args, *externals]))
             bindings[tail[-1]] = relax.VarBinding(exit_binding.var, call)
-            operand = next(k for k, arg in enumerate(bindings[tail[0]].value.args) if arg.same_as(binding.var))
             absorbed.append(AbsorbedTail([str(bindings[i].var.name) for i in tail], bindings[tail[0]].var,
                                          operand, str(exit_binding.var.name)))
             bindings[index] = None
