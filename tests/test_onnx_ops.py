@@ -375,6 +375,99 @@ def test_conv_transpose_epilogue_bn_relu_and_output_padding_sigmoid():
     assert attrs(node)["output_padding"] == [1, 1]
 
 
+# element-wise tails (passes/absorb_elementwise_tails.py: variants ending in _elementwise) -------
+
+def pp_lcnet_block() -> list[onnx.NodeProto]:
+    """PP-LCNetV3's conv as paddle2onnx writes it: Conv(+bias), a learned scale and shift,
+    HardSwish spelled x * Clip(x + 3, 0, 6) / 6, another scale and shift, then the next Conv."""
+    return [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("Mul", ["c", "s1"], ["m1"], name="mul1"),
+            helper.make_node("Add", ["m1", "t1"], ["a1"], name="add1"),
+            helper.make_node("Add", ["a1", "three"], ["a3"], name="add3"),
+            helper.make_node("Clip", ["a3", "zero", "six"], ["cl"], name="clip"),
+            helper.make_node("Mul", ["a1", "cl"], ["hs6"], name="mul_x"),
+            helper.make_node("Div", ["hs6", "six"], ["hs"], name="div6"),
+            helper.make_node("Mul", ["hs", "s2"], ["m2"], name="mul2"),
+            helper.make_node("Add", ["m2", "t2"], ["a2"], name="add2"),
+            helper.make_node("Conv", ["a2", "w2", "b2"], ["y"], name="next_conv")]
+
+
+PP_LCNET_CONSTANTS = {"w": const(8, 4, 3, 3), "b": const(8), "s1": np.float32(1.3), "t1": np.float32(-0.4),
+                      "three": np.float32(3), "zero": np.float32(0), "six": np.float32(6), "s2": np.float32(0.8),
+                      "t2": np.float32(0.25), "w2": const(6, 8, 1, 1), "b2": const(6)}
+
+
+def test_conv_epilogue_takes_the_pp_lcnet_elementwise_tail():
+    model = model_of(pp_lcnet_block(), {"x": [1, 4, 9, 9]}, ["y"], PP_LCNET_CONSTANTS)
+    feeds = feeds_for(model)
+    feeds["x"] *= 4  # reach both ends of the HardSwish clip
+    type_outputs(model, feeds)
+    names = [n.name for n in model.graph.node[:-1]]
+    instance = FusedNodes("conv_epilogue", "conv_epilogue.conv_bias_elementwise", names,
+                          [n.op_type for n in model.graph.node[:-1]], list(range(len(names))))
+    result = fused_onnx(model, [instance], feeds)
+    assert not result.kept, result.kept
+    fused, standard_next = result.model.graph.node
+    assert (fused.op_type, standard_next.op_type) == ("ConvEpilogue", "Conv")
+    found = attrs(fused)
+    assert found["tail"] == [b"mul", b"add", b"hardswish", b"mul", b"add"] and "activation" not in found
+    assert list(fused.input) == ["x", "w", "b", "", "", "", "", "", "", "s1", "t1", "s2", "t2"]
+    (expected,) = reference_outputs(model, feeds).values()
+    (actual,) = evaluator(result.model).run(None, feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_hardswish_with_other_constants_is_not_a_tail_step():
+    """x * Clip(x + 3, 0, 5) / 6 is no HardSwish: the conv's nodes are kept, with the reason."""
+    model = model_of(pp_lcnet_block(), {"x": [1, 4, 9, 9]}, ["y"], {**PP_LCNET_CONSTANTS, "zero": np.float32(-1)})
+    feeds = feeds_for(model)
+    names = [n.name for n in model.graph.node[:-1]]
+    instance = FusedNodes("conv_epilogue", "conv_epilogue.conv_bias_elementwise", names,
+                          [n.op_type for n in model.graph.node[:-1]], list(range(len(names))))
+    result = fused_onnx(model, [instance], feeds)
+    assert "other than a = 3, b = 0, c = 6" in result.kept[0].reason
+
+
+def test_gemm_epilogue_tail_reversed_operands_activation_and_residual():
+    """matmul + bias + silu, then c - x, / c, max with a constant and a residual add, all in the tail."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["h"]),
+             helper.make_node("Sigmoid", ["h"], ["sg"]), helper.make_node("Mul", ["h", "sg"], ["act"]),
+             helper.make_node("Mul", ["act", "k"], ["scaled"]), helper.make_node("Sub", ["k", "scaled"], ["d"]),
+             helper.make_node("Div", ["d", "k"], ["q"]), helper.make_node("Max", ["q", "floor"], ["mx"]),
+             helper.make_node("Add", ["res", "mx"], ["y"])]
+    model = model_of(nodes, {"x": [2, 3, 8], "res": [2, 3, 5]}, ["y"],
+                     {"w": const(8, 5), "b": const(5), "k": np.float32(1.7), "floor": np.float32(-0.2)})
+    node = assert_fused_matches(model, "gemm_epilogue.matmul_bias_silu_elementwise", "GemmEpilogue")
+    found = attrs(node)
+    assert found["activation"] == b"silu" and found["has_residual"] == 0
+    assert found["tail"] == [b"mul", b"rsub", b"div", b"max", b"add"]
+    assert list(node.input) == ["x", "w", "b", "", "k", "k", "k", "floor", "res"]
+
+
+def test_conv_transpose_epilogue_tail_with_clip_params():
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["c"], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Mul", ["r", "k"], ["m"]),
+             helper.make_node("Clip", ["m", "lo", "hi"], ["cl"]), helper.make_node("Neg", ["cl"], ["y"])]
+    model = model_of(nodes, {"x": [1, 4, 5, 5]}, ["y"], {"w": const(4, 8, 2, 2), "b": const(8),
+                                                       "k": np.float32(2), "lo": np.float32(-0.5),
+                                                       "hi": np.float32(0.5)})
+    node = assert_fused_matches(model, "conv_transpose_epilogue.conv_transpose_bias_relu_elementwise",
+                                "ConvTransposeEpilogue")
+    found = attrs(node)
+    assert found["activation"] == b"relu" and found["tail"] == [b"mul", b"clip", b"neg"]
+    assert found["tail_params"] == [-0.5, 0.5]
+
+
+def test_a_tail_without_the_elementwise_variant_keeps_the_nodes():
+    """conv_bias (no tail absorbed by TVM) followed by a Mul: not the fusion TVM made."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Mul", ["c", "k"], ["y"])]
+    model = model_of(nodes, {"x": [1, 4, 5, 5]}, ["y"], {"w": const(8, 4, 1, 1), "b": const(8), "k": np.float32(2)})
+    feeds = feeds_for(model)
+    type_outputs(model, feeds)
+    instance = FusedNodes("conv_epilogue", "conv_epilogue.conv_bias", ["#0", "#1"], ["Conv", "Mul"], [0, 1])
+    assert "Mul after the conv's epilogue" in fused_onnx(model, [instance], feeds).kept[0].reason
+
+
 def test_squeeze_excitation():
     nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Conv", ["p", "w1", "b1"], ["c1"]),
              helper.make_node("Relu", ["c1"], ["r"]), helper.make_node("Conv", ["r", "w2", "b2"], ["c2"]),

@@ -34,6 +34,9 @@ from .verify import OutputComparison, compare_outputs, format_comparisons, refer
 
 SIMPLE_ACTIVATIONS = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "LeakyRelu": "leakyrelu",
                       "HardSigmoid": "hardsigmoid", "HardSwish": "hardswish", "Clip": "clip"}
+# Element-wise ONNX ops an epilogue's tail takes (onnx_ops.apply_tail), by the step they become.
+TAIL_BINARY = {"add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min"}
+TAIL_SUFFIX = "_elementwise"  # passes/absorb_elementwise_tails.py: the variant grew a tail
 # Rewrites whose result is an activation, and the activation they produce.
 ACTIVATION_REWRITES = {"gelu_erf": "gelu", "gelu_tanh": "gelu_tanh", "silu": "silu",
                        "hardswish": "hardswish", "hardsigmoid": "hardsigmoid", "clip": "clip"}
@@ -192,20 +195,31 @@ def chain_steps(region: Region, start: str, done: set[int]) -> tuple[list[Step],
         last = region.graph.nodes[members[-1]]
         output = next(iter(open_tensors)) if open_tensors else last.output[0]
         step = classify(region, [region.graph.nodes[i] for i in members], current, output)
-        if steps and is_gelu_half(region.graph, steps[-1], step):
+        if steps and completes(region.graph, steps[-1], step):
             steps[-1].nodes += step.nodes
             steps[-1].output = output
+            steps[-1].kind = "activation"
         else:
             steps.append(step)
         current = output
 
 
-def is_gelu_half(graph: GraphIndex, previous: Step, step: Step) -> bool:
-    """True for the ``* 0.5`` (or ``/ 2``) an exporter writes after the rest of a GELU."""
-    if previous.activation not in ("gelu", "gelu_tanh") or step.operand is None:
+def completes(graph: GraphIndex, previous: Step, step: Step) -> bool:
+    """True for the last factor of an activation written as a separate step: the ``* 0.5`` (or
+    ``/ 2``) after the rest of a GELU, the ``/ 6`` (or ``* 1/6``) after ``x * Clip(x + 3, 0, 6)``."""
+    if step.operand is None:
         return False
-    factor = graph.scalar(step.operand)
-    return (step.kind, factor) in (("Mul", 0.5), ("Div", 2.0))
+    if previous.activation in ("gelu", "gelu_tanh") and previous.kind == "activation":
+        return is_factor(graph, step, 0.5)
+    return previous.kind == "unscaled_hardswish" and is_factor(graph, step, 1 / 6)
+
+
+def is_factor(graph: GraphIndex, step: Step, factor: float) -> bool:
+    """True for a step that multiplies by ``factor`` (or divides by its inverse), to float32 precision."""
+    value = graph.scalar(step.operand) if step.operand is not None else None
+    if value is None or step.kind not in ("Mul", "Div"):
+        return False
+    return bool(np.isclose(value if step.kind == "Mul" else 1 / value, factor, rtol=1e-6, atol=0))
 
 
 def classify(region: Region, nodes: list[onnx.NodeProto], x: str, output: str) -> Step:
@@ -231,8 +245,28 @@ def classify(region: Region, nodes: list[onnx.NodeProto], x: str, output: str) -
     if ops == ["Mul", "Sigmoid"]:
         return Step("activation", nodes, output, activation="silu")
     if ops == ["HardSigmoid", "Mul"] or ("Clip" in ops and "Mul" in ops):
-        return Step("activation", nodes, output, activation="hardswish")
+        return hardswish_step(graph, nodes, output)
     raise Unrepresentable(f"unknown chain step {'+'.join(n.op_type for n in nodes)}")
+
+
+def hardswish_step(graph: GraphIndex, nodes: list[onnx.NodeProto], output: str) -> Step:
+    """``x * HardSigmoid(x)`` or ``x * Clip(x + 3, 0, 6) / 6`` (``* 1/6``, either association) as
+    a hardswish; without the ``/ 6`` (written after the Mul) an ``unscaled_hardswish`` step that
+    ``completes`` joins with it. Declines other constants, which are not a hardswish."""
+    hard_sigmoid = next((n for n in nodes if n.op_type == "HardSigmoid"), None)
+    if hard_sigmoid is not None:
+        if not np.allclose(activation_params(graph, hard_sigmoid), [1 / 6, 0.5], rtol=1e-6, atol=0):
+            raise Unrepresentable("x * HardSigmoid(x) with other than alpha 1/6, beta 0.5")
+        return Step("activation", nodes, output, activation="hardswish")
+    clip = next(n for n in nodes if n.op_type == "Clip")
+    constants = [graph.scalar(i) for n in nodes if n.op_type in ("Add", "Mul", "Div") for i in n.input]
+    steps = [Step(n.op_type, [n], n.output[0], operand=i) for n in nodes if n.op_type in ("Mul", "Div")
+             for i in n.input if graph.scalar(i) is not None]
+    if activation_params(graph, clip) != [0.0, 6.0] or 3.0 not in constants:
+        raise Unrepresentable("x * Clip(x + a, b, c) with other than a = 3, b = 0, c = 6")
+    if any(is_factor(graph, step, 1 / 6) for step in steps):
+        return Step("activation", nodes, output, activation="hardswish")
+    return Step("unscaled_hardswish", nodes, output, activation="hardswish")
 
 
 def attribute(node: onnx.NodeProto, name: str, default=None):
@@ -278,6 +312,44 @@ def fused_node(op_type: str, inputs: list[str], outputs: list[str], **attributes
                             **{k: v for k, v in attributes.items() if v is not None})
 
 
+class Tail:
+    """The element-wise steps after an epilogue, in a variant that grew a tail
+    (passes/absorb_elementwise_tails.py): the fused op's ``tail`` and ``tail_params`` attributes
+    and the operands it reads after its other inputs (onnx_ops.apply_tail)."""
+
+    def __init__(self, region: Region, variant: str, what: str):
+        self.region, self.what = region, what
+        self.allowed = variant.endswith(TAIL_SUFFIX)
+        self.steps: list[str] = []
+        self.params: list[float] = []
+        self.operands: list[str] = []
+
+    def take(self, step: Step) -> None:
+        if not self.allowed:
+            raise Unrepresentable(f"{step.kind} after the {self.what}'s epilogue")
+        if step.kind == "activation":
+            self.steps.append(step.activation)
+            self.params += step.params
+            return
+        if step.kind == "Neg":
+            self.steps.append("neg")
+            return
+        name, node = TAIL_BINARY.get(step.kind), step.nodes[0]
+        if name is None or len(node.input) != 2 or step.operand is None or self.region.producer(step.operand):
+            raise Unrepresentable(f"{step.kind} in the element-wise tail after the {self.what}")
+        reversed_operands = node.input[0] == step.operand and name in ("sub", "div")
+        self.steps.append("r" + name if reversed_operands else name)
+        self.operands.append(step.operand)
+
+    def attributes(self) -> dict:
+        return {"tail": self.steps, "tail_params": self.params or None} if self.steps else {}
+
+
+def is_residual(graph: GraphIndex, step: Step) -> bool:
+    """An add of a tensor of the result's shape (a constant scalar added is a tail step)."""
+    return step.kind == "add" and graph.shape(step.operand) == graph.shape(step.output)
+
+
 # builders: one per pattern -------------------------------------------------------------------
 
 def build_gemm(region: Region, variant: str) -> list[onnx.NodeProto]:
@@ -298,28 +370,31 @@ def build_gemm(region: Region, variant: str) -> list[onnx.NodeProto]:
     residual, act, dropout = "", None, None
     output_shape = graph.shape(matmul.output[0])
     stage = 0  # 0 matmul, 1 bias, 2 activation, 3 residual, 4 dropout
+    tail = Tail(region, variant, "matmul")
     steps, end = chain_steps(region, matmul.output[0], done)
     for step in steps:
-        if step.kind == "Reshape" and stage == 0:
+        if tail.steps:  # once in the tail, the rest is too: the steps' order is the computation's
+            tail.take(step)
+        elif step.kind == "Reshape" and stage == 0:
             output_shape = graph.shape(step.output)
         elif step.kind == "add" and stage == 0 and not bias and "bias" in variant_parts(variant):
             bias, stage = step.operand, 1
         elif step.kind == "activation" and stage < 2:
             act, stage = step, 2
-        elif step.kind == "add" and stage < 3:
+        elif is_residual(graph, step) and stage < 3:
             residual, stage = step.operand, 3
         elif step.kind == "Dropout" and stage < 4:
             dropout, stage = step.nodes[0], 4
         else:
-            raise Unrepresentable(f"{step.kind} after the matmul's epilogue")
+            tail.take(step)
     check_all_used(region, done)
     attrs.update(activation_attributes(act) if act else {})
     attrs.update(output_shape=list(output_shape), has_bias=int(bool(bias)))
     if dropout is not None:
         return [fused_node("GemmDropout", [a, b, bias], [o for o in dropout.output if o],
                            ratio=dropout_ratio(graph, dropout), seed=dropout_seed(graph, dropout), **attrs)]
-    return [fused_node("GemmEpilogue", [a, b, bias, residual], [end],
-                       has_residual=int(bool(residual)), **attrs)]
+    return [fused_node("GemmEpilogue", [a, b, bias, residual, *tail.operands], [end],
+                       has_residual=int(bool(residual)), **attrs, **tail.attributes())]
 
 
 def dropout_ratio(graph: GraphIndex, node: onnx.NodeProto) -> float:
@@ -360,9 +435,12 @@ def build_conv(region: Region, variant: str) -> list[onnx.NodeProto]:
     bias = conv.input[2] if len(conv.input) > 2 else ""
     attrs = node_attributes(conv)
     bn, residual, stage = ["", "", "", ""], "", 0  # 0 conv, 1 bn, 2 bias add, 3 act, 4 residual, 5 post
+    tail = Tail(region, variant, "conv")
     steps, end = chain_steps(region, conv.output[0], done)
     for step in steps:
-        if step.kind == "BatchNormalization" and stage == 0:
+        if tail.steps:  # once in the tail, the rest is too: the steps' order is the computation's
+            tail.take(step)
+        elif step.kind == "BatchNormalization" and stage == 0:
             if attribute(step.nodes[0], "training_mode", 0):
                 raise Unrepresentable("BatchNormalization in training mode")
             bn, stage = list(step.nodes[0].input[1:5]), 1
@@ -373,7 +451,7 @@ def build_conv(region: Region, variant: str) -> list[onnx.NodeProto]:
         elif step.kind == "activation" and stage < 3:
             attrs.update(activation_attributes(step))
             stage = 3
-        elif step.kind == "add" and stage < 4:
+        elif is_residual(graph, step) and stage < 4:
             residual, stage = step.operand, 4
             resize = region.producer(residual, "Resize")
             attrs["residual"] = "tensor"
@@ -386,13 +464,13 @@ def build_conv(region: Region, variant: str) -> list[onnx.NodeProto]:
             attrs.update(activation_attributes(step, "post_activation"))
             stage = 5
         else:
-            raise Unrepresentable(f"{step.kind} after the conv's epilogue")
+            tail.take(step)
     check_all_used(region, done)
-    attrs.update(has_bias=int(bool(bias or bn[0])), batch_norm=int(bool(bn[0])))
+    attrs.update(has_bias=int(bool(bias or bn[0])), batch_norm=int(bool(bn[0])), **tail.attributes())
     if conv.op_type == "Conv":
-        return [fused_node("ConvEpilogue", [x, conv.input[1], bias, gate, *bn, residual], [end],
+        return [fused_node("ConvEpilogue", [x, conv.input[1], bias, gate, *bn, residual, *tail.operands], [end],
                            scaled=int(bool(gate)), **attrs)]
-    return [fused_node("ConvTransposeEpilogue", [x, conv.input[1], bias, *bn, residual], [end],
+    return [fused_node("ConvTransposeEpilogue", [x, conv.input[1], bias, *bn, residual, *tail.operands], [end],
                        **attrs)]
 
 

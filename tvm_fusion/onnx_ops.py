@@ -61,6 +61,33 @@ def apply_activation(x: np.ndarray, name: str, params=None) -> np.ndarray:
     return np.asarray(result).astype(x.dtype)
 
 
+# Parameters each activation reads from a tail's ``tail_params``, in order.
+ACTIVATION_PARAM_COUNTS = {"clip": 2, "leakyrelu": 1, "hardsigmoid": 2}
+_TAIL_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
+                "min": np.minimum}
+
+
+def apply_tail(x: np.ndarray, steps, params, operands) -> np.ndarray:
+    """The element-wise tail of an epilogue op, step by step in order.
+
+    ``steps``: "add", "sub", "mul", "div", "max", "min" (x op the next of ``operands``),
+    "rsub", "rdiv" (the operand op x), "neg", or an activation name taking its parameters
+    (``ACTIVATION_PARAM_COUNTS``) from the front of ``params``.
+    """
+    params, operands = list(params or []), list(operands)
+    for step in steps or []:
+        if step in _TAIL_BINARY:
+            x = _TAIL_BINARY[step](x, operands.pop(0))
+        elif step in ("rsub", "rdiv"):
+            x = _TAIL_BINARY[step[1:]](operands.pop(0), x)
+        elif step == "neg":
+            x = -x
+        else:
+            count = ACTIVATION_PARAM_COUNTS.get(step, 0)
+            x, params = apply_activation(x, step, params[:count]), params[count:]
+    return np.asarray(x)
+
+
 def layer_norm(x, gamma, beta, epsilon: float, axis: int) -> np.ndarray:
     axes = tuple(range(axis % x.ndim, x.ndim))
     mean = x.mean(axis=axes, keepdims=True)
@@ -124,16 +151,19 @@ class _FusedOp(OpRun):
 
 
 class GemmEpilogue(_FusedOp):
-    """Y = reshape(alpha * A·op(B), output_shape) + beta * bias -> activation -> + residual.
+    """Y = reshape(alpha * A·op(B), output_shape) + beta * bias -> activation -> + residual -> tail.
 
     A 2-D B multiplies A's rows of B's reduction size (an N-D A is a batch of rows, as after
-    a flattened-linear rewrite); an N-D B is a batched MatMul with numpy broadcasting.
+    a flattened-linear rewrite); an N-D B is a batched MatMul with numpy broadcasting. The
+    inputs after the residual are the operands of the element-wise ``tail`` (``apply_tail``).
     """
 
-    def _run(self, a, b, bias=None, residual=None, trans_b=0, alpha=1.0, beta=1.0, activation="",
-             activation_params=None, output_shape=None, has_bias=0, has_residual=0):
-        return (gemm_epilogue(a, b, bias, residual, trans_b, alpha, beta, activation, activation_params,
-                              output_shape),)
+    def _run(self, a, b, bias=None, residual=None, *tail_operands, trans_b=0, alpha=1.0, beta=1.0,
+             activation="", activation_params=None, output_shape=None, has_bias=0, has_residual=0, tail=None,
+             tail_params=None):
+        out = gemm_epilogue(a, b, bias, residual, trans_b, alpha, beta, activation, activation_params,
+                            output_shape)
+        return (apply_tail(out, tail, tail_params, tail_operands).astype(a.dtype),)
 
 
 def gemm_epilogue(a, b, bias, residual, trans_b, alpha, beta, activation_name, activation_params,
@@ -186,8 +216,8 @@ CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "st
 CONV_TRANSPOSE_ATTRIBUTES = CONV_ATTRIBUTES + ("output_padding", "output_shape")
 
 
-def conv_epilogue(op_type: str, x, w, bias, gate, bn, residual, attributes: dict) -> np.ndarray:
-    """post_activation(activation(BN(conv(x * gate, w) + bias)) + residual), each step optional."""
+def conv_epilogue(op_type: str, x, w, bias, gate, bn, residual, tail_operands, attributes: dict) -> np.ndarray:
+    """tail(post_activation(activation(BN(conv(x * gate, w) + bias)) + residual)), each step optional."""
     if gate is not None:
         x = x * gate
     names = CONV_ATTRIBUTES if op_type == "Conv" else CONV_TRANSPOSE_ATTRIBUTES
@@ -202,28 +232,30 @@ def conv_epilogue(op_type: str, x, w, bias, gate, bn, residual, attributes: dict
         if attributes.get("residual") == "upsampled":
             residual = resize(residual, attributes["resize_scales"], attributes)
         out = apply_activation(out + residual, attributes.get("post_activation", ""),
-                         attributes.get("post_activation_params"))
+                               attributes.get("post_activation_params"))
+    out = apply_tail(out, attributes.get("tail"), attributes.get("tail_params"), tail_operands)
     return out.astype(x.dtype)
 
 
 class ConvEpilogue(_FusedOp):
     """Conv (NCHW) with an optional per-channel input scale (SE gate) in front and bias,
     inference BatchNormalization, activation, residual add (a tensor, or ``residual =
-    "upsampled"``: the small map, resized by ``resize_scales`` first) and activation after it."""
+    "upsampled"``: the small map, resized by ``resize_scales`` first), activation after it and
+    the element-wise ``tail`` (``apply_tail``), whose operands are the inputs after the residual."""
 
     def _run(self, x, w, bias=None, gate=None, bn_scale=None, bn_bias=None, bn_mean=None, bn_var=None,
-             residual_map=None, **attributes):
+             residual_map=None, *tail_operands, **attributes):
         return (conv_epilogue("Conv", x, w, bias, gate, (bn_scale, bn_bias, bn_mean, bn_var), residual_map,
-                              attributes),)
+                              tail_operands, attributes),)
 
 
 class ConvTransposeEpilogue(_FusedOp):
-    """ConvTranspose + bias + inference BatchNormalization + activation + residual + activation."""
+    """ConvTranspose + bias + inference BatchNormalization + activation + residual + activation + tail."""
 
     def _run(self, x, w, bias=None, bn_scale=None, bn_bias=None, bn_mean=None, bn_var=None,
-             residual_map=None, **attributes):
+             residual_map=None, *tail_operands, **attributes):
         return (conv_epilogue("ConvTranspose", x, w, bias, None, (bn_scale, bn_bias, bn_mean, bn_var),
-                              residual_map, attributes),)
+                              residual_map, tail_operands, attributes),)
 
 
 class SqueezeExcitation(_FusedOp):

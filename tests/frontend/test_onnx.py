@@ -143,9 +143,9 @@ def test_bind_dim_defaults_by_name():
     assert [s.shape for s in specs] == [(6, 11, 8), (6,), (3, 9)]
 
 
-def test_explicit_shape_beats_dim_default():
+def test_explicit_shape_beats_dim_default_for_every_input_sharing_the_dim():
     specs = bind_input_shapes(two_input_model(), {"a": (1, 2, 8), "c": (3, 1)}, {"batch": 6, "seq": 11})
-    assert [s.shape for s in specs] == [(1, 2, 8), (6,), (3, 1)]
+    assert [s.shape for s in specs] == [(1, 2, 8), (1,), (3, 1)]
 
 
 def test_unbound_named_dim():
@@ -464,3 +464,13 @@ def test_non_tensor_input_is_refused_naming_the_input(input_type, described):
     assert info.value.exit_code == 3
     assert f"input 'x' has type {described}, not a tensor type" in info.value.message
     assert "tensor inputs" in info.value.hint
+
+
+def test_a_named_dim_bound_by_one_flag_binds_every_input_that_shares_it():
+    specs = bind_input_shapes(two_input_model(), {"a": (3, 5, 8), "c": (3, 2)})
+    assert [s.shape for s in specs] == [(3, 5, 8), (3,), (3, 2)]  # b is [batch]: 3 from a's flag
+
+
+def test_a_named_dim_given_two_sizes_by_flags_is_an_error():
+    err = shape_error(bind_input_shapes, two_input_model(), {"a": (3, 5, 8), "b": (4,), "c": (3, 2)})
+    assert "dim 'batch' is 3 in --input-shape a but 4 in --input-shape b" in err.message

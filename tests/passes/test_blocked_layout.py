@@ -124,3 +124,45 @@ def test_resnet_in_blocked_layout_matches_onnx_runtime_and_nchw(shape):
             (expected,) = reference_outputs(prepared.onnx_model, inputs).values()
     np.testing.assert_allclose(results["blocked"], expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(results["blocked"], results["nchw"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_without_convs_is_not_shown_to_layout_inference(monkeypatch):
+    """TVM's layout inference crashes on some ops (a negative stack axis after an LSTM): a model
+    with nothing to block never meets it."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 16), "float32")):
+            with R.dataflow():
+                gv = R.stack([R.matmul(x, w), x], axis=-1)
+                R.output(gv)
+            return gv
+
+    def fail(*_args):
+        raise AssertionError("ConvertLayout ran on a model without convs")
+
+    monkeypatch.setattr(relax.transform, "ConvertLayout", fail)
+    after, report = convert(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    assert report.near_misses == [] and not report.fired
+
+
+def test_a_layout_inference_failure_keeps_nchw_and_says_why(monkeypatch):
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w: R.Tensor((16, 16, 3, 3), "float32")):
+            with R.dataflow():
+                gv = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+                R.output(gv)
+            return gv
+
+    def crash(*_args):
+        raise IndexError("Index -1 out of bounds 4")
+
+    monkeypatch.setattr(relax.transform, "ConvertLayout", crash)
+    after, report = convert(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    (miss,) = report.near_misses
+    assert miss.reason == "layout inference failed: Index -1 out of bounds 4"

@@ -105,6 +105,7 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
         if name not in names:
             raise ShapeError(f"--input-shape names {name!r}, which is not an input of the model",
                              f"the model's inputs are: {', '.join(names)}")
+    dim_defaults = {**dim_defaults, **_dims_named_by_flags(inputs, shapes)}
     specs = []
     for value in inputs:
         tensor_type = _input_tensor_type(value)
@@ -147,6 +148,26 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
                     f"or set {name} = N under [inputs] in the config")
         specs.append(TensorSpec(value.name, tuple(shape), dtype))
     return specs
+
+
+def _dims_named_by_flags(inputs: list[onnx.ValueInfoProto], shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Named dims an explicit shape fixes: ``--input-shape src:1x16`` binds ``src_len`` = 16 for
+    every input that shares the name (``src_mask``), as the model says they are one size."""
+    named: dict[str, tuple[int, str]] = {}
+    for value in inputs:
+        given = shapes.get(value.name)
+        tensor_type = value.type.tensor_type
+        if given is None or not tensor_type.HasField("shape") or len(given) != len(tensor_type.shape.dim):
+            continue
+        for dim, size in zip(tensor_type.shape.dim, given):
+            if not dim.dim_param:
+                continue
+            earlier = named.setdefault(dim.dim_param, (size, value.name))
+            if earlier[0] != size:
+                raise ShapeError(f"dim {dim.dim_param!r} is {earlier[0]} in --input-shape {earlier[1]} but "
+                                 f"{size} in --input-shape {value.name}",
+                                 "the model says these are one size: give both the same")
+    return {name: size for name, (size, _) in named.items()}
 
 
 def _fixed(dim: onnx.TensorShapeProto.Dimension) -> bool:

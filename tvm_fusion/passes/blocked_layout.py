@@ -45,6 +45,8 @@ class ConvertConvsToBlockedLayout:
                 f"{len(staying)} conv(s) cannot take NCHW{self.block}c (e.g. {staying[0]}); mixing "
                 "layouts would put a layout transform between convs, so the model stays in NCHW"))
             return mod
+        if not self._has_convertible_conv(mod):
+            return mod  # nothing to block: TVM's layout inference need not see the model at all
         converted = []
 
         def desired_layout(call: relax.Call) -> dict:
@@ -57,8 +59,10 @@ class ConvertConvsToBlockedLayout:
 
         try:
             blocked = relax.transform.ConvertLayout({}, desired_layout)(mod)
-        except (tvm.error.InternalError, tvm.error.OpError) as err:
-            reason = str(err).strip().splitlines()[-1]
+        except Exception as err:  # noqa: BLE001 - TVM's inference fails on ops it has no rule for
+            # (IndexError on a negative stack axis after an LSTM, InternalError, OpError...).
+            lines = str(err).strip().splitlines()
+            reason = lines[-1] if lines else type(err).__name__
             self.report.add_near_miss(NearMiss(PATTERN_NAME, "main", f"layout inference failed: {reason}"))
             return mod
         if converted:
@@ -87,6 +91,14 @@ class ConvertConvsToBlockedLayout:
 
             relax.analysis.post_order_visit(func.body, visit)
         return staying
+
+    def _has_convertible_conv(self, mod: tvm.IRModule) -> bool:
+        found = []
+        for func in mod.functions.values():
+            if isinstance(func, relax.Function):
+                relax.analysis.post_order_visit(
+                    func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and self._convertible(e) else None)
+        return bool(found)
 
     def _convertible(self, call: relax.Call) -> bool:
         if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
