@@ -7,15 +7,16 @@ import numpy as np
 import onnx
 import pytest
 import tvm
+from machine import host_target
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tvm_fusion import api
-from tvm_fusion.config import load_config
+from tvm_fusion.config import load_config, parse_config
 from tvm_fusion.frontend.onnx import random_inputs
-from tvm_fusion.passes import FusePatterns
+from tvm_fusion.passes import FusePatterns, fusion_pipeline
 from tvm_fusion.patterns import PatternReport, get_pattern
 from tvm_fusion.verify import reference_outputs
 
@@ -98,13 +99,15 @@ def test_bert_form_becomes_one_composite():
 
 def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_shape=(1, 1, 1, 8),
                       qk_dtype="float32", scores_dtype=None, probs_output=False, packed=False,
-                      qk_heads=False):
+                      qk_heads=False, stacked=False, scale_at="scores", stack_order=(0, 1, 2)):
     """A [1, 8, 2x8] attention in Relax with the given variations (defaults: BERT's form);
-    ``packed``: Q, K, V split from one [1, 8, 3x2x8] projection (GPT-2's c_attn); ``qk_heads``:
-    Q and K given as [1, 2, 8, 8] (Llama's, after the rotary embedding)."""
+    ``packed``: Q, K, V split from one [1, 8, 3x2x8] projection (GPT-2's c_attn); ``stacked``:
+    that projection viewed as [1, 8, 3, 2, 8] and Q, K, V sliced from axis 0 in ``stack_order``
+    (SVTR, timm's ViT); ``qk_heads``: Q and K given as [1, 2, 8, 8] (Llama's, after the rotary
+    embedding); ``scale_at``: "scores", "query" (Q scaled before Q·Kᵀ) or "none"."""
     seq, heads, dim = 8, 2, 8
     proj = relax.TensorType((1, seq, heads * dim), qk_dtype)
-    if packed:
+    if packed or stacked:
         qkv = relax.Var("qkv", relax.TensorType((1, seq, 3 * heads * dim), "float32"))
         params = [qkv]
     elif qk_heads:
@@ -128,24 +131,34 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
     bb = relax.BlockBuilder()
     with bb.function("main", params):
         with bb.dataflow():
-            if packed:
+            v_heads = None
+            if stacked:
+                stack = bb.emit(relax.op.permute_dims(relax.op.reshape(params[0], (1, seq, 3, heads, dim)),
+                                                      [2, 0, 3, 1, 4]))
+                q, k, v_heads = (bb.emit(relax.op.squeeze(relax.op.strided_slice(stack, [0], [i], [i + 1]), [0]))
+                                 for i in stack_order)
+            elif packed:
                 split = bb.emit(relax.op.split(params[0], 3, axis=-1))
                 q, k, v = (bb.emit(relax.TupleGetItem(split, i)) for i in range(3))
             else:
                 q, k, v = params[:3]
-            if qk_heads:
+            if qk_heads or stacked:
                 q_heads, k_transposed = q, relax.op.permute_dims(k, [0, 1, 3, 2])
             else:
                 q_heads, k_transposed = heads_first(q, [0, 2, 1, 3]), heads_first(k, [0, 2, 3, 1])
+            if scale_at == "query":
+                q_heads = bb.emit(relax.op.multiply(q_heads, relax.const(1 / np.sqrt(dim), "float32")))
             scores = bb.emit(relax.op.matmul(q_heads, k_transposed, out_dtype=scores_dtype))
-            logits = bb.emit(scale_op(scores, scale))
+            logits = bb.emit(scale_op(scores, scale)) if scale_at == "scores" else scores
             if causal:
                 triangle = relax.const(np.tril(np.ones((1, 1, seq, seq), bool)))
                 logits = bb.emit(relax.op.where(triangle, logits, relax.const(FLOAT_MIN, "float32")))
             if mask_shape is not None:
                 logits = bb.emit(relax.op.add(logits, mask))
             probs = bb.emit(relax.op.nn.softmax(logits, axis=-1))
-            context = bb.emit(relax.op.matmul(probs, heads_first(v, [0, 2, 1, 3])))
+            if v_heads is None:
+                v_heads = heads_first(v, [0, 2, 1, 3])
+            context = bb.emit(relax.op.matmul(probs, v_heads))
             batch = context.ty.shape[0]  # a mask of the wrong shape widens the batch
             out = relax.op.reshape(relax.op.permute_dims(context, [0, 2, 1, 3]), (batch, seq, heads * dim))
             out = bb.emit_output(relax.Tuple([out, probs]) if probs_output else out)
@@ -162,6 +175,10 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
     ("masked", {"mask_shape": (1, 2, 8, 8)}),
     ("qkv_causal_masked", {"packed": True, "causal": True}),
     ("qk_heads_masked", {"qk_heads": True}),
+    ("qkv_stacked_unmasked_query_scaled", {"stacked": True, "mask_shape": None, "scale_at": "query"}),
+    ("qkv_stacked_masked", {"stacked": True}),
+    ("masked_query_scaled", {"scale_at": "query"}),
+    ("causal_unscaled", {"causal": True, "mask_shape": None, "scale_at": "none"}),
 ])
 def test_variants_fire(variant, kwargs):
     after, report = fuse(_attention_module(**kwargs))
@@ -183,6 +200,8 @@ def test_variants_fire(variant, kwargs):
     ({"qk_dtype": "float16", "scores_dtype": "float32"},
      "dtype mismatch (q_proj float16, k_proj float16, v_proj float32, scores float32, out float32): "
      "the kernel computes in one dtype"),
+    ({"stacked": True, "stack_order": (1, 0, 2)},
+     "q is not slice 0 of the stacked Q, K, V (axes [0], begin [1], end [2])"),
 ])
 def test_must_not_fuse(kwargs, reason):
     before = _attention_module(**kwargs)
@@ -324,3 +343,20 @@ def test_fused_matches_onnxruntime_and_unfused(tmp_path, mask_form, seq, variant
     if mask_form == "padding":
         v_mean = inputs["v"][1].mean(axis=0)
         np.testing.assert_allclose(fused[1], np.broadcast_to(v_mean, fused[1].shape), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("kwargs", [{"stacked": True, "mask_shape": None, "scale_at": "query"},
+                                    {"causal": True, "mask_shape": (1, 1, 8, 8), "scale_at": "none"}])
+def test_new_forms_are_scheduled_by_the_attention_rule_and_match_unfused(kwargs):
+    """SVTR's form (stacked Q, K, V; Q scaled) and an unscaled one, through the whole pipeline."""
+    module = _attention_module(**kwargs)
+    config = parse_config({"target": host_target(), "pipeline": {"patterns": ["attention"]}}, name="test")
+    schedule_log: dict[str, str] = {}
+    fused = fusion_pipeline(config, PatternReport(), schedule_log=schedule_log)(module)
+    assert list(schedule_log.values()) == ["Attention"]
+    rng = np.random.default_rng(0)
+    inputs = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32"))
+              for p in module["main"].params]
+    run = lambda mod: relax.VirtualMachine(tvm.compile(mod, target=config.tvm_target()), tvm.cpu())[  # noqa: E731
+        "main"](*inputs).numpy()
+    np.testing.assert_allclose(run(fused), run(relax.get_pipeline("zero")(module)), rtol=1e-5, atol=1e-5)

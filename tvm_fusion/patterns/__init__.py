@@ -27,6 +27,7 @@ from .silu import Silu
 from .skip_layernorm import SkipLayerNorm
 from .skip_rms_norm import SkipRmsNorm
 from .softmax import Softmax
+from .softmax_flattened import SoftmaxFlattened
 from .squeeze_excitation import SqueezeExcitation
 
 PATTERNS: dict[str, RewriteRule | FusionRule] = {
@@ -48,6 +49,7 @@ PATTERNS: dict[str, RewriteRule | FusionRule] = {
         Attention(),
         LayerNormDecomposed(),
         RmsNormDecomposed(),
+        SoftmaxFlattened(),
         SkipLayerNorm(),
         SkipRmsNorm(),
         DropoutTraining(),  # before gemm_epilogue, which would take its matmul chain

@@ -27,10 +27,18 @@ HEADS_FIRST = (0, 2, 1, 3)          # Q, V: [batch, heads, seq, dim]; also the h
 HEADS_FIRST_TRANSPOSED = (0, 2, 3, 1)  # Kᵀ: [batch, heads, dim, seq]
 LAST_TWO_SWAPPED = (0, 1, 3, 2)     # Kᵀ from K already in [batch, heads, seq, dim]
 
+STACKED_HEADS = (2, 0, 3, 1, 4)      # [B, S, 3, H, D] -> [3, B, H, S, D]: Q, K, V stacked on axis 0
+
 # Where Q and K come from, in the order tried (the form absorbing the most first), with the
 # prefix of its variant names: one packed projection split three ways (GPT-2's c_attn), one
-# projection each (BERT), or Q and K already split into heads (Llama: after rotary embeddings).
-QK_FORMS = {"packed": "qkv_", "projections": "", "heads": "qk_heads_"}
+# packed projection viewed as [B, S, 3, H, D] and indexed on a stacked axis (SVTR in PP-OCR,
+# timm's ViT), one projection each (BERT), or Q and K already split into heads (Llama: after
+# rotary embeddings).
+QK_FORMS = {"packed": "qkv_", "stacked": "qkv_stacked_", "projections": "", "heads": "qk_heads_"}
+
+# Where the 1/sqrt(d) scale is applied, with the suffix of the variant names: to the scores
+# (BERT, GPT-2), to Q before Q·Kᵀ (SVTR, timm), or nowhere (folded into the Q weights).
+SCALES = {"scores": "", "query": "_query_scaled", "none": "_unscaled"}
 
 MASKS = {  # name: (causal where, additive mask), longest first
     "causal_masked": (True, True),
@@ -52,23 +60,44 @@ def _split_heads(found: dict, name: str):
     return found[f"{name}_heads"]
 
 
-def _qk_operands(found: dict, qk_form: str):
+def _stacked_head(found: dict, name: str):
+    """``squeeze(strided_slice(stack, axis 0, [i, i+1]), 0)``: one of Q, K, V from the stack."""
+    found[f"{name}_slice"] = is_op("relax.strided_slice")(found["qkv_stack"], varg_default_wildcard=True)
+    found[f"{name}_unstacked"] = is_op("relax.squeeze")(found[f"{name}_slice"])
+    return found[f"{name}_unstacked"]
+
+
+def _qkv_operands(found: dict, qk_form: str):
+    """The Q, Kᵀ and V operands of the two matmuls, for one of ``QK_FORMS``."""
+    if qk_form == "stacked":
+        found["qkv"] = wildcard()
+        found["qkv_view"] = is_op("relax.reshape")(found["qkv"], wildcard())
+        found["qkv_stack"] = is_op("relax.permute_dims")(found["qkv_view"])
+        q, k = _stacked_head(found, "q"), _stacked_head(found, "k")
+        found["k_transposed"] = is_op("relax.permute_dims")(k)
+        return q, found["k_transposed"], _stacked_head(found, "v")
     if qk_form == "heads":
         found["q"], found["k"] = wildcard(), wildcard()
         found["k_transposed"] = is_op("relax.permute_dims")(found["k"])
-        return found["q"], found["k_transposed"]
+        return found["q"], found["k_transposed"], _split_heads(found, "v")
     if qk_form == "packed":
         found["qkv"] = wildcard()
         found["qkv_split"] = is_op("relax.split")(found["qkv"])
-    return _split_heads(found, "q"), _split_heads(found, "k")
+    return _split_heads(found, "q"), _split_heads(found, "k"), _split_heads(found, "v")
 
 
-def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections"):
+def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections", scale_at: str = "scores"):
     """The attention chain and its annotations."""
     found: dict = {}
-    scores = found["scores"] = is_op("relax.matmul")(*_qk_operands(found, qk_form))
-    scale = found["scale"] = wildcard()
-    logits = found["scaled"] = is_op("relax.divide")(scores, scale) | is_op("relax.multiply")(scores, scale)
+    q, k_transposed, v = _qkv_operands(found, qk_form)
+    if scale_at == "query":
+        found["scale"] = wildcard()
+        q = found["q_scaled"] = is_op("relax.multiply")(q, found["scale"])
+    scores = found["scores"] = is_op("relax.matmul")(q, k_transposed)
+    logits = scores
+    if scale_at == "scores":
+        scale = found["scale"] = wildcard()
+        logits = found["scaled"] = is_op("relax.divide")(scores, scale) | is_op("relax.multiply")(scores, scale)
     if causal:
         found["causal_cond"], found["causal_fill"] = wildcard(), wildcard()
         logits = found["causal"] = is_op("relax.where")(found["causal_cond"], logits, found["causal_fill"])
@@ -76,7 +105,7 @@ def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections"):
         found["mask"] = wildcard()
         logits = found["masked"] = is_op("relax.add")(logits, found["mask"])
     found["probs"] = is_op("relax.nn.softmax")(logits)
-    found["context"] = is_op("relax.matmul")(found["probs"], _split_heads(found, "v"))
+    found["context"] = is_op("relax.matmul")(found["probs"], v)
     found["merged"] = is_op("relax.permute_dims")(found["context"])
     found["out"] = is_op("relax.reshape")(found["merged"], wildcard())
     return found["out"], found
@@ -89,8 +118,9 @@ class Attention(FusionRule):
                    "scores in a cache-resident tile")
 
     def variants(self):
-        return [(prefix + name, *attention_pattern(*masks, qk_form=form))
-                for form, prefix in QK_FORMS.items() for name, masks in MASKS.items()]
+        return [(prefix + name + suffix, *attention_pattern(*masks, qk_form=form, scale_at=scale_at))
+                for form, prefix in QK_FORMS.items() for name, masks in MASKS.items()
+                for scale_at, suffix in SCALES.items()]
 
     def anchor(self, context):
         return context.annotated_expr["probs"]
@@ -111,7 +141,7 @@ class Attention(FusionRule):
 
 def _check_dtypes(found) -> str | None:
     dtypes = {name: dtype_of(found[name])
-              for name in ("q_proj", "k_proj", "q", "k", "v_proj", "scores", "out") if name in found}
+              for name in ("qkv", "q_proj", "k_proj", "q", "k", "v_proj", "scores", "out") if name in found}
     if len(set(dtypes.values())) != 1:
         listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
         return f"dtype mismatch ({listed}): the kernel computes in one dtype"
@@ -128,17 +158,31 @@ def _check_layout(found) -> str | None:
         return f"scores shape {scores_shape} is not [batch, heads, queries, keys]"
     expected = {"q_heads": HEADS_FIRST, "k_heads": HEADS_FIRST_TRANSPOSED, "k_transposed": LAST_TWO_SWAPPED,
                 "v_heads": HEADS_FIRST, "merged": HEADS_FIRST}
+    if "qkv_stack" in found:
+        expected["qkv_stack"] = STACKED_HEADS
     for name, axes in expected.items():
         if name not in found:
             continue
         actual = tuple(int(a) for a in found[name].attrs.axes or ())
         if actual != axes:
             return f"{name.split('_')[0]} head permutation {actual} is not {axes}"
+    return _check_stacked_slices(found) if "qkv_stack" in found else None
+
+
+def _check_stacked_slices(found) -> str | None:
+    """Q, K and V must be stack[0], stack[1] and stack[2], each squeezed on the stacked axis."""
+    for index, name in enumerate(("q", "k", "v")):
+        sliced, squeezed = found[f"{name}_slice"], found[f"{name}_unstacked"]
+        axes, begin, end = (_int_tuple(arg) for arg in sliced.args[1:4])
+        if (axes, begin, end) != ([0], [index], [index + 1]):
+            return f"{name} is not slice {index} of the stacked Q, K, V (axes {axes}, begin {begin}, end {end})"
+        if [int(a) for a in squeezed.attrs.axis or ()] != [0]:
+            return f"{name} is not squeezed on the stacked axis"
     return None
 
 
 def _check_scale(found) -> str | None:
-    if scalar_constant(found["scale"]) is None:
+    if "scale" in found and scalar_constant(found["scale"]) is None:
         return "the score scale is not a constant scalar"
     return None
 
@@ -153,3 +197,11 @@ def _check_masks(found) -> str | None:
     if "causal" in found and static_shape(found["causal_fill"]) not in ((), (1,)):
         return f"the causal fill value has shape {static_shape(found['causal_fill'])}, not a scalar"
     return None
+
+
+def _int_tuple(expr) -> list[int] | None:
+    """A strided_slice's axes/begin/end as ints, or None when they are not constants."""
+    try:
+        return [int(value) for value in expr.fields]
+    except (AttributeError, TypeError):
+        return None

@@ -1,0 +1,67 @@
+"""reshape (merging leading axes) -> softmax(last axis) -> reshape back -> softmax on the tensor."""
+
+import tvm
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from rewrite_helpers import apply_rule
+
+
+def test_paddles_flattened_attention_softmax_becomes_softmax():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 8, 40, 40), "float32")) -> R.Tensor((1, 8, 40, 40), "float32"):
+            with R.dataflow():
+                lv = R.reshape(x, R.shape([320, 40]))
+                lv1 = R.nn.softmax(lv, axis=-1)
+                gv = R.reshape(lv1, R.shape([1, 8, 40, 40]))
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 8, 40, 40), "float32")) -> R.Tensor((1, 8, 40, 40), "float32"):
+            with R.dataflow():
+                gv = R.nn.softmax(x, axis=-1)
+                R.output(gv)
+            return gv
+
+    after, report = apply_rule(Before, "softmax_flattened")
+    tvm.ir.assert_structural_equal(after, Expected)
+    assert report.fired["softmax_flattened"] == 1
+
+
+def test_must_not_rewrite_a_reshape_that_changes_the_softmax_axis():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 8, 40, 40), "float32")) -> R.Tensor((1, 8, 40, 40), "float32"):
+            with R.dataflow():
+                lv = R.reshape(x, R.shape([160, 80]))
+                lv1 = R.nn.softmax(lv, axis=-1)
+                gv = R.reshape(lv1, R.shape([1, 8, 40, 40]))
+                R.output(gv)
+            return gv
+
+    after, report = apply_rule(Before, "softmax_flattened")
+    tvm.ir.assert_structural_equal(after, Before)
+    assert [m.reason for m in report.near_misses] == ["the reshape (1, 8, 40, 40) -> (160, 80) changes the softmax axis"]
+
+
+def test_must_not_rewrite_when_the_result_keeps_another_shape():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 8, 40, 40), "float32")) -> R.Tensor((8, 40, 40), "float32"):
+            with R.dataflow():
+                lv = R.reshape(x, R.shape([320, 40]))
+                lv1 = R.nn.softmax(lv, axis=-1)
+                gv = R.reshape(lv1, R.shape([8, 40, 40]))
+                R.output(gv)
+            return gv
+
+    after, report = apply_rule(Before, "softmax_flattened")
+    tvm.ir.assert_structural_equal(after, Before)
+    assert not report.fired and report.near_misses

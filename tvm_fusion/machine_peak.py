@@ -1,0 +1,126 @@
+"""This machine's roofline: FMA throughput and DRAM bandwidth, measured once per machine class.
+
+``profile`` sets each kernel against these two roofs. Both are probed with TVM-compiled kernels
+at the config's thread count (the code our kernels are, not a vendor's datasheet), and cached in
+``~/.cache/tvm_fusion/peak-<target key>.json``: the target key (``kind-mcpu-Nc``, as the tuning
+store uses) names the machine class, so a cache never crosses machines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import PipelineConfig
+from .report import write_json
+
+# Fresh probes on a busy machine undershoot, never overshoot: keep the best of a few runs.
+PROBE_RUNS = 7
+FMA_ACCUMULATORS = 12       # independent vector chains per thread: more than FMA latency x ports
+FMA_ITERATIONS = 200_000
+TRIAD_ELEMENTS = 16 * 1024 * 1024  # float32: 64 MiB per array, far beyond any L3 here
+
+
+@dataclasses.dataclass
+class MachinePeak:
+    target_key: str
+    threads: int
+    gflops: float          # float32 FMA throughput, all threads
+    gbytes_per_s: float    # STREAM-like triad a = b + 3c, 3 arrays counted
+    probed_at: str
+
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where the two roofs meet."""
+        return self.gflops / self.gbytes_per_s
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_fusion"
+
+
+def machine_peak(config: PipelineConfig, refresh: bool = False) -> MachinePeak:
+    """The cached peaks for the config's target (probing and caching them the first time)."""
+    from .tuning.store import target_key
+
+    key = target_key(config.tvm_target())
+    path = cache_dir() / f"peak-{key}.json"
+    if path.exists() and not refresh:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("threads") == config.threads:
+                return MachinePeak(**data)
+        except (ValueError, TypeError):
+            pass  # a damaged cache is probed again and rewritten
+    peak = MachinePeak(key, config.threads, probe_fma(config), probe_triad(config),
+                       time.strftime("%Y-%m-%dT%H:%M:%S"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, dataclasses.asdict(peak), flag="$XDG_CACHE_HOME")
+    return peak
+
+
+def probe_fma(config: PipelineConfig) -> float:
+    """GFLOP/s of independent vector FMA chains held in registers, one per thread."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from .schedules.cpu.target_info import vector_lanes
+
+    target = config.tvm_target()
+    lanes = vector_lanes(target, "float32")
+    threads, accs, iters = config.threads, FMA_ACCUMULATORS, FMA_ITERATIONS
+    vector = f"float32x{lanes}"
+
+    @T.prim_func
+    def fma(out: T.Buffer((threads, accs * lanes), "float32"), coef: T.Buffer((2,), "float32")):
+        for p in T.parallel(threads):
+            acc = T.alloc_buffer((accs,), vector, scope="local")
+            for a in T.unroll(accs):
+                acc[a] = T.Broadcast(T.Cast("float32", a), lanes)
+            for _ in range(iters):
+                for a in T.unroll(accs):
+                    acc[a] = T.fma(acc[a], T.Broadcast(coef[0], lanes), T.Broadcast(coef[1], lanes))
+            for a in T.unroll(accs):
+                out[p, T.Ramp(a * lanes, 1, lanes)] = acc[a]
+
+    library = tvm.compile(tvm.IRModule({"main": fma}), target=target)
+    out = tvm.runtime.tensor(np.zeros((threads, accs * lanes), "float32"))
+    coef = tvm.runtime.tensor(np.array([0.999, 0.001], "float32"))  # converges, never overflows
+    best = _best_seconds(lambda: library["main"](out, coef))
+    return 2.0 * threads * accs * lanes * iters / best / 1e9
+
+
+def probe_triad(config: PipelineConfig) -> float:
+    """GB/s of ``a = b + 3c`` compiled by our pipeline (parallel, vectorized) on 64 MiB arrays."""
+    import tvm
+    from tvm import relax
+
+    from .passes import fusion_pipeline
+    from .patterns import PatternReport
+
+    b, c = (relax.Var(n, relax.TensorType((TRIAD_ELEMENTS,), "float32")) for n in "bc")
+    builder = relax.BlockBuilder()
+    with builder.function("main", [b, c]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.add(b, relax.op.multiply(c, relax.const(3.0, "float32"))))
+        builder.emit_func_output(out)
+    module = fusion_pipeline(dataclasses.replace(config, patterns=()), PatternReport())(builder.get())
+    vm = relax.VirtualMachine(tvm.compile(module, target=config.tvm_target()), tvm.cpu())
+    arrays = [tvm.runtime.tensor(np.ones(TRIAD_ELEMENTS, "float32")) for _ in range(2)]
+    best = _best_seconds(lambda: vm["main"](*arrays))
+    return 3 * TRIAD_ELEMENTS * 4 / best / 1e9
+
+
+def _best_seconds(run) -> float:
+    run()
+    samples = []
+    for _ in range(PROBE_RUNS):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return min(samples)
