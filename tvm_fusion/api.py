@@ -252,14 +252,15 @@ def _sha256(model: onnx.ModelProto) -> str:
 
 def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                   output_dir: str | Path = "build", verify: bool = True,
-                  progress: Progress = _quiet, tuning_log: str | Path | bool | None = None) -> CompileResult:
+                  progress: Progress = _quiet, tuning_log: str | Path | bool | None = None,
+                  fusion_gate: bool = True) -> CompileResult:
     """Compile an ONNX model into ``<output_dir>/<model>.<target>/``, verified against ONNX Runtime.
 
     With ``verify`` a mismatch raises VerificationError and nothing is written. One target of
     ``compile_targets``, whose error (missing toolchain, mismatch) is raised here.
     """
     (result,) = compile_targets(model_path, [config], input_shapes, output_dir, verify, progress,
-                                tuning_log=tuning_log)
+                                tuning_log=tuning_log, fusion_gate=fusion_gate)
     if result.error is not None:
         raise result.error
     return result
@@ -277,7 +278,8 @@ class TargetResult(CompileResult):
 
 def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeArg = None,
                     output_dir: str | Path = "build", verify: bool = True,
-                    progress: Progress = _quiet, tuning_log: str | Path | bool | None = None) -> list[TargetResult]:
+                    progress: Progress = _quiet, tuning_log: str | Path | bool | None = None,
+                    fusion_gate: bool = True) -> list[TargetResult]:
     """Compile one model for several targets (configs) into ``<output_dir>/<model>.<target>/`` each.
 
     The ONNX import runs once per distinct ``[inputs]`` table and the fusion phases once per
@@ -286,7 +288,9 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     in its result and the other targets still build; a bad model, config or shape raises.
     Each artifact is run (natively or under qemu-user) and compared with ONNX Runtime before
     it is committed; where it cannot run here (CUDA without a GPU), or ONNX Runtime cannot run
-    the model (no kernel for an op at its dtype), its result says so.
+    the model (no kernel for an op at its dtype), its result says so. With ``fusion_gate``, each
+    fused instance is checked against its unfused nodes first and undone if it differs
+    (``fusion_gate.py``; on targets that run here).
     """
     from .targets import ToolchainError, check_toolchain
 
@@ -311,7 +315,7 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
         try:
             toolchain = check_toolchain(cfg.name, cfg.target)
             results.append(_compile_target(shared, cfg, toolchain, output_dir, verify, say,
-                                           tuning_log=tuning_log))
+                                           tuning_log=tuning_log, fusion_gate=fusion_gate))
         except (ToolchainError, VerificationError, ArtifactError) as err:
             say(f"FAILED: {err.message}")
             results.append(TargetResult(None, {}, PatternReport(), [], target=cfg.name,
@@ -335,15 +339,36 @@ class _SharedWork:
             self.prepared[key] = prepare(self.model_path, cfg, self.input_shapes, self.progress)
         return self.prepared[key]
 
-    def fuse(self, cfg: PipelineConfig, prepared: PreparedModel) -> tuple[object, PatternReport]:
+    def fuse(self, cfg: PipelineConfig, prepared: PreparedModel,
+             excluded: frozenset[str] = frozenset()) -> tuple[object, PatternReport]:
         from .passes import GRAPH_PHASES, fusion_pipeline
 
-        key = (id(prepared), cfg.patterns)
+        key = (id(prepared), cfg.patterns, excluded)
         if key not in self.fused:
-            self.progress(f"running the tvm_fusion pipeline ({', '.join(cfg.patterns)})")
+            if not excluded:
+                self.progress(f"running the tvm_fusion pipeline ({', '.join(cfg.patterns)})")
             report = PatternReport()
-            fused = fusion_pipeline(cfg, report, phases=GRAPH_PHASES)(prepared.relax_module)
+            fused = fusion_pipeline(cfg, report, phases=GRAPH_PHASES, excluded=excluded)(prepared.relax_module)
             self.fused[key] = (fused, report)
+        return self.fused[key]
+
+    def gated_fuse(self, cfg: PipelineConfig, prepared: PreparedModel, say: Progress):
+        """Fusion with the numeric gate, on the node-named import so that an undone instance is
+        reported by its ONNX nodes (the same graph; only binding names differ)."""
+        from . import fusion_gate
+        from .profile import onnx_nodes_of
+        from .provenance import import_with_node_names
+
+        key = (id(prepared), cfg.patterns, "gated")
+        if key not in self.fused:
+            simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
+            named = dataclasses.replace(prepared, relax_module=import_with_node_names(
+                simplified, {s.name: list(s.shape) for s in prepared.inputs},
+                {s.name: s.dtype for s in prepared.inputs}))
+            say("checking each fusion against its unfused nodes (--no-fusion-gate skips this)")
+            self.fused[key] = fusion_gate.gated_fuse(
+                lambda excluded: self.fuse(cfg, named, excluded), cfg,
+                lambda names: onnx_nodes_of(names, self.fuse(cfg, named)[1], simplified), say)
         return self.fused[key]
 
     def inputs_and_reference(self, cfg: PipelineConfig, prepared: PreparedModel, with_reference: bool):
@@ -358,7 +383,8 @@ class _SharedWork:
 
 
 def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, output_dir,
-                    verify: bool, say: Progress, tuning_log: str | Path | bool | None = None) -> TargetResult:
+                    verify: bool, say: Progress, tuning_log: str | Path | bool | None = None,
+                    fusion_gate: bool = True) -> TargetResult:
     import tvm
 
     from .passes import fusion_pipeline
@@ -367,7 +393,11 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
     native: list[str] = []
     with captured_native_stderr(native):
         prepared = shared.prepare(cfg)
-        fused, report = shared.fuse(cfg, prepared)
+        gate = None
+        if fusion_gate and execution_here(cfg.target).how == "native":
+            fused, report, gate = shared.gated_fuse(cfg, prepared, say)
+        else:
+            fused, report = shared.fuse(cfg, prepared)
         records = load_tuning(cfg, tuning_log, say)
         module = fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"), tuning=records)(fused)
         if records and records.applied:
@@ -400,6 +430,7 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
         "versions": {"tvm": tvm.__version__, "tvm_fusion": __version__},
         "verification": None,
         "tuning": tuning_metadata(records),
+        "fusion_gate": gate.to_json() if gate is not None else None,
     }
     execution = execution_here(cfg.target)
     comparisons: list[OutputComparison] = []

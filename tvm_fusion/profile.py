@@ -140,7 +140,7 @@ def build_profiled(prepared, progress: Progress = lambda _m: None, tuning_log=No
     from .passes import GRAPH_PHASES, fusion_pipeline
     from .passes.pipeline import lowering_passes
     from .patterns import PatternReport
-    from .provenance import import_with_node_names
+    from .provenance import import_with_node_names, node_index
 
     cfg = prepared.config
     simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
@@ -158,8 +158,13 @@ def build_profiled(prepared, progress: Progress = lambda _m: None, tuning_log=No
     records = load_tuning(cfg, tuning_log, progress)
     module = fusion_pipeline(cfg, PatternReport(), phases=("schedule",), schedule_log=rules,
                              tuning=records)(lowered)
-    rewrites = {i.output: i.absorbed for i in report.instances if i.variant == i.pattern}
-    covers = {kernel: _onnx_nodes(names, rewrites, simplified) for kernel, names in covered.items()}
+    fusions = [set(i.absorbed) for i in report.instances if i.variant != i.pattern]
+    for names in covered.values():
+        # FuseOpsByPattern renames the tail a composite absorbed (to gv, lv49, ...); its
+        # instance has the node names. Only node names identify the instance.
+        own = {name for name in names if node_index(name, simplified) is not None}
+        names += [name for absorbed in fusions if absorbed & own for name in absorbed]
+    covers = {kernel: onnx_nodes_of(names, report, simplified) for kernel, names in covered.items()}
     return ProfiledModule(module, lowered, rules, patterns, covers)
 
 
@@ -188,9 +193,11 @@ def kernel_groups(grouped) -> tuple[dict[str, str], dict[str, list[str]]]:
     return patterns, dict(covered)
 
 
-def _onnx_nodes(names: list[str], rewrites: dict[str, list[str]], model) -> list[str]:
+def onnx_nodes_of(names: list[str], report, model) -> list[str]:
+    """The ONNX nodes behind binding names of the node-named import, through the rewrites."""
     from .provenance import node_index
 
+    rewrites = {i.output: i.absorbed for i in report.instances if i.variant == i.pattern}
     found: set[int] = set()
     pending, seen = list(names), set()
     while pending:
@@ -238,14 +245,14 @@ def kernel_costs(func) -> tuple[int, int]:
 def _arith_ops(expr) -> int:
     """Float arithmetic nodes in a stored value; index math inside loads is not counted."""
     kind = type(expr).__name__
-    if kind == "BufferLoad" or not hasattr(expr, "dtype"):
+    if kind == "BufferLoad" or not hasattr(expr, "ty"):
         return 0
-    is_float = "float" in str(expr.dtype)
+    is_float = "float" in str(expr.ty)
     own = int(is_float and kind in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Call"))
     if kind == "Call" and is_float and str(getattr(expr.op, "name", "")).endswith("fma"):
         own = 2
     children = [getattr(expr, field) for field in ("a", "b", "value", "condition", "true_value", "false_value")
-                if hasattr(getattr(expr, field, None), "dtype")]
+                if hasattr(getattr(expr, field, None), "ty")]
     if kind == "Call":
         children += list(expr.args)
     return own + sum(_arith_ops(child) for child in children)
@@ -460,6 +467,7 @@ def kernel_graph(lowered) -> list[KernelCall]:
 
 
 def _type_bytes(ty) -> int:
+    import tvm
     from tvm import relax
 
     if isinstance(ty, relax.TupleType):
@@ -467,7 +475,7 @@ def _type_bytes(ty) -> int:
     count = 1
     for dim in ty.shape.values:
         count *= int(dim)
-    return count * ((int(ty.dtype.bits) + 7) // 8)
+    return count * ((tvm.runtime.DataType(str(ty.dtype)).bits + 7) // 8)
 
 
 def mine_chains(calls: list[KernelCall], kernels: dict[str, KernelProfile], gbytes_per_s: float,

@@ -474,3 +474,15 @@ def test_a_named_dim_bound_by_one_flag_binds_every_input_that_shares_it():
 def test_a_named_dim_given_two_sizes_by_flags_is_an_error():
     err = shape_error(bind_input_shapes, two_input_model(), {"a": (3, 5, 8), "b": (4,), "c": (3, 2)})
     assert "dim 'batch' is 3 in --input-shape a but 4 in --input-shape b" in err.message
+
+
+def test_question_mark_dims_are_anonymous_not_one_shared_size():
+    """paddle2onnx writes '?' for every unknown dim: they are not one size, and bind by axis."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "?", "?"])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "paddle", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert bind_input_shapes(model, {"x": (1, 3, 48, 192)})[0].shape == (1, 3, 48, 192)
+    err = shape_error(bind_input_shapes, model, {})
+    assert "input 'x' dim 2 ('x_dim2') is dynamic and unbound" in err.message
+    assert bind_input_shapes(model, {}, {"x_dim2": 48, "x_dim3": 320})[0].shape == (1, 3, 48, 320)

@@ -160,7 +160,7 @@ def _dims_named_by_flags(inputs: list[onnx.ValueInfoProto], shapes: dict[str, tu
         if given is None or not tensor_type.HasField("shape") or len(given) != len(tensor_type.shape.dim):
             continue
         for dim, size in zip(tensor_type.shape.dim, given):
-            if not dim.dim_param:
+            if not _named(dim):
                 continue
             earlier = named.setdefault(dim.dim_param, (size, value.name))
             if earlier[0] != size:
@@ -176,10 +176,15 @@ def _fixed(dim: onnx.TensorShapeProto.Dimension) -> bool:
     return dim.HasField("dim_value") and dim.dim_value >= 0
 
 
+def _named(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    """A ``dim_param`` that names a size; paddle2onnx writes ``?`` for every unknown dim alike."""
+    return any(ch.isalnum() for ch in dim.dim_param)
+
+
 def dynamic_dim_name(input_name: str, axis: int, dim: onnx.TensorShapeProto.Dimension) -> str:
     """The name a dynamic dim is bound by under ``[inputs]``: its ``dim_param``, or for an unnamed
-    dim (no ``dim_param``, or a negative ``dim_value``) ``<input>_dim<axis>``."""
-    return dim.dim_param or f"{input_name}_dim{axis}"
+    dim (no ``dim_param``, ``?``, or a negative ``dim_value``) ``<input>_dim<axis>``."""
+    return dim.dim_param if _named(dim) else f"{input_name}_dim{axis}"
 
 
 def _input_tensor_type(value: onnx.ValueInfoProto) -> onnx.TypeProto.Tensor:

@@ -13,16 +13,18 @@ from ..patterns.base import FusionRule, NearMiss, PatternInstance, PatternReport
 class FusePatterns:
     """FuseOpsByPattern over our rules, recording which fired and why the others declined."""
 
-    def __init__(self, rules: list[FusionRule], report: PatternReport):
+    def __init__(self, rules: list[FusionRule], report: PatternReport, excluded: frozenset[str] = frozenset()):
         self.rules = rules
         self.report = report
+        # Binding names of instances the numeric gate (fusion_gate.py) undid: matches over them decline.
+        self.excluded = excluded
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         declined: dict[str, NearMiss] = {}
         accepted: list[tuple[str, str, relax.Var, list[relax.Var]]] = []
         patterns = [
             relax.transform.FusionPattern(f"{rule.name}.{variant}", root, annotations,
-                                          self._check(rule, declined, accepted, variant))
+                                          self._check(rule, declined, accepted, variant, self.excluded))
             for rule in self.rules
             for variant, root, annotations in rule.variants()
         ]
@@ -54,9 +56,11 @@ class FusePatterns:
         return mod
 
     @staticmethod
-    def _check(rule: FusionRule, declined: dict[str, NearMiss], accepted: list, variant: str):
+    def _check(rule: FusionRule, declined: dict[str, NearMiss], accepted: list, variant: str,
+               excluded: frozenset[str]):
         def check(context: relax.transform.PatternCheckContext) -> bool:
-            reason = rule.check(context)
+            undone = excluded and not excluded.isdisjoint(v.name for v in context.matched_bindings.keys())
+            reason = "undone by the numeric gate" if undone else rule.check(context)
             if reason is None:
                 output = context.value_to_bound_var.get(context.matched_expr)
                 accepted.append((rule.name, variant, output, list(context.matched_bindings.keys())))

@@ -35,12 +35,14 @@ GRAPH_PHASES = ("canonicalize", "layout", "fuse")
 
 def fusion_pipeline(config: PipelineConfig, report: PatternReport,
                     phases: tuple[str, ...] = (*GRAPH_PHASES, "lower", "schedule"),
-                    schedule_log: dict[str, str] | None = None, tuning=None) -> tvm.transform.Pass:
+                    schedule_log: dict[str, str] | None = None, tuning=None,
+                    excluded: frozenset[str] = frozenset()) -> tvm.transform.Pass:
     """The configured pipeline (optionally only some phases, for inspection and tests).
 
     ``report`` receives fusion counts and near misses; ``schedule_log`` (kernel -> schedule
     rule) what the schedule phase did. ``tuning`` (tuning.apply.TuningRecords) schedules the
-    kernels it has records for before the hand-written rules take the rest.
+    kernels it has records for before the hand-written rules take the rest. ``excluded``: binding
+    names no fusion may take (instances the numeric gate undid).
     """
     rules = [get_pattern(name) for name in config.patterns]
     rewrites = [rule for rule in rules if isinstance(rule, RewriteRule)]
@@ -55,7 +57,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             relax.transform.ConvertToDataflow(),
         ],
         "layout": lambda: layout_passes(config, report),
-        "fuse": lambda: [FusePatterns(fusions, report)],
+        "fuse": lambda: [FusePatterns(fusions, report, excluded)],
         "lower": lambda: lowering_passes(config.fast_math),
         "schedule": lambda: schedule_passes(config, schedule_log, tuning),
     }
@@ -70,13 +72,18 @@ def layout_passes(config: PipelineConfig, report: PatternReport) -> list[tvm.tra
     return [ConvertConvsToBlockedLayout(vector_lanes(target, "float32"), report)]
 
 
-def lowering_passes(fast_math: bool = True) -> list[tvm.transform.Pass]:
+def legalize_map(fast_math: bool = True) -> dict:
+    """Our legalizations over TVM's: the blocked conv (TVM's refuses it), fast-math exp/erf/tanh."""
     legalize = {"relax.nn.conv2d": blocked_conv2d_legalize,
                 "relax.layout_transform": gather_layout_transform_legalize}
     if fast_math:
         legalize.update(fast_math_legalize_map())
+    return legalize
+
+
+def lowering_passes(fast_math: bool = True) -> list[tvm.transform.Pass]:
     return [
-        relax.transform.LegalizeOps(legalize),
+        relax.transform.LegalizeOps(legalize_map(fast_math)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

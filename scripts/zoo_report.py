@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Run the real-model zoo: per model, compile + verify, coverage, kernels, latency against ORT.
+
+Each model runs in a worker process of its own (a crash or a runaway allocation in one model
+does not stop the report), one at a time. Results go to ``benchmarks/results/zoo.json`` and a
+Markdown table on stdout (the README's zoo table). Models are fetched first
+(scripts/fetch_zoo.py), into the zoo cache.
+
+Usage (from the repository root)::
+
+    .venv/bin/python scripts/zoo_report.py [--only NAME ...] [--repeat 20] [--timeout 900]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tvm_fusion import zoo  # noqa: E402
+from tvm_fusion.report import write_json  # noqa: E402
+
+
+def measure(name: str, repeat: int, out_dir: str, queue) -> None:
+    """Compile (verifying against ONNX Runtime), inspect and bench one model; put a dict on ``queue``."""
+    from tvm_fusion import api
+    from tvm_fusion.errors import TvmFusionError
+
+    model = zoo.load_manifest()[name]
+    path = zoo.model_path(name)
+    row: dict = {"model": name, "exporter": model.exporter, "category": model.category,
+                 "input_shapes": list(model.input_shapes)}
+    try:
+        started = time.perf_counter()
+        compiled = api.compile_model(path, None, list(model.input_shapes), output_dir=out_dir)
+        row["compile_s"] = round(time.perf_counter() - started, 1)
+        outputs = compiled.metadata["verification"]["outputs"]
+        row["compiles"] = True
+        row["max_abs_error"] = max(o["max_abs"] for o in outputs)
+        inspected = api.inspect_model(path, None, list(model.input_shapes))
+        coverage = inspected.coverage
+        row.update(kernels=inspected.kernels, stock_kernels=inspected.stock_kernels,
+                   compute_share=round(coverage.compute_share, 3), targeted_share=round(coverage.targeted_share, 3),
+                   targeted=coverage.targeted, fused=coverage.fused,
+                   unfused=[{"target": u.target, "nodes": u.nodes[:3], "reason": u.reason} for u in coverage.unfused],
+                   fired=dict(inspected.report.fired))
+        bench = api.bench_model(path, None, list(model.input_shapes), repeat=repeat, include_stock=False)
+        row.update(ort_ms=round(bench.medians_ms["onnxruntime"], 3), ours_ms=round(bench.medians_ms["tvm_fusion"], 3),
+                   ratio_to_ort=round(bench.ratios()["tvm_fusion"], 3))
+    except TvmFusionError as err:
+        row.update(compiles=row.get("compiles", False), error=str(err).splitlines()[0])
+    except Exception as err:  # noqa: BLE001 - the report records a crash as a result, then goes on
+        row.update(compiles=row.get("compiles", False), error=f"crash: {type(err).__name__}: {err}",
+                   traceback=traceback.format_exc(limit=3))
+    queue.put(row)
+
+
+def run_one(name: str, repeat: int, timeout: float, out_dir: str) -> dict:
+    queue = multiprocessing.get_context("spawn").Queue()
+    worker = multiprocessing.get_context("spawn").Process(target=measure, args=(name, repeat, out_dir, queue))
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        worker.kill()
+        worker.join()
+        return {"model": name, "compiles": False, "error": f"timed out after {timeout:.0f} s"}
+    if worker.exitcode != 0 and queue.empty():
+        return {"model": name, "compiles": False, "error": f"worker died (exit code {worker.exitcode})"}
+    return queue.get()
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | exporter | compiles | max abs err vs ORT | coverage (targeted chains / compute nodes) "
+             "| kernels (ours / stock) | ms (ORT / ours, ratio) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r.get("compiles"):
+            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | |")
+            continue
+        coverage = (f"{r['targeted_share']:.0%} / {r['compute_share']:.0%}" if "targeted_share" in r else "")
+        kernels = f"{r['kernels']} / {r['stock_kernels']}" if "kernels" in r else ""
+        timing = f"{r['ort_ms']} / {r['ours_ms']} ({r['ratio_to_ort']:.2f}x)" if "ours_ms" in r else r.get("error", "")
+        lines.append(f"| {r['model']} | {r['exporter']} | yes | {r['max_abs_error']:.1e} | {coverage} | {kernels} "
+                     f"| {timing} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these models (default: all)")
+    parser.add_argument("--repeat", type=int, default=20, help="interleaved rounds per model (default 20)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per model (default 900)")
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "zoo.json"))
+    args = parser.parse_args(argv)
+    models = zoo.load_manifest()
+    names = args.only or list(models)
+    unknown = [n for n in names if n not in models]
+    if unknown:
+        parser.error(f"not in the zoo manifest: {', '.join(unknown)} (see scripts/fetch_zoo.py --list)")
+    zoo.fetch(names, progress=lambda m: print(m, file=sys.stderr))
+    rows = []
+    out_dir = str(ROOT / "build" / "zoo")
+    for name in names:
+        print(f"[zoo] {name}", file=sys.stderr, flush=True)
+        rows.append(run_one(name, args.repeat, args.timeout, out_dir))
+        print(f"[zoo] {name}: {json.dumps({k: v for k, v in rows[-1].items() if k not in ('unfused', 'fired', 'traceback')})}",
+              file=sys.stderr, flush=True)
+    write_json(args.json, {"models": rows})
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The CI subset of the real-model zoo: published models from three exporters, as shipped.
+
+Each compiles and verifies against ONNX Runtime (compile_model refuses otherwise), at least
+90 % of the chains our patterns target are fused, and the model runs in no more kernels than
+TVM's own FuseOps makes. The full zoo runs in scripts/zoo_report.py (too long for CI).
+A model that cannot be fetched skips the test on a developer machine and fails it in CI.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tvm_fusion import api, zoo
+
+CI_SUBSET = [
+    "ppocr-mobile-v2-cls",  # paddle2onnx, MobileNetV3 with a dim_value -1 batch
+    "ppocrv4-rec",          # paddle2onnx, PP-LCNetV3 (affine + HardSwish epilogues) + SVTR attention
+    "romanizer-encoder",    # torch's legacy exporter, a GRU encoder
+]
+
+
+@pytest.fixture(scope="module")
+def zoo_models():
+    try:
+        return zoo.fetch(CI_SUBSET, progress=lambda _line: None)
+    except zoo.ZooError as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"zoo models missing in CI: {err}")
+        pytest.skip(f"zoo models not available here: {err}")
+
+
+@pytest.mark.parametrize("name", CI_SUBSET)
+def test_zoo_model_compiles_verifies_and_fuses(name, zoo_models, tmp_path):
+    model = zoo.load_manifest()[name]
+    shapes = list(model.input_shapes)
+    compiled = api.compile_model(zoo_models[name], None, shapes, output_dir=tmp_path)
+    assert all(o["within_tolerance"] for o in compiled.metadata["verification"]["outputs"])
+    inspected = api.inspect_model(zoo_models[name], None, shapes)
+    coverage = inspected.coverage
+    assert coverage.targeted_share >= 0.9, coverage.unfused
+    assert inspected.kernels <= inspected.stock_kernels

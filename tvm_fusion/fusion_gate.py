@@ -1,0 +1,161 @@
+"""The per-fusion numeric gate: each fused instance against the unfused computation of its nodes.
+
+Verification against ONNX Runtime says *that* a model is wrong; the gate says *which fusion* is,
+and takes it back. Each composite the fuse phase made is built twice:
+
+* fused: the composite lowered and scheduled as ``compile`` does (one kernel);
+* reference: its body with our legalizations but no fusion and no schedule (one naive kernel
+  per op).
+
+Both run on the same inputs: the composite's constant arguments (weights, masks) as they are
+in the model, every other argument seeded random (floats standard normal, bools random, integers
+zero, so that no index leaves its table). An instance passes when
+``max |fused - reference| <= atol + rtol * max |reference|`` with the config's ``[verify]``
+tolerances (scaled by the output's magnitude: a long conv or matmul reduction sums thousands of
+products, and its cancellations make element-wise relative errors meaningless). An instance
+outside it is undone: the fuse phase runs again with its bindings excluded, so its nodes compile
+unfused, and the gate checks the new fusions until none fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from .config import PipelineConfig
+from .patterns.base import PatternInstance, PatternReport
+
+MAX_ROUNDS = 4  # each round undoes at least one instance; more means fusions keep re-forming
+
+
+@dataclasses.dataclass
+class GateFailure:
+    pattern: str
+    variant: str
+    bindings: list[str]
+    onnx_nodes: list[str]
+    max_abs_error: float
+    allowed: float
+
+
+@dataclasses.dataclass
+class GateReport:
+    checked: int
+    undone: list[GateFailure]
+    rtol: float
+    atol: float
+
+    def to_json(self) -> dict:
+        return {"checked": self.checked, "rtol": self.rtol, "atol": self.atol,
+                "undone": [dataclasses.asdict(f) for f in self.undone]}
+
+
+def composite_calls(module) -> list[tuple[object, list]]:
+    """(composite GlobalVar, call arguments) for every composite call in ``main``, in order."""
+    from tvm import relax
+
+    found = []
+    for block in module["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                func = module[value.op]
+                if func.attrs and "Composite" in func.attrs:
+                    found.append((value.op, list(value.args)))
+    return found
+
+
+def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tuple[int, list]:
+    """(instances checked, [(instance, max abs error, allowed)] of those outside tolerance)."""
+    import tvm
+    from tvm import relax
+
+    from .passes import fusion_pipeline
+    from .passes.pipeline import legalize_map
+
+    calls = composite_calls(module)
+    if not calls:
+        return 0, []
+    fused = tvm.IRModule()
+    reference = tvm.IRModule()
+    for index, (gvar, _args) in enumerate(calls):
+        composite = module[gvar]
+        params = [relax.Var(p.name, p.ty) for p in composite.params]
+        fused[gvar] = composite
+        # A global symbol makes each an entry point, which dead-code elimination keeps.
+        fused[f"fused_{index}"] = relax.Function(params, relax.Call(gvar, params), composite.ret_ty).with_attr(
+            "global_symbol", f"fused_{index}")
+        reference[f"reference_{index}"] = composite.without_attr("Composite").without_attr("Primitive").with_attr(
+            "global_symbol", f"reference_{index}")
+    fused = relax.transform.Normalize()(fused)
+    fused = fusion_pipeline(config, PatternReport(), phases=("lower", "schedule"))(fused)
+    reference = relax.transform.LegalizeOps(legalize_map(config.fast_math))(reference)
+    target = config.tvm_target()
+    fused_vm = relax.VirtualMachine(tvm.compile(fused, target=target), tvm.cpu())
+    reference_vm = relax.VirtualMachine(tvm.compile(reference, target=target), tvm.cpu())
+    rng = np.random.default_rng(config.seed)
+    failures = []
+    for index, (gvar, args) in enumerate(calls):
+        inputs = [tvm.runtime.tensor(_argument(arg, rng)) for arg in args]
+        got = _arrays(fused_vm[f"fused_{index}"](*inputs))
+        want = _arrays(reference_vm[f"reference_{index}"](*inputs))
+        error, allowed = 0.0, 0.0
+        for a, b in zip(got, want):
+            b = b.astype(np.float64)
+            error = max(error, float(np.abs(a.astype(np.float64) - b).max(initial=0.0)))
+            allowed = max(allowed, config.atol + config.rtol * float(np.abs(b).max(initial=0.0)))
+        if not error <= allowed:  # NaN fails too
+            failures.append((instance_of(module[gvar], report), error, allowed))
+    return len(calls), failures
+
+
+def _argument(arg, rng: np.random.Generator) -> np.ndarray:
+    value = getattr(arg, "value", None)  # a relax constant (TVM 0.27 names no Constant class)
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    shape = [int(d) for d in arg.ty.shape.values]
+    dtype = str(arg.ty.dtype)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if "float" in dtype:
+        return rng.standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype)
+
+
+def _arrays(result) -> list[np.ndarray]:
+    return [result.numpy()] if hasattr(result, "numpy") else [r.numpy() for r in result]
+
+
+def instance_of(composite, report: PatternReport) -> PatternInstance:
+    """The recorded instance a composite came from: the fusion sharing most binding names."""
+    names = {b.var.name for block in composite.body.blocks for b in block.bindings}
+    pattern = str(composite.attrs["Composite"])
+    candidates = [i for i in report.instances if i.variant.startswith(pattern)]
+    return max(candidates, key=lambda i: len(names & set(i.absorbed)))
+
+
+def gated_fuse(fuse: Callable[[frozenset], tuple[object, PatternReport]], config: PipelineConfig,
+               onnx_nodes: Callable[[list[str]], list[str]] = lambda _names: [],
+               say: Callable[[str], None] = lambda _m: None) -> tuple[object, PatternReport, GateReport]:
+    """``fuse(excluded)`` runs the graph phases; rerun it without each failing instance."""
+    excluded: frozenset[str] = frozenset()
+    undone: list[GateFailure] = []
+    checked = 0
+    for _ in range(MAX_ROUNDS):
+        module, report = fuse(excluded)
+        count, failures = check_fusions(module, report, config)
+        checked = max(checked, count)
+        if not failures:
+            break
+        for instance, error, allowed in failures:
+            failure = GateFailure(instance.pattern, instance.variant, list(instance.absorbed),
+                                  onnx_nodes(instance.absorbed), error, allowed)
+            undone.append(failure)
+            say(f"fusion gate: undid {failure.variant} over {', '.join(failure.onnx_nodes or failure.bindings)}: "
+                f"max abs error {error:.3g} > {allowed:.3g} against the unfused nodes")
+            excluded |= set(instance.absorbed)
+    else:
+        module, report = fuse(excluded)  # the last round's failures undone, not checked again
+    return module, report, GateReport(checked, undone, config.rtol, config.atol)
