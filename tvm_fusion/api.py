@@ -639,7 +639,7 @@ def fused_nodes(report: PatternReport, model: onnx.ModelProto) -> list[FusedNode
 def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                   graph: str | Path | None = None) -> InspectReport:
     """Op counts before/after fusion, which fusions fired how often (with the ONNX nodes each
-    absorbed), and near misses; with ``graph``, the graph drawn before/after fusion (.svg/.png)."""
+    absorbed), and near misses; with ``graph``, the fused graph drawn (.svg/.png/.html)."""
     from .graph_render import check_graph_path, render_fusion_graph
     from .passes import GRAPH_PHASES, fusion_pipeline
     from .provenance import import_with_node_names, node_index
@@ -663,7 +663,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
             miss.where += f" (ONNX {node.op_type} {node.name or f'#{index}'})"
     instances = fused_nodes(report, simplified)
     if graph is not None:
-        render_fusion_graph(simplified, instances, graph, title=f"{prepared.name}: before / after fusion")
+        render_fusion_graph(simplified, instances, graph, title=prepared.name)
     return InspectReport(
         model=prepared.name,
         onnx_ops=dict(collections.Counter(n.op_type for n in prepared.onnx_model.graph.node).most_common()),
@@ -806,5 +806,9 @@ def _bench_metadata(prepared: PreparedModel) -> dict:
             "threads": prepared.config.threads}
 
 
+from .ablate import ablate_model  # noqa: E402  (they import from this module)
+from .profile import profile_model  # noqa: E402
+
 __all__ = ["CompileResult", "TargetResult", "InspectReport", "BenchReport", "compile_model",
-           "compile_targets", "inspect_model", "bench_model", "prepare", "optimize", "TvmFusionError"]
+           "compile_targets", "inspect_model", "bench_model", "profile_model", "ablate_model", "prepare",
+           "optimize", "TvmFusionError"]

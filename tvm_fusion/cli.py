@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("-o", "--output-dir", default="build", help="default: build/")
     compile_cmd.add_argument("--no-verify", action="store_true",
                              help="skip the comparison with ONNX Runtime")
+    compile_cmd.add_argument("--no-fusion-gate", action="store_true",
+                             help="do not check each fusion against its unfused nodes")
     _tuning_log_args(compile_cmd)
 
     run_cmd = commands.add_parser("run", help="run a built artifact directory")
@@ -73,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_cmd.add_argument("model")
     _shape_args(inspect_cmd)
     inspect_cmd.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    inspect_cmd.add_argument("--graph", metavar="FILE.svg|FILE.png",
-                             help="also draw the graph before and after fusion, side by side")
+    inspect_cmd.add_argument("--graph", metavar="FILE.svg|FILE.png|FILE.html",
+                             help="also draw the fused graph, one box per fusion (.html: zoom and search)")
     inspect_cmd.add_argument("--onnx", metavar="FILE.onnx",
                              help="also write the fused graph as ONNX, each fusion one tvm_fusion-domain node")
     inspect_cmd.add_argument("--check", action="store_true",
@@ -88,6 +90,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--no-stock", action="store_true", help="skip stock TVM (it is slow)")
     bench_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     _tuning_log_args(bench_cmd)
+
+    profile_cmd = commands.add_parser("profile", help="per-kernel time, FLOPs, bytes, roofline; the gap to "
+                                                      "end to end; --mine: unfused chains worth a pattern")
+    profile_cmd.add_argument("model")
+    _shape_args(profile_cmd)
+    profile_cmd.add_argument("--rounds", type=_count(1), default=30)
+    profile_cmd.add_argument("--top", type=_count(1), default=15, help="kernels in the table (default 15)")
+    profile_cmd.add_argument("--mine", action="store_true", help="rank adjacent unfused kernel chains")
+    profile_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    profile_cmd.add_argument("--plot", metavar="FILE.svg|png", help="roofline and top kernels chart")
+    _tuning_log_args(profile_cmd)
+
+    ablate_cmd = commands.add_parser("ablate", help="latency with each fired pattern switched off in turn")
+    ablate_cmd.add_argument("model")
+    _shape_args(ablate_cmd)
+    ablate_cmd.add_argument("--rounds", type=_count(1), default=30)
+    ablate_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     _tuning_parsers(commands)
     return parser
 
@@ -188,12 +207,20 @@ def _compile(args, say) -> int:
         return _compile_targets(args, say)
     result = compile_model(args.model, args.config[0] if args.config else None, args.input_shape,
                            args.output_dir, verify=not args.no_verify, progress=say,
-                           tuning_log=_tuning_log_choice(args))
+                           tuning_log=_tuning_log_choice(args), fusion_gate=not args.no_fusion_gate)
     meta = result.metadata
     fused = [[name, count] for name, count in meta["fusions"].items() if "." not in name]
     print(f"artifact: {result.artifact}")
     print(table(["pattern", "fired"], fused) if fused else "no fusion pattern fired")
     print(f"kernels per call: {meta['kernels']}")
+    if meta.get("fusion_gate"):
+        gate = meta["fusion_gate"]
+        print(f"fusion gate: {gate['checked']} fused instance(s) checked against their unfused nodes, "
+              f"{len(gate['undone'])} undone")
+        if gate["undone"]:
+            print(table(["undone", "ONNX nodes", "max abs error", "allowed"],
+                        [[u["variant"], ", ".join(u["onnx_nodes"] or u["bindings"]), u["max_abs_error"],
+                          u["allowed"]] for u in gate["undone"]]))
     if meta.get("tuning"):
         tuning = meta["tuning"]
         tuned, hand = tuning["tuned_kernels"], tuning["hand_schedule_measured_fastest"]
@@ -215,7 +242,8 @@ def _compile_targets(args, say) -> int:
     from .report import table
 
     results = compile_targets(args.model, args.config, args.input_shape, args.output_dir,
-                              verify=not args.no_verify, progress=say, tuning_log=_tuning_log_choice(args))
+                              verify=not args.no_verify, progress=say, tuning_log=_tuning_log_choice(args),
+                              fusion_gate=not args.no_fusion_gate)
     built = [r for r in results if r.error is None]
     if built:
         fused = [[name, count] for name, count in built[0].metadata["fusions"].items() if "." not in name]
@@ -321,7 +349,7 @@ def _inspect(args, say) -> int:
     print("\n" + table(["Relax op / composite", "before", "after"],
                        [[op, result.relax_ops.get(op, 0), result.fused_ops.get(op, 0)] for op in ops]))
     if args.graph:
-        print(f"\ngraph before/after fusion: {args.graph}")
+        print(f"\nfused graph drawn: {args.graph}")
     if exported:
         _print_fused_onnx(exported)
     return 0
@@ -429,8 +457,65 @@ def _tuning_log(args, say) -> int:
     return 0
 
 
+def _profile(args, say) -> int:
+    from .api import profile_model
+    from .files import check_writable
+    from .profile_plot import check_plot_path, plot_profile
+    from .report import table, write_json
+
+    if args.plot:
+        check_plot_path(args.plot)
+    if args.json:
+        check_writable(Path(args.json).resolve().parent, f"the JSON file {args.json}", "--json")
+    result = profile_model(args.model, args.config, args.input_shape, rounds=args.rounds, mine=args.mine,
+                           progress=say, tuning_log=_tuning_log_choice(args))
+    peak = result.peak
+    print(f"model: {result.model}, {result.threads} threads; this machine ({peak.target_key}): "
+          f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B")
+    rows = [[k.name[:48], k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",
+             k.flops / 1e6, k.bytes / 1e6, k.gflops, k.gbytes_per_s, f"{k.bound} {k.roof_percent:.0f}%",
+             ", ".join(k.onnx_nodes[-2:]) + (f" (+{len(k.onnx_nodes) - 2})" if len(k.onnx_nodes) > 2 else "")]
+            for k in result.kernels[:args.top]]
+    print(table(["kernel", "pattern", "rule", "calls", "us/call", "us in model", "%", "MFLOP", "MB",
+                 "GFLOP/s", "GB/s", "bound, % of roof", "ONNX nodes (last 2)"], rows, align="lllrrrrrrrrll"))
+    if len(result.kernels) > args.top:
+        print(f"... {len(result.kernels) - args.top} more kernels (--top, --json)")
+    print(result.gap.line())
+    if result.chains is not None:
+        print("\nunfused chains of adjacent kernels (candidates for the next pattern):")
+        print(table(["chain", "us", "DRAM bytes saved", "est. gain us", "kernels"],
+                    [[c.label, c.us, c.saved_bytes, c.gain_us, " -> ".join(n[:40] for n in c.kernels)]
+                     for c in result.chains], align="lrrrl") if result.chains else "none")
+    if args.json:
+        write_json(args.json, result.to_json())
+    if args.plot:
+        plot_profile(result, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def _ablate(args, say) -> int:
+    from .api import ablate_model
+    from .files import check_writable
+    from .report import table, write_json
+
+    if args.json:
+        check_writable(Path(args.json).resolve().parent, f"the JSON file {args.json}", "--json")
+    result = ablate_model(args.model, args.config, args.input_shape, rounds=args.rounds, progress=say)
+    full = result.full.median_ms
+    print(table(["variant", "kernels", "median ms", "vs all patterns"],
+                [[v.name, v.kernels, v.median_ms, "-" if v is result.full else f"{v.worth(full):+.0f} %"]
+                 for v in result.variants], align="lrrr"))
+    print("\n".join(result.lines()))
+    if result.not_fired:
+        print(f"did not fire on this model: {', '.join(result.not_fired)}")
+    if args.json:
+        write_json(args.json, result.to_json())
+    return 0
+
+
 COMMANDS = {"compile": _compile, "run": _run, "inspect": _inspect, "bench": _bench, "tune": _tune,
-            "tuning-log": _tuning_log}
+            "tuning-log": _tuning_log, "profile": _profile, "ablate": _ablate}
 
 if __name__ == "__main__":
     sys.exit(main())

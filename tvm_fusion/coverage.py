@@ -35,6 +35,8 @@ ELEMENTWISE = ACTIVATIONS | frozenset({
 })
 _PASS_THROUGH = frozenset({"Cast", "Dropout", "Identity"})
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+# Between the softmax and ·V: casts, dropout, and torch's NaN guard (IsNaN -> Where).
+_PROBS_THROUGH = _PASS_THROUGH | {"IsNaN", "Where"}
 _SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast"})
 
 
@@ -164,7 +166,7 @@ def find_chains(model: onnx.ModelProto) -> list[Chain]:
         if node.op_type != "Softmax":
             continue
         scores = next((p for p in g.walk_back(i, _SCORE_OPS, 4) if g.op(p) == "MatMul"), None)
-        values = next((c for c in g.walk_forward(i, _PASS_THROUGH, 3) if g.op(c) == "MatMul"), None)
+        values = next((c for c in g.walk_forward(i, _PROBS_THROUGH, 3) if g.op(c) == "MatMul"), None)
         if scores is not None and values is not None:
             chains.append(Chain("attention", (scores, i, values)))
             in_attention |= {scores, values}

@@ -20,6 +20,7 @@ unfused, and the gate checks the new fusions until none fails.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from .config import PipelineConfig
 from .patterns.base import PatternInstance, PatternReport
 
+_NODE_NAME = re.compile(r"^onnx(\d+)(?:_(\d+))?$")
 MAX_ROUNDS = 4  # each round undoes at least one instance; more means fusions keep re-forming
 
 
@@ -97,6 +99,7 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tupl
     reference_vm = relax.VirtualMachine(tvm.compile(reference, target=target), tvm.cpu())
     rng = np.random.default_rng(config.seed)
     failures = []
+    instances = instances_in_call_order(report, len(calls))
     for index, (gvar, args) in enumerate(calls):
         inputs = [tvm.runtime.tensor(_argument(arg, rng)) for arg in args]
         got = _arrays(fused_vm[f"fused_{index}"](*inputs))
@@ -107,7 +110,7 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tupl
             error = max(error, float(np.abs(a.astype(np.float64) - b).max(initial=0.0)))
             allowed = max(allowed, config.atol + config.rtol * float(np.abs(b).max(initial=0.0)))
         if not error <= allowed:  # NaN fails too
-            failures.append((instance_of(module[gvar], report), error, allowed))
+            failures.append((instances[index] if instances else instance_of(module[gvar], report), error, allowed))
     return len(calls), failures
 
 
@@ -128,8 +131,26 @@ def _arrays(result) -> list[np.ndarray]:
     return [result.numpy()] if hasattr(result, "numpy") else [r.numpy() for r in result]
 
 
+def instances_in_call_order(report: PatternReport, calls: int) -> list[PatternInstance] | None:
+    """The fusion instances in the order of their composite calls in ``main``, or None.
+
+    Identical composites share one function, so a call, not a function, names an instance.
+    Each call stands where its last absorbed binding stood; with the node-named import
+    (``onnx<node>_<k>``) that order is the bindings' order."""
+    def last_position(instance: PatternInstance):
+        positions = [tuple(int(g or 0) for g in m.groups()) for m in map(_NODE_NAME.match, instance.absorbed) if m]
+        return max(positions) if positions else None
+
+    fusions = [i for i in report.instances if i.variant != i.pattern]
+    keys = [last_position(i) for i in fusions]
+    if len(fusions) != calls or None in keys:
+        return None
+    return [instance for _, instance in sorted(zip(keys, fusions), key=lambda pair: pair[0])]
+
+
 def instance_of(composite, report: PatternReport) -> PatternInstance:
-    """The recorded instance a composite came from: the fusion sharing most binding names."""
+    """The recorded instance a composite came from: the fusion sharing most binding names
+    (a fallback when the bindings are not named after nodes)."""
     names = {b.var.name for block in composite.body.blocks for b in block.bindings}
     pattern = str(composite.attrs["Composite"])
     candidates = [i for i in report.instances if i.variant.startswith(pattern)]

@@ -287,7 +287,9 @@ def layout(graph: Graph) -> Scene:
     rows = [[b for b in range(count) if layer[b] == d] for d in range(max(layer, default=-1) + 1)]
     row_height = [max(sizes[b][1] for b in row) for row in rows]
     row_width = [sum(sizes[b][0] for b in row) + _GAP_X * (len(row) - 1) for row in rows]
-    breaks = _column_breaks(row_height, row_width, layer, graph.edges)
+    inside_frames = {r for members, _ in graph.frames
+                     for r in range(min(layer[b] for b in members) + 1, max(layer[b] for b in members) + 1)}
+    breaks = _column_breaks(row_height, row_width, layer, graph.edges, inside_frames)
     parents = collections.defaultdict(list)
     for a, b in graph.edges:
         parents[b].append(a)
@@ -375,9 +377,10 @@ _FRAME = 0.06  # between a frame and the boxes inside
 
 
 def _column_breaks(row_height: list[float], row_width: list[float], layer: list[int],
-                   edges: list[tuple[int, int]]) -> list[int]:
+                   edges: list[tuple[int, int]], inside_frames: set[int]) -> list[int]:
     """Row indices where columns start (and the end): as many columns as bring the picture
-    nearest ``_ASPECT``, each break at the row boundary fewest edges cross near the even split."""
+    nearest ``_ASPECT``, each break at the row boundary fewest edges cross near the even split,
+    not inside a folded block's frame (rows in ``inside_frames``) unless no other is near."""
     total = sum(h + _GAP_Y for h in row_height)
     widest = max(row_width, default=1.0)
     columns = min(range(1, len(row_height) + 1 or 2),
@@ -392,9 +395,13 @@ def _column_breaks(row_height: list[float], row_width: list[float], layer: list[
     breaks = [0]
     for k in range(1, columns):
         ideal = total * k / columns
-        near = [r for r in range(breaks[-1] + 1, len(row_height)) if abs(tops[r] - ideal) <= 0.1 * total / columns]
+        rows = range(breaks[-1] + 1, len(row_height))
+        near = [r for r in rows if abs(tops[r] - ideal) <= 0.1 * total / columns and r not in inside_frames]
+        outside = [r for r in rows if abs(tops[r] - ideal) <= 0.4 * total / columns and r not in inside_frames]
         if near:
             breaks.append(min(near, key=lambda r: (crossing[r], abs(tops[r] - ideal))))
+        elif outside or rows:
+            breaks.append(min(outside or rows, key=lambda r: abs(tops[r] - ideal)))
     return breaks + [len(row_height)]
 
 
@@ -605,6 +612,12 @@ document.getElementById("search").addEventListener("keydown", e => {
   if (current >= 0) matches[current].classList.remove("current");
   current = (current + 1) % matches.length; matches[current].classList.add("current"); focus(matches[current]);
 });
+if (location.hash.startsWith("#search=")) {  // a link to a search: file:///...html#search=softmax
+  const input = document.getElementById("search");
+  input.value = decodeURIComponent(location.hash.slice(8));
+  input.dispatchEvent(new Event("input"));
+  input.dispatchEvent(new KeyboardEvent("keydown", {key: "Enter"}));
+}
 boxes.forEach(g => g.addEventListener("click", () => {
   info.textContent = g.querySelector("title").textContent; info.style.display = "block";
 }));

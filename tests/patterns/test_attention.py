@@ -99,12 +99,14 @@ def test_bert_form_becomes_one_composite():
 
 def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_shape=(1, 1, 1, 8),
                       qk_dtype="float32", scores_dtype=None, probs_output=False, packed=False,
-                      qk_heads=False, stacked=False, scale_at="scores", stack_order=(0, 1, 2)):
+                      qk_heads=False, stacked=False, scale_at="scores", stack_order=(0, 1, 2),
+                      dynamo=False):
     """A [1, 8, 2x8] attention in Relax with the given variations (defaults: BERT's form);
     ``packed``: Q, K, V split from one [1, 8, 3x2x8] projection (GPT-2's c_attn); ``stacked``:
     that projection viewed as [1, 8, 3, 2, 8] and Q, K, V sliced from axis 0 in ``stack_order``
     (SVTR, timm's ViT); ``qk_heads``: Q and K given as [1, 2, 8, 8] (Llama's, after the rotary
-    embedding); ``scale_at``: "scores", "query" (Q scaled before Q·Kᵀ) or "none"."""
+    embedding); ``scale_at``: "scores", "query" (Q scaled before Q·Kᵀ), "query_and_key" or "none";
+    ``dynamo``: torch's dynamo SDPA form (K transposed in 3-D, NaN rows of the probabilities zeroed)."""
     seq, heads, dim = 8, 2, 8
     proj = relax.TensorType((1, seq, heads * dim), qk_dtype)
     if packed or stacked:
@@ -144,10 +146,18 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
                 q, k, v = params[:3]
             if qk_heads or stacked:
                 q_heads, k_transposed = q, relax.op.permute_dims(k, [0, 1, 3, 2])
+            elif dynamo:
+                q_heads = heads_first(q, [0, 2, 1, 3])
+                k_flat = relax.op.reshape(heads_first(k, [0, 2, 1, 3]), (heads, seq, dim))
+                k_transposed = relax.op.reshape(relax.op.permute_dims(k_flat, [0, 2, 1]), (1, heads, dim, seq))
             else:
                 q_heads, k_transposed = heads_first(q, [0, 2, 1, 3]), heads_first(k, [0, 2, 3, 1])
             if scale_at == "query":
                 q_heads = bb.emit(relax.op.multiply(q_heads, relax.const(1 / np.sqrt(dim), "float32")))
+            if scale_at == "query_and_key":
+                root = relax.const(dim ** -0.25, "float32")
+                q_heads = bb.emit(relax.op.multiply(q_heads, root))
+                k_transposed = bb.emit(relax.op.multiply(k_transposed, root))
             scores = bb.emit(relax.op.matmul(q_heads, k_transposed, out_dtype=scores_dtype))
             logits = bb.emit(scale_op(scores, scale)) if scale_at == "scores" else scores
             if causal:
@@ -156,6 +166,8 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
             if mask_shape is not None:
                 logits = bb.emit(relax.op.add(logits, mask))
             probs = bb.emit(relax.op.nn.softmax(logits, axis=-1))
+            if dynamo:
+                probs = bb.emit(relax.op.where(relax.op.isnan(probs), relax.const(0.0, "float32"), probs))
             if v_heads is None:
                 v_heads = heads_first(v, [0, 2, 1, 3])
             context = bb.emit(relax.op.matmul(probs, v_heads))
@@ -179,6 +191,7 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
     ("qkv_stacked_masked", {"stacked": True}),
     ("masked_query_scaled", {"scale_at": "query"}),
     ("causal_unscaled", {"causal": True, "mask_shape": None, "scale_at": "none"}),
+    ("masked_qk_scaled_nan_guarded", {"dynamo": True, "scale_at": "query_and_key"}),
 ])
 def test_variants_fire(variant, kwargs):
     after, report = fuse(_attention_module(**kwargs))
@@ -346,7 +359,8 @@ def test_fused_matches_onnxruntime_and_unfused(tmp_path, mask_form, seq, variant
 
 
 @pytest.mark.parametrize("kwargs", [{"stacked": True, "mask_shape": None, "scale_at": "query"},
-                                    {"causal": True, "mask_shape": (1, 1, 8, 8), "scale_at": "none"}])
+                                    {"causal": True, "mask_shape": (1, 1, 8, 8), "scale_at": "none"},
+                                    {"dynamo": True, "scale_at": "query_and_key"}])
 def test_new_forms_are_scheduled_by_the_attention_rule_and_match_unfused(kwargs):
     """SVTR's form (stacked Q, K, V; Q scaled) and an unscaled one, through the whole pipeline."""
     module = _attention_module(**kwargs)

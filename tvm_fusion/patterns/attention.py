@@ -37,8 +37,9 @@ STACKED_HEADS = (2, 0, 3, 1, 4)      # [B, S, 3, H, D] -> [3, B, H, S, D]: Q, K,
 QK_FORMS = {"packed": "qkv_", "stacked": "qkv_stacked_", "projections": "", "heads": "qk_heads_"}
 
 # Where the 1/sqrt(d) scale is applied, with the suffix of the variant names: to the scores
-# (BERT, GPT-2), to Q before Q·Kᵀ (SVTR, timm), or nowhere (folded into the Q weights).
-SCALES = {"scores": "", "query": "_query_scaled", "none": "_unscaled"}
+# (BERT, GPT-2), to Q before Q·Kᵀ (SVTR, timm), its square root to Q and to Kᵀ (torch's dynamo
+# exporter), or nowhere (folded into the Q weights).
+SCALES = {"scores": "", "query": "_query_scaled", "query_and_key": "_qk_scaled", "none": "_unscaled"}
 
 MASKS = {  # name: (causal where, additive mask), longest first
     "causal_masked": (True, True),
@@ -57,7 +58,14 @@ def _split_heads(found: dict, name: str):
     proj = found[f"{name}_proj"] = is_tuple_get_item(split) if split is not None else wildcard()
     found[f"{name}_view"] = is_op("relax.reshape")(proj, wildcard())
     found[f"{name}_heads"] = is_op("relax.permute_dims")(found[f"{name}_view"])
-    return found[f"{name}_heads"]
+    if name != "k":
+        return found[f"{name}_heads"]
+    # torch's dynamo exporter transposes K in 3-D: heads first, then [B*H, S, D] -> [B*H, D, S].
+    found["k_heads_first"] = is_op("relax.permute_dims")(found["k_view"])
+    found["k_flat"] = is_op("relax.reshape")(found["k_heads_first"], wildcard())
+    found["k_flat_transposed"] = is_op("relax.permute_dims")(found["k_flat"])
+    found["k_unflat"] = is_op("relax.reshape")(found["k_flat_transposed"], wildcard())
+    return found["k_heads"] | found["k_unflat"]
 
 
 def _stacked_head(found: dict, name: str):
@@ -86,13 +94,17 @@ def _qkv_operands(found: dict, qk_form: str):
     return _split_heads(found, "q"), _split_heads(found, "k"), _split_heads(found, "v")
 
 
-def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections", scale_at: str = "scores"):
+def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections", scale_at: str = "scores",
+                      nan_guard: bool = False):
     """The attention chain and its annotations."""
     found: dict = {}
     q, k_transposed, v = _qkv_operands(found, qk_form)
-    if scale_at == "query":
+    if scale_at in ("query", "query_and_key"):
         found["scale"] = wildcard()
         q = found["q_scaled"] = is_op("relax.multiply")(q, found["scale"])
+    if scale_at == "query_and_key":  # sqrt(scale) on each side (torch's SDPA decomposition)
+        found["k_scale"] = wildcard()
+        k_transposed = found["k_scaled"] = is_op("relax.multiply")(k_transposed, found["k_scale"])
     scores = found["scores"] = is_op("relax.matmul")(q, k_transposed)
     logits = scores
     if scale_at == "scores":
@@ -104,8 +116,11 @@ def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections", 
     if masked:
         found["mask"] = wildcard()
         logits = found["masked"] = is_op("relax.add")(logits, found["mask"])
-    found["probs"] = is_op("relax.nn.softmax")(logits)
-    found["context"] = is_op("relax.matmul")(found["probs"], v)
+    probs = found["probs"] = is_op("relax.nn.softmax")(logits)
+    if nan_guard:  # where(isnan(p), 0, p): torch's SDPA zeroes the rows a mask left all -inf
+        found["nan_fill"] = wildcard()
+        probs = found["guarded"] = is_op("relax.where")(is_op("relax.isnan")(probs), found["nan_fill"], probs)
+    found["context"] = is_op("relax.matmul")(probs, v)
     found["merged"] = is_op("relax.permute_dims")(found["context"])
     found["out"] = is_op("relax.reshape")(found["merged"], wildcard())
     return found["out"], found
@@ -118,9 +133,10 @@ class Attention(FusionRule):
                    "scores in a cache-resident tile")
 
     def variants(self):
-        return [(prefix + name + suffix, *attention_pattern(*masks, qk_form=form, scale_at=scale_at))
+        return [(prefix + name + suffix + ("_nan_guarded" if guard else ""),
+                 *attention_pattern(*masks, qk_form=form, scale_at=scale_at, nan_guard=guard))
                 for form, prefix in QK_FORMS.items() for name, masks in MASKS.items()
-                for scale_at, suffix in SCALES.items()]
+                for scale_at, suffix in SCALES.items() for guard in ((True, False) if any(masks) else (False,))]
 
     def anchor(self, context):
         return context.annotated_expr["probs"]
@@ -160,6 +176,12 @@ def _check_layout(found) -> str | None:
                 "v_heads": HEADS_FIRST, "merged": HEADS_FIRST}
     if "qkv_stack" in found:
         expected["qkv_stack"] = STACKED_HEADS
+    if "k_unflat" in found:  # K transposed in 3-D: the heads-first view, its last two axes swapped
+        del expected["k_heads"]
+        expected.update(k_heads_first=HEADS_FIRST, k_flat_transposed=(0, 2, 1))
+        reason = _check_flat_transpose(found)
+        if reason:
+            return reason
     for name, axes in expected.items():
         if name not in found:
             continue
@@ -167,6 +189,17 @@ def _check_layout(found) -> str | None:
         if actual != axes:
             return f"{name.split('_')[0]} head permutation {actual} is not {axes}"
     return _check_stacked_slices(found) if "qkv_stack" in found else None
+
+
+def _check_flat_transpose(found) -> str | None:
+    """[B, H, S, D] -> [B*H, S, D] -> [B*H, D, S] -> [B, H, D, S] is Kᵀ only with those shapes."""
+    heads_first, flat, unflat = (static_shape(found[n]) for n in ("k_heads_first", "k_flat", "k_unflat"))
+    if heads_first is None or flat is None or unflat is None or len(heads_first) != 4:
+        return "the key transpose shapes are not static"
+    b, h, s, d = heads_first
+    if flat != (b * h, s, d) or unflat != (b, h, d, s):
+        return f"the key is reshaped {heads_first} -> {flat} and back to {unflat}, not transposed"
+    return None
 
 
 def _check_stacked_slices(found) -> str | None:
@@ -182,8 +215,11 @@ def _check_stacked_slices(found) -> str | None:
 
 
 def _check_scale(found) -> str | None:
-    if "scale" in found and scalar_constant(found["scale"]) is None:
-        return "the score scale is not a constant scalar"
+    for name in ("scale", "k_scale"):
+        if name in found and scalar_constant(found[name]) is None:
+            return "the score scale is not a constant scalar"
+    if "nan_fill" in found and scalar_constant(found["nan_fill"]) is None:
+        return "the value replacing NaN probabilities is not a constant scalar"
     return None
 
 
