@@ -18,7 +18,6 @@ import collections
 import dataclasses
 import functools
 import html
-import json
 from collections.abc import Sequence
 from pathlib import Path
 

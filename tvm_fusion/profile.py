@@ -28,7 +28,6 @@ import numpy as np
 from .machine_peak import MachinePeak, machine_peak
 
 Progress = Callable[[str], None]
-TOP_LABELLED = 5
 
 
 @dataclasses.dataclass

@@ -219,7 +219,10 @@ def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProt
     from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
 
     from .dropout_guard import hide_dropouts, restore_dropouts
+    from .shape_values import freeze_shape_tensors
 
+    # Shape computations as ONNX Runtime evaluates them (onnxslim's own folding can be wrong).
+    model = freeze_shape_tensors(model, random_inputs(model, inputs, seed=0))
     try:
         return restore_dropouts(onnxslim.slim(
             hide_dropouts(model),  # onnxslim would delete every Dropout, training mode too

@@ -1,0 +1,65 @@
+"""Shape computations frozen to constants from one ONNX Runtime run (frontend/shape_values.py)."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion.frontend.onnx import bind_input_shapes, simplify
+from tvm_fusion.frontend.shape_values import freeze_shape_tensors, shape_tensors
+
+
+def padded_by_shape_model() -> onnx.ModelProto:
+    """y = Pad(x, pads computed from Shape(x)): pad the last axis by (W - 4) on its end, edge mode."""
+    node = helper.make_node
+    graph = helper.make_graph(
+        [node("Shape", ["x"], ["shape"], name="shape"),
+         node("Gather", ["shape", "last"], ["width"], name="width", axis=0),
+         node("Sub", ["width", "four"], ["extra"], name="extra"),
+         node("Concat", ["zeros3", "extra_1d"], ["end"], name="end", axis=0),
+         node("Unsqueeze", ["extra", "axis0"], ["extra_1d"], name="unsqueeze"),
+         node("Concat", ["zeros4", "end"], ["pads"], name="pads", axis=0),
+         node("Pad", ["x", "pads"], ["y"], name="pad", mode="edge")],
+        "padded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, 3, "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(3, np.int64), "last"), numpy_helper.from_array(np.array(4, np.int64), "four"),
+         numpy_helper.from_array(np.zeros(3, np.int64), "zeros3"), numpy_helper.from_array(np.zeros(4, np.int64), "zeros4"),
+         numpy_helper.from_array(np.array([0], np.int64), "axis0")])
+    # Nodes out of topological order on purpose? No: ONNX requires order, so fix it.
+    nodes = list(graph.node)
+    graph.ClearField("node")
+    graph.node.extend([nodes[0], nodes[1], nodes[2], nodes[4], nodes[3], nodes[5], nodes[6]])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_the_frontier_of_the_shape_computation_is_found():
+    assert shape_tensors(padded_by_shape_model()) == ["pads"]
+
+
+def test_frozen_pads_are_what_onnxruntime_computes_and_outputs_do_not_change():
+    model = padded_by_shape_model()
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 7)).astype(np.float32)
+    frozen = freeze_shape_tensors(model, {"x": x})
+    initializers = {t.name: numpy_helper.to_array(t) for t in frozen.graph.initializer}
+    assert initializers["pads"].tolist() == [0, 0, 0, 0, 0, 0, 0, 3]
+    assert [n.op_type for n in frozen.graph.node if n.output[0] == "pads"] == []
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]  # noqa: E731
+    np.testing.assert_array_equal(run(frozen), run(model))
+
+
+def test_simplify_keeps_the_original_semantics():
+    model = padded_by_shape_model()
+    specs = bind_input_shapes(model, {"x": (1, 2, 3, 7)})
+    simplified = simplify(model, specs)
+    x = np.random.default_rng(1).standard_normal((1, 2, 3, 7)).astype(np.float32)
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]  # noqa: E731
+    np.testing.assert_array_equal(run(simplified), run(model))
+    assert [n.op_type for n in simplified.graph.node] == ["Pad"]
+
+
+def test_a_model_without_shape_computations_is_returned_as_is():
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert freeze_shape_tensors(model, {"x": np.zeros(2, np.float32)}) is model
