@@ -292,7 +292,7 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     fused instance is checked against its unfused nodes first and undone if it differs
     (``fusion_gate.py``; on targets that run here).
     """
-    from .targets import ToolchainError, check_toolchain
+    from .targets import ToolchainError, check_toolchain, execution_here
 
     started = time.perf_counter()
     if Path(output_dir).exists() and not Path(output_dir).is_dir():
@@ -306,6 +306,10 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
             raise ConfigError(f"two configs are named {name!r}: both would write <model>.{name}/",
                               "give each target's config file its own name")
     shared = _SharedWork(model_path, input_shapes, progress)
+    # The gate checks the fusions with a target whose code runs here; what it undoes is undone
+    # for every target, so the fusion phases still run once for all of them.
+    gate_config = next((cfg for cfg in configs if execution_here(cfg.target).how == "native"),
+                       None) if fusion_gate else None
     results = []
     for cfg in configs:
         # With several targets, each line says which one it is about.
@@ -315,7 +319,7 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
         try:
             toolchain = check_toolchain(cfg.name, cfg.target)
             results.append(_compile_target(shared, cfg, toolchain, output_dir, verify, say,
-                                           tuning_log=tuning_log, fusion_gate=fusion_gate))
+                                           tuning_log=tuning_log, gate_config=gate_config))
         except (ToolchainError, VerificationError, ArtifactError) as err:
             say(f"FAILED: {err.message}")
             results.append(TargetResult(None, {}, PatternReport(), [], target=cfg.name,
@@ -384,7 +388,7 @@ class _SharedWork:
 
 def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, output_dir,
                     verify: bool, say: Progress, tuning_log: str | Path | bool | None = None,
-                    fusion_gate: bool = True) -> TargetResult:
+                    gate_config: PipelineConfig | None = None) -> TargetResult:
     import tvm
 
     from .passes import fusion_pipeline
@@ -394,8 +398,9 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
     with captured_native_stderr(native):
         prepared = shared.prepare(cfg)
         gate = None
-        if fusion_gate and execution_here(cfg.target).how == "native":
-            fused, report, gate = shared.gated_fuse(cfg, prepared, say)
+        if gate_config is not None:
+            gate_config = dataclasses.replace(gate_config, patterns=cfg.patterns)
+            fused, report, gate = shared.gated_fuse(gate_config, prepared, say)
         else:
             fused, report = shared.fuse(cfg, prepared)
         records = load_tuning(cfg, tuning_log, say)

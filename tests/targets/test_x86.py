@@ -97,7 +97,9 @@ def test_import_and_fusion_run_once_for_all_targets(tmp_path, mlp_path, monkeypa
     assert [r.error for r in results] == [None, None]
     assert calls["prepare"] == 1
     assert calls["phases"].count(("canonicalize", "layout", "fuse")) == 1
-    assert calls["phases"].count(("lower", "schedule")) == 2
+    # One lowering per target, and one of the fused composites alone for the fusion gate, which
+    # checks them once (with the target that runs here) for both targets.
+    assert calls["phases"].count(("lower", "schedule")) == 2 + 1
     fusions = results[0].metadata["fusions"]
     assert fusions == results[1].metadata["fusions"]
     assert (fusions["gelu_erf"], fusions["gemm_epilogue"]) == (1, 2)
