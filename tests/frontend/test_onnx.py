@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import helpers
+import tvm_fusion
 from tvm_fusion import api
 from tvm_fusion.errors import ArtifactError, ModelError, ShapeError
 from tvm_fusion.frontend.onnx import (TensorSpec, bind_input_shapes, load_onnx, parse_shape_flag,
@@ -486,3 +487,18 @@ def test_question_mark_dims_are_anonymous_not_one_shared_size():
     err = shape_error(bind_input_shapes, model, {})
     assert "input 'x' dim 2 ('x_dim2') is dynamic and unbound" in err.message
     assert bind_input_shapes(model, {}, {"x_dim2": 48, "x_dim3": 320})[0].shape == (1, 3, 48, 320)
+
+
+def test_an_input_no_node_reads_stays_in_the_compiled_signature(tmp_path, config_path):
+    """onnxslim drops it; callers still pass every input the ONNX model declares (LAC's length)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "unused_input",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("length", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    path = tmp_path / "unused_input.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    result = api.compile_model(path, config_path(), [], output_dir=tmp_path / "build")
+    assert [i["name"] for i in result.metadata["inputs"]] == ["x", "length"]
+    out = tvm_fusion.load(result.artifact).run({"x": -np.ones((2, 3), np.float32), "length": np.array([3])})
+    np.testing.assert_array_equal(out["y"], np.zeros((2, 3), np.float32))

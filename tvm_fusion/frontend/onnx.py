@@ -224,7 +224,7 @@ def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProt
     # Shape computations as ONNX Runtime evaluates them (onnxslim's own folding can be wrong).
     model = freeze_shape_tensors(model, random_inputs(model, inputs, seed=0))
     try:
-        return restore_dropouts(onnxslim.slim(
+        simplified = restore_dropouts(onnxslim.slim(
             hide_dropouts(model),  # onnxslim would delete every Dropout, training mode too
             input_shapes=[f"{spec.name}:{','.join(map(str, spec.shape))}" for spec in inputs],
             # onnxslim's own fusions (MatMul+Add -> Gemm, Conv+BN, ...) would pre-empt ours.
@@ -232,6 +232,21 @@ def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProt
         ))
     except Exception:  # noqa: BLE001 - any onnxslim failure: let the importer try the original
         return model
+    return _with_inputs_of(simplified, model)
+
+
+def _with_inputs_of(simplified: onnx.ModelProto, model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxslim drops graph inputs no node reads (LAC's ``length``); the compiled model keeps the
+    model's signature, so callers pass the inputs the ONNX model declares, in its order."""
+    kept = {value.name: value for value in simplified.graph.input}
+    if len(kept) == len(graph_inputs(model)):
+        return simplified
+    initializers = {init.name for init in simplified.graph.initializer}
+    inputs = [kept.get(value.name, value) for value in graph_inputs(model)]
+    inputs += [value for name, value in kept.items() if name in initializers]
+    del simplified.graph.input[:]
+    simplified.graph.input.extend(inputs)
+    return simplified
 
 
 def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[str]]:
