@@ -14,3 +14,21 @@ def test_input_shapes_as_one_flag_a_list_or_a_dict(shapes):
 def test_a_bad_shape_flag_names_itself():
     with pytest.raises(ShapeError, match="input:1xthree"):
         api.parse_input_shapes("input:1xthree")
+
+
+def test_bench_compares_a_bool_output_too(tmp_path, config_path):
+    """A model that also returns a mask (the romanizer encoder's src_mask_out) benches."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Greater", ["x", "zero"], ["mask"])],
+        "with_mask", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 8])],
+        [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])])
+    path = tmp_path / "with_mask.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    report = api.bench_model(path, config_path(), repeat=2, warmup=1, include_stock=False)
+    assert report.max_abs_error == {"tvm_fusion": 0.0}
+    assert set(report.medians_ms) == {"onnxruntime", "tvm_fusion"}

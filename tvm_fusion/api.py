@@ -782,7 +782,9 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         tensors = model.prepare(inputs)
         runners[name] = (lambda m, t: lambda: m.run_prepared(t))(model, tensors)
         produced = model.run(inputs)
-        errors[name] = max(float(np.abs(produced[k] - reference[k]).max()) for k in reference)
+        # As float64: a bool output (a mask) has no subtraction of its own.
+        errors[name] = max(float(np.abs(produced[k].astype(np.float64) - reference[k].astype(np.float64)).max(
+            initial=0.0)) for k in reference)
     times: dict[str, list[float]] = {name: [] for name in runners}
     order, shuffler = list(runners), random.Random(cfg.seed)
     for round_index in range(warmup + repeat):
