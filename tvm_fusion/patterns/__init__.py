@@ -8,6 +8,7 @@ from __future__ import annotations
 from .attention import Attention
 from .base import FusionRule, NearMiss, PatternReport, RewriteRule
 from .clip import Clip
+from .conv_affine_fold import ConvAffineFold
 from .conv_bn_fold import ConvBnFold
 from .conv_epilogue import ConvEpilogue
 from .conv_transpose_epilogue import ConvTransposeEpilogue
@@ -42,6 +43,7 @@ PATTERNS: dict[str, RewriteRule | FusionRule] = {
         HardSwish(),
         HardSigmoid(),
         ConvBnFold(),
+        ConvAffineFold(),
         SqueezeExcitation(),
         ConvEpilogue(),  # before resize_merge: it takes an FPN merge whose lateral is a conv
         ConvTransposeEpilogue(),

@@ -1,0 +1,74 @@
+"""Conv [+ bias] * per-channel scale [+ shift] folds into the conv (patterns/conv_affine_fold.py)."""
+
+import numpy as np
+import pytest
+import tvm
+from machine import host_target
+from tvm import relax
+
+from rewrite_helpers import apply_rule
+from tvm_fusion.config import parse_config
+from tvm_fusion.passes import fusion_pipeline
+from tvm_fusion.patterns import PatternReport
+
+RNG = np.random.default_rng(0)
+
+
+def conv_affine_module(scale_shape=(1, 4, 1, 1), bias=True, shift=True, groups=1):
+    """x -> conv [+ b] -> * s [+ o] -> relu: a BatchNormalization written out (captcha CRNN)."""
+    x = relax.Var("x", relax.TensorType((1, 4, 6, 5), "float32"))
+    const = lambda shape: relax.const(RNG.standard_normal(shape).astype("float32"))  # noqa: E731
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, const((4, 4 // groups, 3, 3)), padding=1, groups=groups))
+            if bias:
+                y = bb.emit(relax.op.add(y, const((1, 4, 1, 1))))
+            y = bb.emit(relax.op.multiply(y, const(scale_shape)))
+            if shift:
+                y = bb.emit(relax.op.add(const((4, 1, 1)), y))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def ops(mod):
+    return [b.value.op.name for b in mod["main"].body.blocks[0].bindings]
+
+
+def run(mod, data):
+    vm = relax.VirtualMachine(tvm.compile(relax.get_pipeline("zero")(mod), target="llvm"), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(data)).numpy()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"bias": False}, {"shift": False},
+                                    {"scale_shape": (4, 1, 1), "groups": 4}])
+def test_scale_and_shift_fold_into_the_conv_and_the_numbers_stay(kwargs):
+    before = conv_affine_module(**kwargs)
+    after, report = apply_rule(before, "conv_affine_fold")
+    assert report.fired["conv_affine_fold"] == 1
+    assert ops(after) == ["relax.nn.conv2d", "relax.add", "relax.nn.relu"]
+    data = RNG.standard_normal((1, 4, 6, 5)).astype("float32")
+    np.testing.assert_allclose(run(after, data), run(before, data), rtol=1e-5, atol=1e-5)
+
+
+def test_must_not_fold_a_scalar_scale_which_may_be_a_hard_gates_slope():
+    before = conv_affine_module(scale_shape=(1,))
+    after, report = apply_rule(before, "conv_affine_fold")
+    tvm.ir.assert_structural_equal(after, before)
+    assert [m.reason for m in report.near_misses] == ["the scale is one scalar, not one value per channel"]
+
+
+def test_must_not_fold_a_scale_that_varies_over_the_map():
+    before = conv_affine_module(scale_shape=(1, 4, 6, 5))
+    after, report = apply_rule(before, "conv_affine_fold")
+    tvm.ir.assert_structural_equal(after, before)
+    assert [m.reason for m in report.near_misses] == ["the scale has shape (1, 4, 6, 5), not one value per channel"]
+
+
+def test_the_folded_conv_is_one_epilogue_kernel_with_its_activation():
+    config = parse_config({"target": host_target(), "pipeline": {"patterns": ["conv_affine_fold", "conv_epilogue"]}},
+                          name="test")
+    report = PatternReport()
+    fusion_pipeline(config, report, phases=("canonicalize", "fuse"))(conv_affine_module())
+    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
