@@ -85,7 +85,8 @@ def absorb_elementwise_tails(mod: tvm.IRModule, rule_names: set[str]) -> tuple[t
     builder.update_func(mod.get_global_var("main"), relax.Function(
         main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty, main.is_pure, main.attrs))
     mod = builder.get()
-    for gvar in [gvar for gvar in composites if not _called(mod, gvar)]:
+    called = _called_functions(mod)
+    for gvar in [gvar for gvar in composites if gvar not in called]:
         del mod[gvar]
     return relax.transform.Normalize()(mod), absorbed
 
@@ -164,10 +165,11 @@ def _grown_function(builder: relax.BlockBuilder, func: relax.Function, result: r
     return grown.with_attr("Composite", composite + SUFFIX), externals
 
 
-def _called(mod: tvm.IRModule, gvar: relax.GlobalVar) -> bool:
-    found = []
+def _called_functions(mod: tvm.IRModule) -> set:
+    """The GlobalVars some function of ``mod`` calls (one walk for all composites)."""
+    called: set = set()
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(
-                func, lambda e: found.append(e) if isinstance(e, relax.GlobalVar) and e.same_as(gvar) else None)
-    return bool(found)
+                func, lambda e: called.add(e) if isinstance(e, relax.GlobalVar) else None)
+    return called
