@@ -6,6 +6,7 @@ import tomllib
 
 import psutil
 import pytest
+from machine import OTHER_MCPU
 
 from tvm_fusion.config import DEFAULT_CONFIG, load_config, parse_config
 from tvm_fusion.errors import ConfigError
@@ -50,13 +51,13 @@ def test_default_config_resolves_host_values():
 
 
 def test_explicit_values_are_kept(tmp_path):
-    path = write(tmp_path, '[target]\nkind = "llvm"\nmcpu = "skylake-avx512"\nnum-cores = 3\n'
+    path = write(tmp_path, f'[target]\nkind = "llvm"\nmcpu = "{OTHER_MCPU}"\nnum-cores = 3\n'
                            '[pipeline]\npatterns = ["gelu_erf"]\nschedule = "none"\n'
                            '[verify]\nrtol = 0\natol = 2\nseed = 7\n[runtime]\nthreads = 2\n'
                            '[inputs]\nbatch = 8\n')
     cfg = load_config(path)
     assert cfg.name == "cfg" and cfg.path == str(path)
-    assert cfg.target == {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 3}
+    assert cfg.target == {"kind": "llvm", "mcpu": OTHER_MCPU, "num-cores": 3}
     assert cfg.patterns == ("gelu_erf",) and cfg.schedule == "none"
     assert (cfg.rtol, cfg.atol, cfg.seed, cfg.threads) == (0.0, 2.0, 7, 2)
     assert isinstance(cfg.atol, float)
