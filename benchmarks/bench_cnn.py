@@ -1,10 +1,13 @@
-"""tvm_fusion vs ONNX Runtime vs stock TVM on the bundled CNN examples, plus the slowest kernels.
+"""tvm_fusion vs ONNX Runtime (and OpenVINO) vs stock TVM on the bundled CNN examples, plus kernels.
 
-Each (model, input shape) is timed in one process with the three runtimes interleaved round
-by round (tvm_fusion.api.bench_model), untuned (hand schedules only, no tuning log), at the
-config's thread count (2 on the reference machine). Then every tvm_fusion kernel of the model is timed on its own (random
-inputs, median of runs) and the three slowest are reported with their achieved GFLOP/s.
-Prints both tables and writes the raw numbers to benchmarks/results/cnn.json (atomically).
+Each (model, input shape) is timed in one process with the runtimes interleaved round by round
+(tvm_fusion.api.bench_model), untuned (hand schedules only, no tuning log), at the config's
+thread count (2 on the reference machine); OpenVINO (f32) joins the rounds when the peers extra
+is installed. Then every tvm_fusion kernel of the model is timed on its own (random inputs,
+median of runs): each conv kernel is reported with its achieved GFLOP/s and its share of this
+machine's measured FMA peak (tvm_fusion.machine_peak, recorded with every result), and so are
+the three slowest kernels. Prints the tables and writes the raw numbers to
+benchmarks/results/cnn.json (atomically).
 
     .venv/bin/python benchmarks/bench_cnn.py [--repeat 30] [--config configs/x86_64-host.toml] [--only resnet_tiny]
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tvm_fusion import api
+from tvm_fusion.peers import installed_peers
 from tvm_fusion.report import table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,30 +109,56 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cnn.json"))
     args = parser.parse_args()
 
-    rows, kernel_rows, results = [], [], {}
+    peers = installed_peers()
+    openvino = "openvino" in peers
+    if not openvino:
+        print("note: OpenVINO is not installed, so it is left out (pip install 'tvm_fusion[peers]')")
+    rows, kernel_rows, conv_rows, results = [], [], [], {}
     for name, shape in CASES:
         if args.only and name != args.only:
             continue
         model = ROOT / "examples" / "models" / f"{name}.onnx"
         key = f"{name} {shape.split(':')[1]}"
         report = api.bench_model(model, args.config, [shape], repeat=args.repeat, tuning_log=False,
-                                 progress=lambda m, k=key: print(f"[{k}] {m}", flush=True))
+                                 progress=lambda m, k=key: print(f"[{k}] {m}", flush=True), peers=peers)
         kernels = time_kernels(api.prepare(model, args.config, [shape]), args.kernel_runs)
-        results[key] = {**report.to_json(), "slowest_kernels": kernels[:SLOWEST]}
+        for kernel in kernels:
+            kernel["percent_of_fma_peak"] = (None if kernel["gflops"] is None
+                                             else 100 * kernel["gflops"] / report.peak.gflops)
+        convs = [k for k in kernels if "conv" in k["kernel"] and k["gflops"] is not None]
+        results[key] = {**report.to_json(), "slowest_kernels": kernels[:SLOWEST], "conv_kernels": convs}
         ratios = report.ratios()
         medians = report.medians_ms
-        rows.append([key, report.threads, medians["onnxruntime"], medians["stock_tvm"],
-                     medians["tvm_fusion"], ratios["tvm_fusion"], medians["stock_tvm"] / medians["tvm_fusion"],
-                     report.max_abs_error["tvm_fusion"]])
+        rows.append([key, report.threads, medians["onnxruntime"], *([medians["openvino"]] if openvino else []),
+                     medians["stock_tvm"], medians["tvm_fusion"], ratios["tvm_fusion"],
+                     *([medians["tvm_fusion"] / medians["openvino"]] if openvino else []),
+                     medians["stock_tvm"] / medians["tvm_fusion"], report.max_abs_error["tvm_fusion"]])
         for kernel in kernels[:SLOWEST]:
             kernel_rows.append([key, kernel["kernel"][:60], kernel["rule"], kernel["calls"], kernel["ms"],
-                                "-" if kernel["gflops"] is None else round(kernel["gflops"], 1)])
-    print(table(["model input", "threads", "ORT ms", "stock TVM ms", "tvm_fusion ms", "tvm_fusion/ORT",
+                                *_rate(kernel)])
+        for kernel in convs:
+            conv_rows.append([key, kernel["kernel"][:60], kernel["rule"], kernel["calls"], kernel["ms"],
+                              *_rate(kernel)])
+    print(table(["model input", "threads", "ORT ms", *(["OpenVINO ms"] if openvino else []), "stock TVM ms",
+                 "tvm_fusion ms", "tvm_fusion/ORT", *(["tvm_fusion/OpenVINO"] if openvino else []),
                  "speed-up vs stock", "max abs err"], rows))
+    if results:
+        peak = report.peak
+        print(f"\nthis machine ({peak.target_key}, {peak.threads} threads): {peak.gflops:.0f} GFLOP/s FMA peak, "
+              f"{peak.gbytes_per_s:.1f} GB/s triad")
     print()
-    print(table(["model input", "slowest kernels (time x calls)", "rule", "calls", "ms per call", "GFLOP/s"],
-                kernel_rows))
+    print(table(["model input", "conv kernels", "rule", "calls", "ms per call", "GFLOP/s", "% of FMA peak"],
+                conv_rows))
+    print()
+    print(table(["model input", "slowest kernels (time x calls)", "rule", "calls", "ms per call", "GFLOP/s",
+                 "% of FMA peak"], kernel_rows))
     write_json(args.out, results)
+
+
+def _rate(kernel: dict) -> list:
+    if kernel["gflops"] is None:
+        return ["-", "-"]
+    return [round(kernel["gflops"], 1), round(kernel["percent_of_fma_peak"], 1)]
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""tvm_fusion vs ONNX Runtime vs stock TVM on the bundled transformer examples.
+"""tvm_fusion vs ONNX Runtime (and OpenVINO) vs stock TVM on the bundled transformer examples.
 
-Each model is timed in one process with the three runtimes interleaved round by round
-(tvm_fusion.api.bench_model), at the config's thread count. Writes a table to stdout and the
-raw numbers to benchmarks/results/examples.json.
+Each model is timed in one process with the runtimes interleaved round by round
+(tvm_fusion.api.bench_model), at the config's thread count; OpenVINO (f32) joins the rounds when
+the peers extra is installed. Writes a table to stdout and the raw numbers, with this machine's
+probed peaks, to benchmarks/results/examples.json.
 
     .venv/bin/python benchmarks/bench_examples.py [--repeat 30] [--config configs/x86_64-host.toml]
 """
@@ -13,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from tvm_fusion import api
+from tvm_fusion.peers import installed_peers
 from tvm_fusion.report import table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,22 +31,32 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "examples.json"))
     args = parser.parse_args()
 
+    peers = installed_peers()
+    openvino = "openvino" in peers
+    if not openvino:
+        print("note: OpenVINO is not installed, so it is left out (pip install 'tvm_fusion[peers]')")
     rows, results = [], {}
     for name, shapes in MODELS.items():
         model = ROOT / "examples" / "models" / f"{name}.onnx"
         report = api.bench_model(model, args.config, shapes, repeat=args.repeat,
-                                 progress=lambda m, n=name: print(f"[{n}] {m}", flush=True))
+                                 progress=lambda m, n=name: print(f"[{n}] {m}", flush=True), peers=peers)
         inspect = api.inspect_model(model, args.config, shapes)
         results[name] = {**report.to_json(), "kernels": inspect.kernels,
                          "stock_fusion_kernels": inspect.stock_kernels}
         ms = report.medians_ms
         untuned = ms.get("tvm_fusion_untuned", ms["tvm_fusion"])  # no records: the same build
-        rows.append([name, report.threads, ms["onnxruntime"], ms["stock_tvm"], untuned, ms["tvm_fusion"],
-                     untuned / ms["onnxruntime"], ms["tvm_fusion"] / ms["onnxruntime"],
+        rows.append([name, report.threads, ms["onnxruntime"], *([ms["openvino"]] if openvino else []),
+                     ms["stock_tvm"], untuned, ms["tvm_fusion"], untuned / ms["onnxruntime"],
+                     ms["tvm_fusion"] / ms["onnxruntime"], *([ms["tvm_fusion"] / ms["openvino"]] if openvino else []),
                      ms["stock_tvm"] / untuned, inspect.kernels, inspect.stock_kernels])
-    print(table(["model", "threads", "ORT ms", "stock TVM ms", "ours untuned ms", "ours tuned ms",
-                 "untuned/ORT", "tuned/ORT", "untuned speed-up vs stock", "kernels",
+    print(table(["model", "threads", "ORT ms", *(["OpenVINO ms"] if openvino else []), "stock TVM ms",
+                 "ours untuned ms", "ours tuned ms", "untuned/ORT", "tuned/ORT",
+                 *(["tuned/OpenVINO"] if openvino else []), "untuned speed-up vs stock", "kernels",
                  "stock FuseOps kernels"], rows))
+    if results:
+        peak = report.peak
+        print(f"this machine ({peak.target_key}, {peak.threads} threads): {peak.gflops:.0f} GFLOP/s FMA peak, "
+              f"{peak.gbytes_per_s:.1f} GB/s triad")
     write_json(args.out, results)
 
 

@@ -48,7 +48,7 @@ import transformers
 # crash in 4.57), so the export extra pins transformers==4.52.4.
 OPSET = 17
 VOCAB = 512
-MAX_POS = 128
+MAX_POS = 512  # sequence lengths up to 512: one artifact can serve 1..512 (issue 12)
 TOLERANCE = 1e-4
 CHECK_SHAPES = [(1, 128), (2, 16)]
 EXPORT_SHAPE = (2, 16)

@@ -1,9 +1,11 @@
 """The Python API's argument handling (the CLI's flags are tested in test_cli.py)."""
 
+import sys
+
 import pytest
 
 from tvm_fusion import api
-from tvm_fusion.errors import ShapeError
+from tvm_fusion.errors import ShapeError, ToolchainError
 
 
 @pytest.mark.parametrize("shapes", ["input:1x3x8x8", ["input:1x3x8x8"], {"input": [1, 3, 8, 8]}])
@@ -32,3 +34,25 @@ def test_bench_compares_a_bool_output_too(tmp_path, config_path):
     report = api.bench_model(path, config_path(), repeat=2, warmup=1, include_stock=False)
     assert report.max_abs_error == {"tvm_fusion": 0.0}
     assert set(report.medians_ms) == {"onnxruntime", "tvm_fusion"}
+
+
+def test_bench_peer_openvino(mlp_path, config_path):
+    report = api.bench_model(mlp_path, config_path(), "x:4x16", repeat=2, warmup=1, include_stock=False,
+                             peers=("openvino",))
+    assert set(report.medians_ms) == {"onnxruntime", "tvm_fusion", "openvino"}
+    assert 0 <= report.max_abs_error["openvino"] < 1e-4
+    assert report.peak is not None and report.peak.gflops > 0
+    assert report.to_json()["peak"]["gbytes_per_s"] == report.peak.gbytes_per_s
+
+
+def test_bench_peer_openvino_missing_fails_before_any_build(monkeypatch, mlp_path, config_path):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    monkeypatch.setattr(api, "prepare", lambda *a, **k: pytest.fail("prepared before checking the peers"))
+    with pytest.raises(ToolchainError, match=r"pip install 'tvm_fusion\[peers\]'"):
+        api.bench_model(mlp_path, config_path(), "x:4x16", peers=("openvino",))
+
+
+def test_bench_unknown_peer_names_the_choices(mlp_path, config_path):
+    with pytest.raises(api.TvmFusionError, match="unknown benchmark peer 'tensorrt'") as error:
+        api.bench_model(mlp_path, config_path(), "x:4x16", peers="tensorrt")
+    assert "openvino" in error.value.hint

@@ -303,6 +303,35 @@ def test_bench_json(capsys, tmp_path, mlp_path, config_path):
     assert all(0 <= e < 1e-4 for e in data["max_abs_error"].values())
 
 
+def test_bench_peer_openvino(capsys, tmp_path, mlp_path, config_path):
+    """OpenVINO runs in the same rounds, is checked against ONNX Runtime, and the JSON carries it
+    beside the machine's probed peaks."""
+    out_json = tmp_path / "out.json"
+    code, out, err = run_cli(capsys, "-q", "bench", mlp_path, "--config", config_path(), *MLP_SHAPE,
+                             "--repeat", "3", "--warmup", "1", "--no-stock", "--peer", "openvino",
+                             "--json", out_json)
+    assert code == 0, err
+    assert re.search(r"^openvino\s+\S+\s+\S+\s+\S+$", out, re.M), out
+    assert re.search(r"^this machine \(\S+\): \d+ GFLOP/s FMA peak, [\d.]+ GB/s triad", out, re.M), out
+    data = json.loads(out_json.read_text())
+    assert set(data["medians_ms"]) == set(data["ratio_to_onnxruntime"]) == {"onnxruntime", "tvm_fusion",
+                                                                           "openvino"}
+    assert data["medians_ms"]["openvino"] > 0
+    assert 0 <= data["max_abs_error"]["openvino"] < 1e-4
+    peak = data["peak"]
+    assert peak["threads"] == data["threads"] and peak["gflops"] > 0 and peak["gbytes_per_s"] > 0
+    assert peak["ridge_flop_per_byte"] == pytest.approx(peak["gflops"] / peak["gbytes_per_s"])
+
+
+def test_bench_peer_openvino_not_installed(capsys, monkeypatch, mlp_path, config_path):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    code, out, err = run_cli(capsys, "-q", "bench", mlp_path, "--config", config_path(), *MLP_SHAPE,
+                             "--peer", "openvino")
+    assert code == 7 and out == ""
+    assert_one_error(err)
+    assert "openvino" in err and "pip install 'tvm_fusion[peers]'" in err
+
+
 def test_bench_failure_keeps_previous_json(capsys, tmp_path, unsupported_path, config_path):
     out_json = tmp_path / "out.json"
     out_json.write_text('{"previous": true}\n')

@@ -58,13 +58,14 @@ class AblationReport:
 
 def ablate_model(model_path: str | Path, config=None, input_shapes=None, rounds: int = 30, warmup: int = 3,
                  progress: Progress = lambda _m: None) -> AblationReport:
-    from .api import build, kernel_calls, optimize, prepare
+    from .api import at_one_size, build, kernel_calls, optimize, prepare
     from .frontend import onnx as onnx_frontend
     from .native_log import captured_native_stderr
     from .runtime import CompiledModel, set_threads
 
     with captured_native_stderr([]):
         prepared = prepare(model_path, config, input_shapes, progress)
+        at_one_size(prepared, "ablate")
         cfg = prepared.config
         set_threads(cfg.threads)
         full = optimize(prepared, tuning_log=False)

@@ -27,6 +27,8 @@ from .errors import ArtifactError, ConfigError, ShapeError, TvmFusionError, Veri
 from .export import artifact_dir, write_artifact
 from .files import check_writable
 from .frontend import onnx as onnx_frontend
+from .frontend.dims import evaluate_dim, ranges_of, size_points, var_sizes
+from .machine_peak import MachinePeak, machine_peak
 from .native_log import captured_native_stderr, summarize
 from .patterns import PatternReport
 from .runtime import CompiledModel, set_threads
@@ -34,7 +36,8 @@ from .verify import (OutputComparison, ReferenceUnavailable, check_outputs, comp
                      reference_outputs)
 
 Progress = Callable[[str], None]
-ShapeArg = dict[str, tuple[int, ...]] | list[str] | str | None
+# {name: dims} (a dim: a size, or a (low, high, step) range), NAME:DIMxDIM flags, or one such flag.
+ShapeArg = dict[str, tuple] | list[str] | str | None
 
 
 def _quiet(_message: str) -> None:
@@ -74,8 +77,9 @@ def resolve_config(config: str | Path | PipelineConfig | None) -> PipelineConfig
     return config if isinstance(config, PipelineConfig) else load_config(config)
 
 
-def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple[int, ...]]:
-    """``{name: dims}``, a list of ``NAME:DIMxDIM`` flags, or one such flag."""
+def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple]:
+    """``{name: dims}``, a list of ``NAME:DIMxDIM`` flags, or one such flag; a dim may be a
+    ``LOW..HIGH[/STEP]`` range (a ``(low, high, step)`` tuple in a dict)."""
     if not shapes:
         return {}
     if isinstance(shapes, dict):
@@ -86,27 +90,41 @@ def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple[int, ...]]:
     for flag in shapes:
         name, dims = onnx_frontend.parse_shape_flag(flag)
         if parsed.get(name, dims) != dims:
-            given = " and ".join(f"{name}:{'x'.join(map(str, d))}" for d in (parsed[name], dims))
+            given = " and ".join(f"{name}:{_dims_flag(d)}" for d in (parsed[name], dims))
             raise ShapeError(f"--input-shape gives input {name!r} two different shapes: {given}",
                              f"pass --input-shape once for {name}")
         parsed[name] = dims
     return parsed
 
 
+def _dims_flag(dims) -> str:
+    from .frontend.dims import DimRange
+
+    return "x".join(str(DimRange("", *d)) if isinstance(d, tuple) else str(d) for d in dims)
+
+
+def shapes_text(inputs: list[onnx_frontend.TensorSpec]) -> str:
+    """``input_ids:1x1..512, attention_mask:1x1..512`` for messages."""
+    return ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}" for s in inputs)
+
+
 def check_memory(inputs: list[onnx_frontend.TensorSpec], module=None) -> None:
     """A ShapeError before any heavy work when the bound shapes cannot fit in memory.
 
     What a compile or bench holds at least: the inputs, plus the largest tensor the model
-    computes (from the imported module's types, once there is one). Without this check a
-    mistyped dim builds the model and then dies allocating its test inputs.
+    computes (from the imported module's types, once there is one), at the high end of every
+    range. Without this check a mistyped dim builds the model and then dies allocating its
+    test inputs.
     """
     import psutil
 
-    input_bytes = sum(_tensor_bytes(s.shape, s.dtype) for s in inputs)
-    largest, described = max(_computed_tensors(module), default=(0, "")) if module is not None else (0, "")
+    high = {name: r.high for name, r in ranges_of(inputs).items()}
+    input_bytes = sum(_tensor_bytes(s.shape, s.dtype) for s in onnx_frontend.inputs_at(inputs, high))
+    high_vars = var_sizes(ranges_of(inputs), high)
+    largest, described = max(_computed_tensors(module, high_vars), default=(0, "")) if module is not None else (0, "")
     available = psutil.virtual_memory().available
     if input_bytes + largest > available:
-        shapes = ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}" for s in inputs)
+        shapes = shapes_text(inputs)
         need = f"{_human_bytes(input_bytes)} for its inputs" + (
             f" plus {_human_bytes(largest)} for its largest intermediate ({described})" if largest else "")
         raise ShapeError(f"at {shapes} the model needs {need}, but only {_human_bytes(available)} of memory "
@@ -123,8 +141,8 @@ def _tensor_bytes(shape, dtype: str) -> int:
     return count * ((tvm.runtime.DataType(dtype).bits + 7) // 8)
 
 
-def _computed_tensors(module):
-    """(bytes, 'dtype[shape]') of every statically shaped tensor bound in ``main``."""
+def _computed_tensors(module, high: dict[str, int]):
+    """(bytes, 'dtype[shape]') of every tensor bound in ``main``, symbolic dims at ``high``."""
     from tvm import relax
 
     def sizes(ty):
@@ -133,8 +151,8 @@ def _computed_tensors(module):
                 yield from sizes(field)
         elif isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
             try:
-                shape = [int(dim) for dim in ty.shape.values]
-            except TypeError:  # a symbolic dim
+                shape = [evaluate_dim(dim, high) for dim in ty.shape.values]
+            except (TypeError, KeyError):  # a dim no input range bounds (a data-dependent size)
                 return
             yield _tensor_bytes(shape, str(ty.dtype)), f"{ty.dtype}{shape}"
 
@@ -158,14 +176,23 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
     model = onnx_frontend.load_onnx(model_path)
     specs = onnx_frontend.bind_input_shapes(model, parse_input_shapes(input_shapes), cfg.dim_defaults)
     check_memory(specs)
-    progress("simplifying shape subgraphs at " + ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}"
-                                                           for s in specs))
+    progress("simplifying shape subgraphs at " + shapes_text(specs))
     simplified = onnx_frontend.simplify(model, specs)
     progress(f"importing {len(simplified.graph.node)} ONNX nodes into Relax")
     module = onnx_frontend.import_model(simplified, specs)
     check_memory(specs, module)
     return PreparedModel(cfg, Path(model_path).stem, model, specs,
                          onnx_frontend.output_specs(model), module)
+
+
+def at_one_size(prepared: PreparedModel, command: str) -> None:
+    """Commands that time or tune kernels run at fixed sizes: a ShapeError for a range."""
+    ranges = ranges_of(prepared.inputs)
+    if ranges:
+        listed = ", ".join(f"{name} {r}" for name, r in ranges.items())
+        raise ShapeError(f"{command} runs the model at one size, but the input shapes give ranges ({listed})",
+                         f"pass fixed sizes to {command} (e.g. the typical size "
+                         f"{', '.join(f'{n}={r.typical}' for n, r in ranges.items())})")
 
 
 def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = None,
@@ -181,6 +208,7 @@ def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = Non
     records = load_tuning(prepared.config, tuning_log, progress)
     module = fusion_pipeline(prepared.config, report, schedule_log=schedule_log,
                              tuning=records)(prepared.relax_module)
+    module = callable_module(module, prepared)
     return OptimizedModule(module, report, schedule_log, dict(records.applied) if records else {})
 
 
@@ -218,15 +246,24 @@ def build(module, config: PipelineConfig):
     return tvm.compile(module, target=config.tvm_target())
 
 
+def callable_module(module, prepared: PreparedModel):
+    """The module whose ``main`` takes the inputs as given: with a stepped range, the
+    pipeline's ``main`` (step counts first) behind one that takes plain dims."""
+    from .frontend.stepped_dims import expose_input_dims
+
+    return expose_input_dims(module, ranges_of(prepared.inputs))
+
+
 def build_stock(prepared: PreparedModel):
     """Stock TVM: its default pipeline on the same imported module (no fusion, no schedules on CPU)."""
     import tvm
 
-    return tvm.compile(prepared.relax_module, target=prepared.config.tvm_target())
+    return tvm.compile(callable_module(prepared.relax_module, prepared), target=prepared.config.tvm_target())
 
 
 def kernel_calls(module) -> int:
-    """How many kernel launches one call of ``main`` makes (call_tir sites)."""
+    """How many kernel launches one call of ``main`` makes (call_tir sites, also in the Relax
+    function ``main`` calls when a stepped range puts one in front)."""
     from tvm import relax
 
     count = 0
@@ -236,7 +273,9 @@ def kernel_calls(module) -> int:
         if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.call_tir":
             count += 1
 
-    relax.analysis.post_order_visit(module["main"], visit)
+    for _gvar, func in module.functions_items():
+        if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+            relax.analysis.post_order_visit(func, visit)
     return count
 
 
@@ -366,20 +405,23 @@ class _SharedWork:
         key = (id(prepared), cfg.patterns, "gated")
         if key not in self.fused:
             simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
-            named = dataclasses.replace(prepared, relax_module=import_with_node_names(
-                simplified, {s.name: list(s.shape) for s in prepared.inputs},
-                {s.name: s.dtype for s in prepared.inputs}))
+            named = dataclasses.replace(prepared, relax_module=onnx_frontend.with_range_bounds(import_with_node_names(
+                simplified, onnx_frontend.relax_shape_dict(prepared.inputs),
+                {s.name: s.dtype for s in prepared.inputs}), prepared.inputs))
             say("checking each fusion against its unfused nodes (--no-fusion-gate skips this)")
             self.fused[key] = fusion_gate.gated_fuse(
                 lambda excluded: self.fuse(cfg, named, excluded), cfg,
                 lambda names: onnx_nodes_of(names, self.fuse(cfg, named)[1], simplified), say)
         return self.fused[key]
 
-    def inputs_and_reference(self, cfg: PipelineConfig, prepared: PreparedModel, with_reference: bool):
-        key = (id(prepared), cfg.seed)
+    def inputs_and_reference(self, cfg: PipelineConfig, prepared: PreparedModel, with_reference: bool,
+                             sizes: dict[str, int]):
+        """Seeded inputs at ``sizes`` (one size per range; {} for a static model) and, with
+        ``with_reference``, ONNX Runtime's outputs for them."""
+        key = (id(prepared), cfg.seed, tuple(sorted(sizes.items())))
         if key not in self.references:
-            self.references[key] = [onnx_frontend.random_inputs(prepared.onnx_model, prepared.inputs, cfg.seed),
-                                    None]
+            specs = onnx_frontend.inputs_at(prepared.inputs, sizes)
+            self.references[key] = [onnx_frontend.random_inputs(prepared.onnx_model, specs, cfg.seed), None]
         entry = self.references[key]
         if with_reference and entry[1] is None:
             entry[1] = reference_outputs(prepared.onnx_model, entry[0], cfg.threads)
@@ -404,7 +446,8 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
         else:
             fused, report = shared.fuse(cfg, prepared)
         records = load_tuning(cfg, tuning_log, say)
-        module = fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"), tuning=records)(fused)
+        module = callable_module(fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"),
+                                                 tuning=records)(fused), prepared)
         if records and records.applied:
             say(f"tuned schedules from {records.directory} for {len(records.applied)} kernel(s)")
         plat = platform_of(cfg.target)
@@ -422,6 +465,7 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
         "model": prepared.name,
         "model_sha256": _sha256(prepared.onnx_model),
         "inputs": _input_metadata(prepared),
+        "dims": {name: r.to_json() for name, r in ranges_of(prepared.inputs).items()},
         "outputs": _declared_outputs(module, prepared.output_names),
         "target": cfg.target,
         "config": cfg.name,
@@ -452,23 +496,36 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
                 updates["verification"] = {"reference": "onnxruntime", "status": "not run",
                                            "reason": execution.reason}
             return updates
-        try:
-            inputs, expected = shared.inputs_and_reference(cfg, prepared, verify)
-        except ReferenceUnavailable as err:
-            say(f"NOT VERIFIED: {err.message}")
-            no_reference.append(err.message)
-            updates["verification"] = {"reference": "onnxruntime", "status": "not run", "reason": err.message}
-            inputs, expected = shared.inputs_and_reference(cfg, prepared, False)
-        say(f"running the artifact ({'natively' if execution.how == 'native' else 'under qemu-aarch64'})")
-        outputs = _run_library(library, metadata, execution.how, inputs)
-        updates["outputs"] = [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
-                              for name, value in outputs.items()]
+        checked_sizes = []
+        # A range is checked at its low end, a typical size and its high end: a kernel's tail
+        # handling can be wrong at some sizes only.
+        for sizes in size_points(ranges_of(prepared.inputs)):
+            at = f" at {', '.join(f'{name}={size}' for name, size in sizes.items())}" if sizes else ""
+            try:
+                inputs, expected = shared.inputs_and_reference(cfg, prepared, verify and not no_reference, sizes)
+            except ReferenceUnavailable as err:
+                say(f"NOT VERIFIED: {err.message}")
+                no_reference.append(err.message)
+                updates["verification"] = {"reference": "onnxruntime", "status": "not run", "reason": err.message}
+                inputs, expected = shared.inputs_and_reference(cfg, prepared, False, sizes)
+            say(f"running the artifact{at} ({'natively' if execution.how == 'native' else 'under qemu-aarch64'})")
+            outputs = _run_library(library, metadata, execution.how, inputs)
+            if not sizes:
+                updates["outputs"] = [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
+                                      for name, value in outputs.items()]
+            if verify and not no_reference:
+                say(f"verifying against ONNX Runtime{at}")
+                compared = compare_outputs(outputs, expected, cfg.rtol, cfg.atol)
+                if sizes:  # one row per output and size: say which size
+                    compared = [dataclasses.replace(c, name=f"{c.name} @{at.removeprefix(' at')}") for c in compared]
+                comparisons.extend(compared)
+                check_outputs(compared, cfg.rtol, cfg.atol, at)
+                checked_sizes.append(sizes)
         if verify and not no_reference:
-            say("verifying against ONNX Runtime")
-            comparisons.extend(compare_outputs(outputs, expected, cfg.rtol, cfg.atol))
-            check_outputs(comparisons, cfg.rtol, cfg.atol)
             updates["verification"] = {"reference": "onnxruntime", "rtol": cfg.rtol, "atol": cfg.atol,
                                        "seed": cfg.seed, "outputs": [c.to_json() for c in comparisons]}
+            if checked_sizes != [{}]:
+                updates["verification"]["sizes"] = checked_sizes
             if execution.how != "native":
                 updates["verification"]["ran"] = "qemu-aarch64"
         return updates
@@ -507,14 +564,15 @@ def _input_metadata(prepared: PreparedModel) -> list[dict]:
 
 
 def _declared_outputs(module, names: list[str]) -> list[dict]:
-    """Output names, shapes and dtypes from ``main``'s return type (static once shapes are bound)."""
+    """Output names, shapes and dtypes from ``main``'s return type: a symbolic dim as its
+    expression over the input ranges (``"sequence"``, ``"(height - 1) // 32 + 1"``)."""
     returned = module["main"].ret_ty
     fields = list(returned.fields) if hasattr(returned, "fields") else [returned]
     specs = []
     for name, field in zip(names, fields):
         try:
-            shape = [int(dim) for dim in field.shape.values]
-        except (AttributeError, TypeError, ValueError):  # symbolic: known only from a run
+            shape = [int(dim) if hasattr(dim, "value") else str(dim) for dim in field.shape.values]
+        except (AttributeError, TypeError, ValueError):  # data-dependent: known only from a run
             shape = None
         specs.append({"name": name, "shape": shape, "dtype": str(field.dtype)})
     return specs
@@ -655,7 +713,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         prepared = prepare(model_path, config, input_shapes)
         simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
         # The same import with bindings named after ONNX nodes, to say what each fusion absorbed.
-        named = import_with_node_names(simplified, {s.name: list(s.shape) for s in prepared.inputs},
+        named = import_with_node_names(simplified, onnx_frontend.relax_shape_dict(prepared.inputs),
                                        {s.name: s.dtype for s in prepared.inputs})
         report = PatternReport()
         fused = fusion_pipeline(prepared.config, report, phases=GRAPH_PHASES)(named)
@@ -711,12 +769,14 @@ def export_fused_onnx(model_path: str | Path, config=None, input_shapes: ShapeAr
     with captured_native_stderr([]):
         prepared = prepare(model_path, config, input_shapes)
         simplified = onnx_frontend.simplify(prepared.onnx_model, prepared.inputs)
-        named = import_with_node_names(simplified, {s.name: list(s.shape) for s in prepared.inputs},
+        named = import_with_node_names(simplified, onnx_frontend.relax_shape_dict(prepared.inputs),
                                        {s.name: s.dtype for s in prepared.inputs})
         report = PatternReport()
         fusion_pipeline(prepared.config, report, phases=GRAPH_PHASES)(named)
     cfg = prepared.config
-    inputs = onnx_frontend.random_inputs(prepared.onnx_model, prepared.inputs, cfg.seed)
+    typical = {name: r.typical for name, r in ranges_of(prepared.inputs).items()}
+    inputs = onnx_frontend.random_inputs(prepared.onnx_model, onnx_frontend.inputs_at(prepared.inputs, typical),
+                                         cfg.seed)
     exported = onnx_export.fused_onnx(simplified, fused_nodes(report, simplified), inputs)
     onnx_export.write_model(exported.model, path)
     comparisons = None
@@ -735,27 +795,39 @@ class BenchReport:
     medians_ms: dict[str, float]
     samples: int
     max_abs_error: dict[str, float]
+    peak: MachinePeak | None = None  # this machine's FMA and bandwidth roofs, probed beside the runs
 
     def ratios(self, baseline: str = "onnxruntime") -> dict[str, float]:
         base = self.medians_ms[baseline]
         return {name: value / base for name, value in self.medians_ms.items()}
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "ratio_to_onnxruntime": self.ratios()}
+        data = {**dataclasses.asdict(self), "ratio_to_onnxruntime": self.ratios()}
+        if self.peak is not None:
+            data["peak"]["ridge_flop_per_byte"] = self.peak.ridge
+        return data
 
 
 def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                 repeat: int = 30, warmup: int = 3, include_stock: bool = True,
                 tuning_log: str | Path | bool | None = None,
-                progress: Progress = _quiet) -> BenchReport:
+                progress: Progress = _quiet, sizes: dict[str, int] | None = None,
+                peers: tuple[str, ...] = ()) -> BenchReport:
     """Median latency of ONNX Runtime, stock TVM and tvm_fusion, interleaved in one process.
+
+    A model compiled for ranges runs at ``sizes`` (dim name -> size; default each range's
+    typical size).
 
     Rounds interleave the runners, in a new random order each round, so that drift in machine
     load and the order they run in affect all of them alike; all use the config's thread count. When tuning records apply, tvm_fusion
-    with hand schedules only runs beside it as ``tvm_fusion_untuned``.
+    with hand schedules only runs beside it as ``tvm_fusion_untuned``. ``peers`` adds other engines
+    (``"openvino"``: see tvm_fusion.peers) to the same rounds. The report carries this machine's
+    peaks (tvm_fusion.machine_peak), probed once per machine class.
     """
+    from .peers import OpenVinoRunner, check_peers
     from .verify import onnxruntime_feeds, onnxruntime_session, run_onnxruntime
 
+    peers = check_peers(peers)  # a missing package fails now, not after the builds
     native: list[str] = []
     with captured_native_stderr(native):
         prepared = prepare(model_path, config, input_shapes, progress)
@@ -772,19 +844,33 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
             models["stock_tvm"] = CompiledModel(build_stock(prepared), _bench_metadata(prepared))
     for message in summarize(native):
         progress(f"tvm: {message}")
-    inputs = onnx_frontend.random_inputs(prepared.onnx_model, prepared.inputs, cfg.seed)
+    ranges = ranges_of(prepared.inputs)
+    at = {name: r.typical for name, r in ranges.items()} | (sizes or {})
+    run_specs = onnx_frontend.inputs_at(prepared.inputs, at)
+    inputs = onnx_frontend.random_inputs(prepared.onnx_model, run_specs, cfg.seed)
     session = onnxruntime_session(prepared.onnx_model, cfg.threads)
     feeds = onnxruntime_feeds(inputs)  # converted once, as the TVM runners' tensors are
     runners = {"onnxruntime": lambda: run_onnxruntime(session, feeds)}
     reference = runners["onnxruntime"]()
     errors = {}
+
+    def max_abs_error(produced: dict) -> float:
+        # As float64: a bool output (a mask) has no subtraction of its own.
+        return max(float(np.abs(produced[k].astype(np.float64) - reference[k].astype(np.float64)).max(
+            initial=0.0)) for k in reference)
+
     for name, model in models.items():
         tensors = model.prepare(inputs)
         runners[name] = (lambda m, t: lambda: m.run_prepared(t))(model, tensors)
-        produced = model.run(inputs)
-        # As float64: a bool output (a mask) has no subtraction of its own.
-        errors[name] = max(float(np.abs(produced[k].astype(np.float64) - reference[k].astype(np.float64)).max(
-            initial=0.0)) for k in reference)
+        errors[name] = max_abs_error(model.run(inputs))
+    if "openvino" in peers:
+        progress("compiling OpenVINO (f32, latency mode)")
+        openvino = OpenVinoRunner(model_path, inputs, cfg.threads)
+        runners["openvino"] = openvino.run
+        openvino.run()
+        errors["openvino"] = max_abs_error(openvino.outputs(reference))
+    progress("probing this machine's peaks (cached per machine class)")
+    peak = machine_peak(cfg)
     times: dict[str, list[float]] = {name: [] for name in runners}
     order, shuffler = list(runners), random.Random(cfg.seed)
     for round_index in range(warmup + repeat):
@@ -802,13 +888,14 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
             progress(f"timing {repeat} interleaved rounds")
     return BenchReport(
         model=prepared.name, threads=cfg.threads,
-        inputs={s.name: list(s.shape) for s in prepared.inputs},
+        inputs={s.name: list(s.shape) for s in run_specs},
         medians_ms={name: float(np.median(values)) * 1e3 for name, values in times.items()},
-        samples=repeat, max_abs_error=errors)
+        samples=repeat, max_abs_error=errors, peak=peak)
 
 
 def _bench_metadata(prepared: PreparedModel) -> dict:
     return {"inputs": [s.to_json() for s in prepared.inputs],
+            "dims": {name: r.to_json() for name, r in ranges_of(prepared.inputs).items()},
             "outputs": [{"name": n} for n in prepared.output_names],
             "threads": prepared.config.threads}
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from .errors import ConfigError, TvmFusionError
+from .peers import PEERS
 
 
 def _progress(verbose: bool):
@@ -45,7 +46,9 @@ def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) 
     else:
         parser.add_argument("--config", help="pipeline config TOML (default: configs/x86_64-host.toml)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMxDIM",
-                        help="static shape for an input, e.g. input_ids:1x128 (repeatable)")
+                        help="shape for an input, e.g. input_ids:1x128; a dim given as a range "
+                             "LOW..HIGH (input_ids:1x1..512) is compiled once for every size in it "
+                             "(repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     run_cmd.add_argument("--fill", choices=["random", "zeros"],
                          help="generate inputs not given with --input")
+    run_cmd.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                         help="with --fill, the size of a dim the artifact takes a range of "
+                              "(e.g. sequence=64; default: the size the given inputs have)")
     run_cmd.add_argument("--repeat", type=_count(1), default=1, help="run N times, report median latency")
     run_cmd.add_argument("--save", metavar="DIR", help="write each output to DIR/<name>.npy")
 
@@ -88,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--repeat", type=_count(1), default=30)
     bench_cmd.add_argument("--warmup", type=_count(0), default=3)
     bench_cmd.add_argument("--no-stock", action="store_true", help="skip stock TVM (it is slow)")
+    bench_cmd.add_argument("--peer", action="append", default=[], choices=PEERS,
+                           help="also time this engine in the same rounds (f32; needs the peers extra: "
+                                "pip install 'tvm_fusion[peers]'); repeatable")
     bench_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     _tuning_log_args(bench_cmd)
 
@@ -275,15 +284,17 @@ def _run(args, say) -> int:
             raise ArtifactError(f"--input {item!r} is not NAME=FILE.npy", "e.g. --input x=x.npy")
         given[name] = read_input(name, path)
     rng = np.random.default_rng(0)
+    sizes = model.dim_sizes(given, args.dim) if args.fill else {}
     for spec in model.inputs:
         if spec["name"] in given or not args.fill:
             continue
+        shape = [sizes[d] if isinstance(d, str) else d for d in spec["shape"]]
         if args.fill == "zeros":
-            given[spec["name"]] = np.zeros(spec["shape"], spec["dtype"])
+            given[spec["name"]] = np.zeros(shape, spec["dtype"])
         elif spec["dtype"].startswith(("float", "bfloat")):
-            given[spec["name"]] = rng.standard_normal(spec["shape"]).astype(spec["dtype"])
+            given[spec["name"]] = rng.standard_normal(shape).astype(spec["dtype"])
         else:
-            given[spec["name"]] = rng.integers(0, 2, spec["shape"]).astype(spec["dtype"])
+            given[spec["name"]] = rng.integers(0, 2, shape).astype(spec["dtype"])
     tensors = model.prepare(given)
     times = []
     for _ in range(args.repeat):
@@ -378,7 +389,7 @@ def _bench(args, say) -> int:
         check_writable(Path(args.json).parent, "--json results", "--json")
     result = bench_model(args.model, args.config, args.input_shape, repeat=args.repeat,
                          warmup=args.warmup, include_stock=not args.no_stock,
-                         tuning_log=_tuning_log_choice(args), progress=say)
+                         tuning_log=_tuning_log_choice(args), progress=say, peers=tuple(args.peer))
     ratios = result.ratios()
     shapes = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in result.inputs.items())
     print(f"model {result.model} ({shapes}), {result.threads} threads, median of {result.samples} "
@@ -386,6 +397,9 @@ def _bench(args, say) -> int:
     rows = [[name, result.medians_ms[name], ratios[name], result.max_abs_error.get(name, 0.0)]
             for name in result.medians_ms]
     print(table(["runtime", "median ms", "x ONNX Runtime", "max abs err vs ORT"], rows, "lrrr"))
+    peak = result.peak
+    print(f"this machine ({peak.target_key}): {peak.gflops:.0f} GFLOP/s FMA peak, "
+          f"{peak.gbytes_per_s:.1f} GB/s triad (probed {peak.probed_at})")
     if args.json:
         write_json(args.json, result.to_json())
     return 0

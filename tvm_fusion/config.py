@@ -14,7 +14,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, ShapeError
+from .frontend.dims import parse_range
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "x86_64-host.toml"
 
@@ -59,7 +60,8 @@ class PipelineConfig:
     atol: float = 1e-4
     seed: int = 0
     threads: int = 1
-    dim_defaults: dict[str, int] = dataclasses.field(default_factory=dict)
+    # dynamic dim name -> a size, or a (low, high, step) range compiled symbolically
+    dim_defaults: dict[str, int | tuple[int, int, int]] = dataclasses.field(default_factory=dict)
     tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
 
     def tvm_target(self):
@@ -215,16 +217,23 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise fail("runtime.threads", f"has value {threads!r}", "0 (= target num-cores) or a positive integer")
 
-    dims = raw.get("inputs", {})
+    dims = dict(raw.get("inputs", {}))
     for dim, size in dims.items():
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise fail(f"inputs.{dim}", f"has value {size!r}", "a positive integer size for that dynamic dim")
+        if isinstance(size, str):
+            try:
+                dims[dim] = parse_range(size, f"{path}: key 'inputs.{dim}'")
+            except ShapeError as err:
+                raise ConfigError(err.message, "allowed: a positive integer size, or a range \"LOW..HIGH\" such as "
+                                  "\"1..512\" (compiled once for every size in it; \"32..640/32\": its multiples of 32)") from err
+        elif isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise fail(f"inputs.{dim}", f"has value {size!r}",
+                       "a positive integer size for that dynamic dim, or a range \"LOW..HIGH\"")
 
     return PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
         conv_layout=conv_layout,
         rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
-        threads=threads or cores, dim_defaults=dict(dims),
+        threads=threads or cores, dim_defaults=dims,
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))
 
 

@@ -8,7 +8,8 @@ and takes it back. Each composite the fuse phase made is built twice:
   per op).
 
 Both run on the same inputs: the composite's constant arguments (weights, masks) as they are
-in the model, every other argument seeded random (floats standard normal, bools random, integers
+in the model, every other argument seeded random (a model compiled for a range of sizes at
+each range's typical size) (floats standard normal, bools random, integers
 zero, so that no index leaves its table). An instance passes when
 ``max |fused - reference| <= atol + rtol * max |reference|`` with the config's ``[verify]``
 tolerances (scaled by the output's magnitude: a long conv or matmul reduction sums thousands of
@@ -104,8 +105,9 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tupl
     rng = np.random.default_rng(config.seed)
     failures = []
     instances = instances_in_call_order(report, len(calls))
+    sizes = typical_sizes(module)
     for index, (gvar, args) in enumerate(calls):
-        inputs = [tvm.runtime.tensor(_argument(arg, rng)) for arg in args]
+        inputs = [tvm.runtime.tensor(_argument(arg, rng, sizes)) for arg in args]
         got = _arrays(fused_vm[f"fused_{index}"](*inputs))
         want = _arrays(reference_vm[f"reference_{index}"](*inputs))
         error, allowed = 0.0, 0.0
@@ -118,11 +120,23 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tupl
     return len(calls), failures
 
 
-def _argument(arg, rng: np.random.Generator) -> np.ndarray:
+def typical_sizes(module) -> dict[str, int]:
+    """Each symbolic dim of ``main`` at its range's typical size (from the bounds the importer
+    recorded), by name."""
+    from .frontend.dims import DimRange
+
+    attrs = module["main"].attrs or {}
+    low, high = attrs.get("tir_var_lower_bound", {}), attrs.get("tir_var_upper_bound", {})
+    return {str(name): DimRange(str(name), int(low[name]), int(high[name])).typical for name in high}
+
+
+def _argument(arg, rng: np.random.Generator, sizes: dict[str, int]) -> np.ndarray:
+    from .frontend.dims import evaluate_dim
+
     value = getattr(arg, "value", None)  # a relax constant (TVM 0.27 names no Constant class)
     if hasattr(value, "numpy"):
         return value.numpy()
-    shape = [int(d) for d in arg.ty.shape.values]
+    shape = [evaluate_dim(d, sizes) for d in arg.ty.shape.values]
     dtype = str(arg.ty.dtype)
     if dtype == "bool":
         return rng.random(shape) < 0.5

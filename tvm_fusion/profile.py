@@ -375,13 +375,14 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
     unfused kernel chains worth a pattern."""
     import tvm
 
-    from .api import prepare
+    from .api import at_one_size, prepare
     from .frontend import onnx as onnx_frontend
     from .native_log import captured_native_stderr
     from .runtime import set_threads
 
     with captured_native_stderr([]):
         prepared = prepare(model_path, config, input_shapes, progress)
+        at_one_size(prepared, "profile")
         cfg = prepared.config
         set_threads(cfg.threads)
         profiled = build_profiled(prepared, progress, tuning_log)

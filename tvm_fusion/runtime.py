@@ -43,6 +43,7 @@ class CompiledModel:
 
         self.metadata = metadata
         self.inputs = metadata["inputs"]
+        self.dims = metadata.get("dims", {})  # name -> {"min", "max"}: the ranges it was compiled for
         self.outputs = metadata["outputs"]
         set_threads(metadata.get("threads", 1))
         # Kernels of a CUDA artifact run on the GPU; the VM adds the CPU for shape code itself.
@@ -64,13 +65,10 @@ class CompiledModel:
                                               f"missing {missing}" if missing else "") if part),
                 "the model takes: " + ", ".join(f"{s['name']} {s['dtype']}{s['shape']}" for s in self.inputs))
         tensors = []
+        sizes: dict[str, tuple[int, str]] = {}  # dim name -> (size, the input that gave it)
         for spec in self.inputs:
             value = _as_bfloat16_if_saved(np.asarray(inputs[spec["name"]]), spec["dtype"])
-            if list(value.shape) != list(spec["shape"]):
-                raise ArtifactError(
-                    f"input {spec['name']!r} has shape {list(value.shape)}, the model was built for "
-                    f"{spec['shape']}", "recompile with --input-shape "
-                    f"{spec['name']}:{'x'.join(map(str, value.shape))} or pass the built shape")
+            self._check_shape(spec, list(value.shape), sizes)
             if str(value.dtype) != spec["dtype"]:
                 raise ArtifactError(f"input {spec['name']!r} has dtype {value.dtype}, expected {spec['dtype']}",
                                     f"convert it with .astype('{spec['dtype']}')"
@@ -79,6 +77,60 @@ class CompiledModel:
                 _check_index_range(spec, value)
             tensors.append(tvm.runtime.tensor(np.ascontiguousarray(value), self._device))
         return tensors
+
+    def dim_sizes(self, given: Mapping[str, np.ndarray], flags: list[str]) -> dict[str, int]:
+        """The size of each ranged dim for generated inputs: ``NAME=SIZE`` flags first, then the
+        size an input in ``given`` has; a dim neither names is an error."""
+        sizes: dict[str, int] = {}
+        for flag in flags:
+            name, _, size = flag.partition("=")
+            if name not in self.dims or not size.isdigit():
+                known = ", ".join(f"{d}={r['min']}..{r['max']}" for d, r in self.dims.items()) or "none"
+                raise ArtifactError(f"--dim {flag!r} does not name a ranged dim of the model as NAME=SIZE",
+                                    f"the model's ranged dims: {known}")
+            sizes[name] = int(size)
+        for spec in self.inputs:
+            if spec["name"] in given:
+                for dim, size in zip(spec["shape"], np.shape(given[spec["name"]])):
+                    if isinstance(dim, str):
+                        sizes.setdefault(dim, size)
+        for name, dim in self.dims.items():
+            if name not in sizes:
+                raise ArtifactError(f"dim {name!r} takes any size in {dim['min']}..{dim['max']}, and neither "
+                                    "--dim nor a given input says which to generate",
+                                    f"pass --dim {name}=SIZE (or --input for an input that has it)")
+        return sizes
+
+    def _check_shape(self, spec: dict, shape: list[int], sizes: dict) -> None:
+        """Static dims must match; a named dim must be inside its range and the same size in
+        every input that has it (the model says they are one size)."""
+        name, built = spec["name"], spec["shape"]
+        described = "x".join(str(d) if isinstance(d, int) else f"{self.dims[d]['min']}..{self.dims[d]['max']}"
+                             + (f"/{self.dims[d]['step']}" if self.dims[d].get("step", 1) > 1 else "") for d in built)
+        if len(shape) != len(built) or any(isinstance(d, int) and d != size for d, size in zip(built, shape)):
+            raise ArtifactError(
+                f"input {name!r} has shape {shape}, the model was built for {described}",
+                f"recompile with --input-shape {name}:{'x'.join(map(str, shape))} (or a range such as "
+                f"1..512 for a dim that varies) or pass the built shape")
+        for axis, (dim, size) in enumerate(zip(built, shape)):
+            if isinstance(dim, int):
+                continue
+            low, high, step = self.dims[dim]["min"], self.dims[dim]["max"], self.dims[dim].get("step", 1)
+            compiled = f"{low}..{high}" + (f"/{step}" if step > 1 else "")
+            if not low <= size <= high:
+                raise ArtifactError(
+                    f"input {name!r} dim {axis} ({dim!r}) is {size}, outside the range {compiled} "
+                    "the model was compiled for",
+                    f"pass a size in {compiled}, or recompile with a range that holds {size}")
+            if size % step:
+                raise ArtifactError(
+                    f"input {name!r} dim {axis} ({dim!r}) is {size}, not a multiple of {step} in {compiled}",
+                    f"pad or resize it to a multiple of {step} (e.g. {size // step * step + step})")
+            earlier = sizes.setdefault(dim, (size, name))
+            if earlier[0] != size:
+                raise ArtifactError(
+                    f"input {name!r} dim {axis} ({dim!r}) is {size}, but input {earlier[1]!r} has "
+                    f"{dim!r} = {earlier[0]}", f"the model takes one {dim!r}: give both inputs the same size")
 
     def run_prepared(self, tensors: list):
         return self._main(*tensors)
@@ -222,6 +274,11 @@ def _checked_metadata(text: str) -> dict:
     for key, kind in (("library", str), ("library_sha256", str), ("inputs", list), ("outputs", list)):
         if not isinstance(metadata.get(key), kind):
             raise ValueError(f"field {key!r} is missing or not a {kind.__name__}")
+    dims = metadata.get("dims", {})
+    if not isinstance(dims, dict) or not all(
+            isinstance(r, dict) and _int_list([r.get("min"), r.get("max"), r.get("step", 1)])
+            and 1 <= r["min"] <= r["max"] and r.get("step", 1) >= 1 for r in dims.values()):
+        raise ValueError("field 'dims' is not an object of {\"min\": LOW, \"max\": HIGH} ranges")
     for section, fields in (("inputs", ("name", "shape", "dtype")), ("outputs", ("name",))):
         for spec in metadata[section]:
             if not isinstance(spec, dict) or any(field not in spec for field in fields):
@@ -230,8 +287,10 @@ def _checked_metadata(text: str) -> dict:
         name = spec["name"]
         if not isinstance(name, str) or not isinstance(spec["dtype"], str):
             raise ValueError(f"input {name!r}: 'name' and 'dtype' must be strings")
-        if not _int_list(spec["shape"]) or any(dim < 0 for dim in spec["shape"]):
-            raise ValueError(f"input {name!r}: 'shape' is {spec['shape']!r}, not a list of non-negative integers")
+        if not isinstance(spec["shape"], list) or not all(
+                (_int_list([dim]) and dim >= 0) or (isinstance(dim, str) and dim in dims) for dim in spec["shape"]):
+            raise ValueError(f"input {name!r}: 'shape' is {spec['shape']!r}, not a list of non-negative integers "
+                             "and names of entries of 'dims'")
         if "index_range" in spec and not (_int_list(spec["index_range"]) and len(spec["index_range"]) == 2):
             raise ValueError(f"input {name!r}: 'index_range' is {spec['index_range']!r}, not [low, high]")
     if not isinstance(metadata.get("target", {}), dict):

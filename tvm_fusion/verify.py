@@ -127,9 +127,10 @@ def format_comparisons(results: list[OutputComparison], rtol: float, atol: float
     return "\n".join(lines)
 
 
-def check_outputs(results: list[OutputComparison], rtol: float, atol: float) -> None:
+def check_outputs(results: list[OutputComparison], rtol: float, atol: float, at: str = "") -> None:
+    """``at``: where a range was run (`` at sequence=512``), for the message."""
     if not all(r.within_tolerance for r in results):
         raise VerificationError(
-            "the compiled module disagrees with ONNX Runtime:\n" + format_comparisons(results, rtol, atol),
+            f"the compiled module disagrees with ONNX Runtime{at}:\n" + format_comparisons(results, rtol, atol),
             "no artifact was written; report the model, or loosen [verify] rtol/atol in the config "
             "if the difference is acceptable, or pass --no-verify")

@@ -39,7 +39,7 @@ def test_the_frontier_of_the_shape_computation_is_found():
 def test_frozen_pads_are_what_onnxruntime_computes_and_outputs_do_not_change():
     model = padded_by_shape_model()
     x = np.random.default_rng(0).standard_normal((1, 2, 3, 7)).astype(np.float32)
-    frozen = freeze_shape_tensors(model, {"x": x})
+    frozen = freeze_shape_tensors(model, [{"x": x}])
     initializers = {t.name: numpy_helper.to_array(t) for t in frozen.graph.initializer}
     assert initializers["pads"].tolist() == [0, 0, 0, 0, 0, 0, 0, 3]
     assert [n.op_type for n in frozen.graph.node if n.output[0] == "pads"] == []
@@ -62,4 +62,4 @@ def test_a_model_without_shape_computations_is_returned_as_is():
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    assert freeze_shape_tensors(model, {"x": np.zeros(2, np.float32)}) is model
+    assert freeze_shape_tensors(model, [{"x": np.zeros(2, np.float32)}]) is model

@@ -142,6 +142,40 @@ def test_must_not_absorb_a_broadcast_that_grows_the_result():
     assert binding.value.op.name == "relax.add"
 
 
+def _scaled_residual_chain(skip_rows):
+    """matmul + bias on [1, n, 16] rows, then a scale and a residual add of [1, skip_rows, 32]."""
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((1, n, 16), "float32"))
+    w, b = relax.Var("w", relax.TensorType((16, 32), "float32")), relax.Var("b", relax.TensorType((32,), "float32"))
+    skip = relax.Var("skip", relax.TensorType((1, n if skip_rows == "n" else skip_rows, 32), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b, skip]):
+        with bb.dataflow():
+            lv = bb.emit(relax.op.add(relax.op.matmul(x, w), b))
+            lv = bb.emit(relax.op.multiply(lv, relax.const(2.0, "float32")))
+            gv = bb.emit_output(relax.op.add(lv, skip))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_symbolic_rows_absorb_the_scale_and_the_residual():
+    """A symbolic sequence length: the residual [1, n, 32] is provably the result's shape."""
+    after, report = fuse(_scaled_residual_chain("n"))
+    (instance,) = report.instances
+    assert instance.variant == "gemm_epilogue.matmul_bias_elementwise"
+    assert len(instance.absorbed) == 4
+    assert len(after["main"].body.blocks[0].bindings) == 1
+
+
+def test_must_not_absorb_a_residual_of_another_symbolic_length():
+    """[1, n, 32] + [1, m, 32]: not provably one shape, so the add stays outside."""
+    after, report = fuse(_scaled_residual_chain(tvm.tirx.Var("m", "int64")))
+    (instance,) = report.instances
+    assert instance.variant == "gemm_epilogue.matmul_bias_elementwise"
+    assert len(instance.absorbed) == 3  # matmul, bias add, scale
+    assert after["main"].body.blocks[0].bindings[-1].value.op.name == "relax.add"
+
+
 @pytest.mark.parametrize("groups", [1, 8])
 def test_conv_with_affine_hardswish_affine_matches_the_unfused_module(groups):
     """PP-LCNetV3's conv block, through the whole pipeline (fused, scheduled) against zero-pipeline TVM."""

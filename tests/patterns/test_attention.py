@@ -100,14 +100,16 @@ def test_bert_form_becomes_one_composite():
 def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_shape=(1, 1, 1, 8),
                       qk_dtype="float32", scores_dtype=None, probs_output=False, packed=False,
                       qk_heads=False, stacked=False, scale_at="scores", stack_order=(0, 1, 2),
-                      dynamo=False):
+                      dynamo=False, seq=8, dim=8):
     """A [1, 8, 2x8] attention in Relax with the given variations (defaults: BERT's form);
     ``packed``: Q, K, V split from one [1, 8, 3x2x8] projection (GPT-2's c_attn); ``stacked``:
     that projection viewed as [1, 8, 3, 2, 8] and Q, K, V sliced from axis 0 in ``stack_order``
     (SVTR, timm's ViT); ``qk_heads``: Q and K given as [1, 2, 8, 8] (Llama's, after the rotary
     embedding); ``scale_at``: "scores", "query" (Q scaled before Q·Kᵀ), "query_and_key" or "none";
-    ``dynamo``: torch's dynamo SDPA form (K transposed in 3-D, NaN rows of the probabilities zeroed)."""
-    seq, heads, dim = 8, 2, 8
+    ``dynamo``: torch's dynamo SDPA form (K transposed in 3-D, NaN rows of the probabilities zeroed);
+    ``seq``, ``dim``: the sequence length and head dim, a ``tirx.Var`` for a symbolic one."""
+    heads = 2
+    scale_dim = dim if isinstance(dim, int) else 8  # the constant scale of a symbolic head dim
     proj = relax.TensorType((1, seq, heads * dim), qk_dtype)
     if packed or stacked:
         qkv = relax.Var("qkv", relax.TensorType((1, seq, 3 * heads * dim), "float32"))
@@ -123,7 +125,7 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
         mask = relax.Var("mask", relax.TensorType(mask_shape, "float32"))
         params.append(mask)
     if scale is None:
-        scale = relax.const(np.sqrt(dim), "float32")
+        scale = relax.const(np.sqrt(scale_dim), "float32")
     elif isinstance(scale, relax.Var):
         params.append(scale)
 
@@ -153,9 +155,9 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
             else:
                 q_heads, k_transposed = heads_first(q, [0, 2, 1, 3]), heads_first(k, [0, 2, 3, 1])
             if scale_at == "query":
-                q_heads = bb.emit(relax.op.multiply(q_heads, relax.const(1 / np.sqrt(dim), "float32")))
+                q_heads = bb.emit(relax.op.multiply(q_heads, relax.const(1 / np.sqrt(scale_dim), "float32")))
             if scale_at == "query_and_key":
-                root = relax.const(dim ** -0.25, "float32")
+                root = relax.const(scale_dim ** -0.25, "float32")
                 q_heads = bb.emit(relax.op.multiply(q_heads, root))
                 k_transposed = bb.emit(relax.op.multiply(k_transposed, root))
             scores = bb.emit(relax.op.matmul(q_heads, k_transposed, out_dtype=scores_dtype))
@@ -171,7 +173,8 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
             if v_heads is None:
                 v_heads = heads_first(v, [0, 2, 1, 3])
             context = bb.emit(relax.op.matmul(probs, v_heads))
-            batch = context.ty.shape[0]  # a mask of the wrong shape widens the batch
+            # A mask of the wrong shape widens the batch (or, symbolic, leaves it unknown).
+            batch = context.ty.shape[0] if context.ty.shape is not None else 1
             out = relax.op.reshape(relax.op.permute_dims(context, [0, 2, 1, 3]), (batch, seq, heads * dim))
             out = bb.emit_output(relax.Tuple([out, probs]) if probs_output else out)
         bb.emit_func_output(out)
@@ -217,6 +220,43 @@ def test_variants_fire(variant, kwargs):
      "q is not slice 0 of the stacked Q, K, V (axes [0], begin [1], end [2])"),
 ])
 def test_must_not_fuse(kwargs, reason):
+    before = _attention_module(**kwargs)
+    after, report = fuse(before)
+    tvm.ir.assert_structural_equal(after, before)
+    assert not report.fired
+    assert [(miss.pattern, miss.reason) for miss in report.near_misses] == [("attention", reason)]
+
+
+SEQ, HEAD_DIM, OTHER_SEQ = (tvm.tirx.Var(name, "int64") for name in ("sequence", "head_dim", "other"))
+
+
+@pytest.mark.parametrize("variant, kwargs", [
+    ("masked", {"seq": SEQ, "mask_shape": (1, 1, 1, SEQ)}),
+    ("unmasked", {"seq": SEQ, "mask_shape": None}),
+    ("qkv_masked", {"seq": SEQ, "mask_shape": (1, 1, 1, SEQ), "packed": True}),
+    ("masked_qk_scaled_nan_guarded", {"seq": SEQ, "mask_shape": (1, 1, 1, SEQ), "dynamo": True,
+                                      "scale_at": "query_and_key"}),
+])
+def test_symbolic_sequence_fuses(variant, kwargs):
+    """Batch, query and key lengths may be symbolic: one kernel for a range of sequence lengths,
+    the head split/merge shapes ([1, sequence, 2, 8]) written inline in the composite."""
+    after, report = fuse(_attention_module(**kwargs))
+    assert report.fired[f"attention.{variant}"] == 1
+    assert not report.near_misses
+    (composite,) = [f for _, f in after.functions_items() if f.attrs and "Composite" in f.attrs]
+    assert not [p for p in composite.params if isinstance(p.ty, relax.ShapeType)]
+    assert len(after["main"].body.blocks[0].bindings) == 1
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"seq": SEQ, "dim": HEAD_DIM, "mask_shape": (1, 1, 1, SEQ)},
+     "the attention output (1, 2, sequence, head_dim) has the symbolic dim head_dim at axis 3 (head dim): "
+     "the kernel needs it static (bind it)"),
+    ({"seq": SEQ, "mask_shape": (1, 1, 1, OTHER_SEQ)},
+     "additive mask shape (1, 1, 1, other) does not broadcast into the scores shape "
+     "(1, 2, sequence, sequence)"),
+])
+def test_must_not_fuse_symbolic(kwargs, reason):
     before = _attention_module(**kwargs)
     after, report = fuse(before)
     tvm.ir.assert_structural_equal(after, before)

@@ -193,3 +193,50 @@ def test_must_not_absorb_an_upsampled_map_that_is_also_an_output():
     after, report = fuse(mod)
     assert report.fired["conv_epilogue.conv_upsampled_residual"] == 0
     assert report.fired["conv_epilogue.conv_residual"] == 1  # the stored map is a plain residual
+
+
+# Symbolic image sizes ---------------------------------------------------------------------
+
+def test_symbolic_height_and_width_fuse_and_match_at_every_size():
+    from symbolic_helpers import HEIGHT, WIDTH, pipeline_and_compare, symbolic_module
+    from tvm.relax.op import add as r_add, nn as r_nn
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 4, 3, 3)).astype("float32"),
+               "b": rng.standard_normal((1, 8, 1, 1)).astype("float32")}
+    mod = symbolic_module(lambda x, r, w, b: r_nn.relu(r_add(r_add(r_nn.conv2d(x, w, padding=1), b), r)),
+                          {"x": (1, 4, HEIGHT, WIDTH), "r": (1, 8, HEIGHT, WIDTH)}, weights)
+    report, log = pipeline_and_compare(mod, [(1, 1), (3, 17), (40, 9)])
+    assert report.fired["conv_epilogue.conv_bias_residual_relu"] == 1
+    assert list(log.values()) == ["Conv2dNCHW"]
+
+
+def test_must_not_fuse_symbolic_channels():
+    from tvm import relax, tirx
+    channels = tirx.Var("channels", "int64")
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((channels, 4, 3, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+        bb.emit_func_output(out)
+    after, report = fuse(relax.transform.ConvertToDataflow()(bb.get()))
+    assert not report.fired
+    assert any("channels" in miss.reason and "symbolic" in miss.reason for miss in report.near_misses)
+
+
+def test_must_not_fuse_a_residual_of_another_symbolic_size():
+    from symbolic_helpers import HEIGHT, WIDTH
+    from tvm import relax, tirx
+    other = tirx.Var("other", "int64")
+    x = relax.Var("x", relax.TensorType((1, 4, HEIGHT, WIDTH), "float32"))
+    r = relax.Var("r", relax.TensorType((1, 8, HEIGHT, other), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 4, 3, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, r, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(relax.op.nn.conv2d(x, w, padding=1), r))
+        bb.emit_func_output(out)
+    after, report = fuse(bb.get())
+    assert not report.fired
+    assert report.near_misses  # declined (as a residual or as a bias), not fused

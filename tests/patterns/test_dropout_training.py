@@ -239,6 +239,23 @@ def test_ratio_zero_keeps_everything():
     np.testing.assert_array_equal(values, x)
 
 
+def test_symbolic_rows_draw_the_same_mask_as_static_rows():
+    """A symbolic row count: one kernel for every size, each drawing the static kernel's mask
+    (the counter is the flat index, computed from the symbolic extent)."""
+    x = np.random.default_rng(0).standard_normal((40, 24)).astype("float32")
+    vm = dropout_only((tvm.tirx.Var("n", "int64"), 24), 0.3, seed=9)
+    for rows in (5, 40):
+        values, mask = run(vm, [x[:rows]])
+        np.testing.assert_array_equal(mask, reference_mask((rows, 24), 9, 0.3))
+        np.testing.assert_array_equal(values, np.where(mask, x[:rows] * (np.float32(1) / np.float32(0.7)), 0))
+
+
+def test_symbolic_rows_fuse_into_the_gemm_epilogue():
+    after, report = fuse(relax_ffn((tvm.tirx.Var("n", "int64"), 32, 64)))
+    assert report.fired["dropout_training.matmul_bias_gelu_dropout"] == 1
+    assert not report.near_misses
+
+
 # from ONNX -----------------------------------------------------------------------------------
 
 def test_onnx_training_dropout_is_fused_and_matches_the_inference_graph(tmp_path):

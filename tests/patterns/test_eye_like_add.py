@@ -122,13 +122,29 @@ def test_must_not_fuse_when_the_identity_has_a_second_consumer():
     assert [m.reason for m in report.near_misses] == ["the identity is also used outside the add"]
 
 
-def test_must_not_fuse_an_identity_of_unknown_shape():
+def test_identity_of_symbolic_shape_fuses_and_runs_at_any_size():
+    """One kernel for every (n, m): the identity is computed from the indices."""
     n, m = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("m", "int64")
-    before = relax_eye_like_add((n, m))
+    after, report = fuse(relax_eye_like_add((n, m), k=1))
+    assert report.fired["eye_like_add.add_eye_like"] == 1
+    assert not report.near_misses
+    vm = relax.VirtualMachine(tvm.compile(relax.get_pipeline("zero")(after), target=tvm.target.Target("llvm")),
+                              tvm.cpu())
+    for shape in ((3, 5), (6, 4)):
+        x, b = np.zeros(shape, "float32"), np.arange(np.prod(shape), dtype="float32").reshape(shape)
+        got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(b)).numpy()
+        np.testing.assert_array_equal(got, b + np.eye(*shape, k=1, dtype="float32"))
+
+
+def test_must_not_fuse_when_the_other_operand_has_another_symbolic_shape():
+    """(n, k) is not provably (n, m): the add might broadcast."""
+    n, m, k = (tvm.tirx.Var(name, "int64") for name in "nmk")
+    before = relax_eye_like_add((n, m), other_shape=(n, k))
     after, report = fuse(before)
     tvm.ir.assert_structural_equal(after, before)
     assert [m.reason for m in report.near_misses] == [
-        "the identity's shape is not static (bind the dynamic dims)"]
+        "the other operand of the add, shape (n, k), does not match the identity's shape (n, m) "
+        "(the add would broadcast)"]
 
 
 def test_onnx_eye_like_on_a_3d_input_is_a_model_error_naming_the_node(tmp_path):

@@ -1,11 +1,14 @@
 """GEMM epilogue fusion: matmul + bias + activation + residual become one composite."""
 
+import pytest
 import tvm
+from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.patterns import PatternReport, get_pattern
+from tvm_fusion.patterns.base import dims_text, shape_dims
 
 
 def fuse(mod):
@@ -191,3 +194,60 @@ def test_must_not_fuse_integer_matmul():
     after, report = fuse(Before)
     tvm.ir.assert_structural_equal(after, Before)
     assert report.near_misses and "int32" in report.near_misses[0].reason
+
+
+# Symbolic dims (a module compiled once for a range of sequence lengths) ------------------------
+
+def _symbolic_matmul_chain(x_shape, w_shape, residual_shape, bias=True):
+    """``residual + gelu(x @ w [+ b])`` with the given (possibly symbolic) shapes."""
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    w = relax.Var("w", relax.TensorType(w_shape, "float32"))
+    b = relax.Var("b", relax.TensorType(w_shape[-1:], "float32"))
+    r = relax.Var("r", relax.TensorType(residual_shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b, r]):
+        with bb.dataflow():
+            out = bb.emit(relax.op.matmul(x, w))
+            if bias:
+                out = bb.emit(relax.op.add(out, b))
+            out = bb.emit(relax.op.nn.gelu(out))
+            out = bb.emit_output(relax.op.add(out, r))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_symbolic_rows_fuse_the_whole_epilogue():
+    n = tvm.tirx.Var("n", "int64")
+    after, report = fuse(_symbolic_matmul_chain((1, n, 16), (16, 32), (1, n, 32)))
+    assert report.fired["gemm_epilogue.matmul_bias_gelu_residual"] == 1
+    assert not report.near_misses
+    (binding,) = after["main"].body.blocks[0].bindings
+    assert dims_text(shape_dims(binding.var)) == "(1, n, 32)"
+
+
+N, K = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("k", "int64")
+
+
+@pytest.mark.parametrize("x_shape, w_shape, reason", [
+    ((1, N, 16), (16, K),
+     "the matmul output (1, n, k) has the symbolic dim k at axis 2 (N): the kernel needs it static (bind it)"),
+    ((1, N, K), (K, 32),
+     "the matmul input (1, n, k) has the symbolic dim k at axis 2 (K): the kernel needs it static (bind it)"),
+])
+def test_must_not_fuse_a_symbolic_k_or_n(x_shape, w_shape, reason):
+    before = _symbolic_matmul_chain(x_shape, w_shape, (1, N, w_shape[-1]))
+    after, report = fuse(before)
+    tvm.ir.assert_structural_equal(after, before)
+    assert not report.fired
+    assert [miss.reason for miss in report.near_misses] == [reason]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, residual_shape", [
+    ((1, N, 16), (16, 32), (1, tvm.tirx.Var("m", "int64"), 32)),  # [1, n, 32] + [1, m, 32]
+    ((4, 16), (16, 1), (4, 32)),  # [4, 1] + [4, 32]: the residual would broadcast the output up
+])
+def test_residual_of_another_shape_stays_outside(x_shape, w_shape, residual_shape):
+    after, report = fuse(_symbolic_matmul_chain(x_shape, w_shape, residual_shape, bias=False))
+    assert report.fired["gemm_epilogue.matmul_gelu"] == 1
+    assert not report.fired["gemm_epilogue.matmul_gelu_residual"]
+    assert after["main"].body.blocks[0].bindings[-1].value.op.name == "relax.add"

@@ -126,3 +126,63 @@ def test_must_not_rewrite(kwargs, reason):
     tvm.ir.assert_structural_equal(after, before)
     assert not report.fired
     assert [m.reason for m in report.near_misses] == [reason]
+
+
+@I.ir_module
+class SymbolicExport:
+    """TorchExport with a symbolic sequence length: [1, n, 16]."""
+
+    @R.function
+    def main(x: R.Tensor((1, "n", 16), "float32"), gamma: R.Tensor((16,), "float32"),
+             beta: R.Tensor((16,), "float32")) -> R.Tensor((1, "n", 16), "float32"):
+        with R.dataflow():
+            lv = R.mean(x, axis=[-1], keepdims=True)
+            lv1 = R.subtract(x, lv)
+            lv2 = R.power(lv1, R.const(2.0, "float32"))
+            lv3 = R.mean(lv2, axis=[-1], keepdims=True)
+            lv4 = R.add(lv3, R.const(1e-12, "float32"))
+            lv5 = R.sqrt(lv4)
+            lv6 = R.divide(lv1, lv5)
+            lv7 = R.multiply(lv6, gamma)
+            gv = R.add(lv7, beta)
+            R.output(gv)
+        return gv
+
+
+def test_symbolic_rows_become_layer_norm():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, "n", 16), "float32"), gamma: R.Tensor((16,), "float32"),
+                 beta: R.Tensor((16,), "float32")) -> R.Tensor((1, "n", 16), "float32"):
+            with R.dataflow():
+                gv = R.nn.layer_norm(x, gamma, beta, axes=[-1], epsilon=9.999999960041972e-13)
+                R.output(gv)
+            return gv
+
+    after, report = apply_rule(SymbolicExport, "layernorm_decomposed")
+    tvm.ir.assert_structural_equal(after, Expected)
+    assert report.fired["layernorm_decomposed"] == 1
+    rng = np.random.default_rng(0)
+    for rows in (3, 7):  # one module, any sequence length
+        arrays = [rng.standard_normal(s).astype("float32") * 3 + 1 for s in [(1, rows, 16), (16,), (16,)]]
+        np.testing.assert_allclose(compile_and_run(after, arrays), compile_and_run(SymbolicExport, arrays),
+                                   rtol=RTOL, atol=ATOL)
+
+
+def test_without_affine_params_on_symbolic_rows_uses_a_static_unit_gamma():
+    after, report = apply_rule(decomposed(eps=1e-5, shape=(2, tvm.tirx.Var("n", "int64"), 16)),
+                               "layernorm_decomposed")
+    assert report.fired["layernorm_decomposed"] == 1
+    (binding,) = after["main"].body.blocks[0].bindings
+    assert binding.value.op.name == "relax.nn.layer_norm"
+    assert [int(d) for d in binding.value.args[1].ty.shape] == [16]
+
+
+def test_must_not_rewrite_a_symbolic_normalized_axis():
+    before = decomposed(eps=1e-5, shape=(2, 4, tvm.tirx.Var("hidden", "int64")))
+    after, report = apply_rule(before, "layernorm_decomposed")
+    tvm.ir.assert_structural_equal(after, before)
+    assert [m.reason for m in report.near_misses] == [
+        "the input (2, 4, hidden) has the symbolic dim hidden at axis 2 (normalized axis): "
+        "the kernel needs it static (bind it)"]

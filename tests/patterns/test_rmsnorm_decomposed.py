@@ -88,8 +88,8 @@ def test_must_not_rewrite_when_cast_back_to_another_dtype():
     assert report.fired["rmsnorm_decomposed"] <= 1
 
 
-def chain(eps=1e-6, axis=-1, extra_use=False):
-    x = relax.Var("x", relax.TensorType((2, 4, 32), "float32"))
+def chain(eps=1e-6, axis=-1, extra_use=False, shape=(2, 4, 32)):
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
     params = [x]
     if eps is None:
         params.append(relax.Var("eps", relax.TensorType((), "float32")))
@@ -118,3 +118,25 @@ def test_must_not_rewrite(kwargs, reason):
     after, report = apply_rule(before, "rmsnorm_decomposed")
     tvm.ir.assert_structural_equal(after, before)
     assert [m.reason for m in report.near_misses] == [reason]
+
+
+def test_symbolic_rows_become_rms_norm():
+    n = tvm.tirx.Var("n", "int64")
+    before = chain(shape=(1, n, 32))
+    after, report = apply_rule(before, "rmsnorm_decomposed")
+    assert report.fired["rmsnorm_decomposed"] == 1
+    (binding,) = after["main"].body.blocks[0].bindings
+    assert binding.value.op.name == "relax.nn.rms_norm"
+    rng = np.random.default_rng(0)
+    for rows in (3, 7):  # one module, any sequence length
+        x = rng.standard_normal((1, rows, 32)).astype("float32")
+        np.testing.assert_allclose(compile_and_run(after, [x]), compile_and_run(before, [x]), rtol=RTOL, atol=ATOL)
+
+
+def test_must_not_rewrite_a_symbolic_normalized_axis():
+    before = chain(shape=(1, tvm.tirx.Var("n", "int64"), tvm.tirx.Var("hidden", "int64")))
+    after, report = apply_rule(before, "rmsnorm_decomposed")
+    tvm.ir.assert_structural_equal(after, before)
+    assert [m.reason for m in report.near_misses] == [
+        "the input (1, n, hidden) has the symbolic dim hidden at axis 2 (normalized axis): "
+        "the kernel needs it static (bind it)"]

@@ -192,11 +192,65 @@ def test_must_not_fuse_normalization_over_the_wrong_axis(axes, reason):
     assert [m.reason for m in report.near_misses] == [reason]
 
 
-def test_must_not_fuse_dynamic_rows():
+def test_symbolic_rows_fuse():
+    """A symbolic sequence length: the rows vary, the normalized row (16) is static."""
+
     @I.ir_module
     class Before:
         @R.function
-        def main(x: R.Tensor(("n", 16), "float32"), r: R.Tensor(("n", 16), "float32"),
+        def main(x: R.Tensor((1, "n", 16), "float32"), r: R.Tensor((1, "n", 16), "float32"),
+                 b: R.Tensor((16,), "float32"), g: R.Tensor((16,), "float32")):
+            with R.dataflow():
+                lv = R.add(x, b)
+                lv1 = R.add(lv, r)
+                gv = R.nn.layer_norm(lv1, g, g, axes=[-1])
+                R.output(gv)
+            return gv
+
+    after, report = fuse(Before)
+    assert report.fired["skip_layernorm.bias_skip"] == 1
+    assert not report.near_misses
+    (composite,) = composites(after).values()
+    assert [b.value.op.name for b in composite.body.blocks[0].bindings] == [
+        "relax.add", "relax.add", "relax.nn.layer_norm"]
+    fused = relax.get_pipeline("zero")(after)
+    vm = relax.VirtualMachine(tvm.compile(fused, target=tvm.target.Target("llvm")), tvm.cpu())
+    rng = np.random.default_rng(0)
+    for rows in (3, 9):  # one build, any sequence length
+        x, r = (rng.standard_normal((1, rows, 16)).astype("float32") for _ in range(2))
+        b, g = (rng.standard_normal(16).astype("float32") for _ in range(2))
+        s = x + b + r
+        want = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-5) * g + g
+        got = vm["main"](*[tvm.runtime.tensor(a) for a in (x, r, b, g)]).numpy()
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_must_not_fuse_a_symbolic_normalized_axis():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor(("n", "h"), "float32"), r: R.Tensor(("n", "h"), "float32"),
+                 g: R.Tensor(("h",), "float32")):
+            with R.dataflow():
+                lv = R.add(x, r)
+                gv = R.nn.layer_norm(lv, g, g, axes=[-1])
+                R.output(gv)
+            return gv
+
+    after, report = fuse(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    assert [m.reason for m in report.near_misses] == [
+        "the normalized tensor (n, h) has the symbolic dim h at axis 1 (normalized axis): "
+        "the kernel needs it static (bind it)"]
+
+
+def test_must_not_fuse_a_skip_of_another_symbolic_length():
+    """x is [1, n, 16] and the skip [1, m, 16]: not provably one shape."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, "n", 16), "float32"), r: R.Tensor((1, "m", 16), "float32"),
                  g: R.Tensor((16,), "float32")):
             with R.dataflow():
                 lv = R.add(x, r)
@@ -206,4 +260,6 @@ def test_must_not_fuse_dynamic_rows():
 
     after, report = fuse(Before)
     tvm.ir.assert_structural_equal(after, Before)
-    assert report.near_misses[0].reason == "the normalized tensor's shape is not static (bind the dynamic dims)"
+    assert [m.reason for m in report.near_misses] == [
+        "the normalized tensor's shape is not known (the sum of x (1, n, 16), skip (1, m, 16))"]
+

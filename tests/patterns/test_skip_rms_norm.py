@@ -96,3 +96,44 @@ def test_broadcast_residual_is_accepted_and_correct():
     arrays = [rng.standard_normal(s).astype("float32") for s in [(2, 4, 32), (1, 4, 32), (32,)]]
     np.testing.assert_allclose(compile_and_run(after, arrays), compile_and_run(before, arrays),
                                rtol=RTOL, atol=ATOL)
+
+
+def test_symbolic_sequence_fuses_and_keeps_the_sum():
+    """Llama's residual norm with a symbolic sequence length: the rows vary, the row (32) is static."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, "n", 32), "float32"), r: R.Tensor((1, "n", 32), "float32"),
+                 w: R.Tensor((32,), "float32")):
+            with R.dataflow():
+                h = R.add(x, r)
+                lv = R.nn.rms_norm(h, w, axes=[-1])
+                gv = R.multiply(lv, h)
+                R.output(gv)
+            return gv
+
+    after, report = fuse(Before, "skip_rms_norm")
+    assert report.fired["skip_rms_norm.skip"] == 1
+    assert not report.near_misses
+    (composite,) = composites(after).values()
+    assert [b.value.op.name for b in composite.body.blocks[0].bindings] == ["relax.add", "relax.nn.rms_norm"]
+
+
+def test_must_not_fuse_a_symbolic_normalized_axis():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, "n", "h"), "float32"), r: R.Tensor((1, "n", "h"), "float32"),
+                 w: R.Tensor(("h",), "float32")):
+            with R.dataflow():
+                lv = R.add(x, r)
+                gv = R.nn.rms_norm(lv, w, axes=[-1])
+                R.output(gv)
+            return gv
+
+    after, report = fuse(Before, "skip_rms_norm")
+    tvm.ir.assert_structural_equal(after, Before)
+    assert [m.reason for m in report.near_misses] == [
+        "the normalized tensor (1, n, h) has the symbolic dim h at axis 2 (normalized axis): "
+        "the kernel needs it static (bind it)"]

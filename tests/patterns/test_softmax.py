@@ -129,6 +129,33 @@ def test_must_not_fuse(kwargs, reason):
     assert [(miss.pattern, miss.reason) for miss in report.near_misses] == [("softmax", reason)]
 
 
+N, M, KEYS = (tvm.tirx.Var(name, "int64") for name in ("n", "m", "keys"))
+
+
+def test_symbolic_rows_fuse():
+    """The number of rows may vary (a symbolic sequence); the row itself is static."""
+    after, report = fuse(_softmax_module(("scale", "mask"), x_shape=(1, 4, N, 8), mask_shape=(1, 1, N, 8)))
+    assert report.fired["softmax.scale_mask_softmax"] == 1
+    assert not report.near_misses
+    calls = [b.value.op for b in after["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    assert len(calls) == 1 and isinstance(calls[0], relax.GlobalVar)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"prologue": ("scale",), "x_shape": (1, 4, N, KEYS)},
+     "the softmax input (1, 4, n, keys) has the symbolic dim keys at axis 3 (softmax axis): "
+     "the kernel needs it static (bind it)"),
+    ({"prologue": ("mask",), "x_shape": (1, 4, N, 8), "mask_shape": (1, 1, M, 8)},
+     "the softmax's shape is not known (from x (1, 4, n, 8), mask (1, 1, m, 8))"),
+])
+def test_must_not_fuse_symbolic(kwargs, reason):
+    before = _softmax_module(**kwargs)
+    after, report = fuse(before)
+    tvm.ir.assert_structural_equal(after, before)
+    assert not report.fired
+    assert [(miss.pattern, miss.reason) for miss in report.near_misses] == [("softmax", reason)]
+
+
 def test_attention_keeps_its_softmax():
     """In the examples every softmax belongs to an attention, which the attention pattern takes."""
     inspected = api.inspect_model(REPO / "examples" / "models" / "bert_tiny.onnx",

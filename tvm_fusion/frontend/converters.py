@@ -12,12 +12,21 @@
   import opset 9, where the scales are an input. Ours is ``resize2d`` with Upsample's
   asymmetric coordinates and floor.
 * LSTM, GRU: TVM has no converter (CRNN OCR recognizers use them); ours are in ``recurrent.py``.
+* Range over a symbolic size (GPT-2's position ids, ``Range(0, sequence, 1)``): TVM gives the
+  result a fresh length var, so ``embeddings + positions`` loses its shape and the import
+  fails. Ours is ``arange`` with the length as an expression of the input dims.
+* Resize of a symbolically sized map by whole-number scales (an FPN's 2x upsampling): TVM
+  computes the size as ``int(2.0 * float(h))``, which no later shape can be proven equal to;
+  ours gives it ``2 * h``, which is the same size (ONNX floors ``h * scale``).
+* Expand to a constant shape of a tensor with symbolic dims (GPT-2's causal mask): TVM's
+  converter reads every input dim as a number and fails; ours broadcasts by ONNX's rules.
 
 Everything else goes to TVM's own converters.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import tvm
 from tvm import relax
@@ -43,7 +52,8 @@ class Importer(ONNXGraphImporter):
     def _convert_operator(self, op_name, inputs, attrs, opset):
         convert = {"Dropout": self._dropout, "EyeLike": self._eye_like,
                    "Upsample": self._upsample, "LSTM": self._recurrent(convert_lstm),
-                   "GRU": self._recurrent(convert_gru)}.get(op_name)
+                   "GRU": self._recurrent(convert_gru), "Range": self._range,
+                   "Expand": self._expand, "Resize": self._resize}.get(op_name)
         converted = convert(inputs, attrs, opset) if convert is not None else None
         if converted is None:
             return super()._convert_operator(op_name, inputs, attrs, opset)
@@ -105,6 +115,56 @@ class Importer(ONNXGraphImporter):
         dtype = get_type(attrs["dtype"]) if "dtype" in attrs else x.ty.dtype
         return emit_eye_like(self.bb, x, int(attrs.get("k", 0)), dtype)
 
+
+    def _range(self, inputs, _attrs, _opset):
+        """An integer Range whose bounds are shape expressions, as ``arange`` of known length;
+        anything else (constant or data-dependent bounds, floats) goes to TVM's converter."""
+        bounds = [get_constant(value, [self._nodes, self._params]) for value in inputs]
+        if not any(tvm.ir.is_prim_expr(b) and not isinstance(b, tvm.tirx.IntImm) for b in bounds):
+            return None
+        values = []
+        for bound in bounds:
+            if tvm.ir.is_prim_expr(bound):
+                values.append(bound)
+            elif isinstance(bound, tvm.ir.GenericConst) and bound.value.numpy().size == 1:
+                values.append(bound.value.numpy().reshape(()).item())
+            else:
+                return None
+        dtype = str(getattr(bounds[0], "dtype", None) or bounds[0].ty.dtype)
+        if "int" not in dtype or not isinstance(values[2], int) or values[2] <= 0:
+            return None  # a float range, or a step that is not a positive constant
+        return relax.op.arange(*values, dtype=dtype)
+
+    def _resize(self, inputs, attrs, opset):
+        """TVM's converter, with whole-number float scales given to it as integers when the
+        input has symbolic dims (so each output size is an exact multiple of the input's)."""
+        dims = getattr(inputs[0].ty, "shape", None)
+        scales = get_constant(inputs[2], [self._nodes, self._params]) if len(inputs) > 2 and inputs[2] is not None else None
+        if dims is None or all(isinstance(d, tvm.tirx.IntImm) for d in dims) or not isinstance(
+                scales, tvm.ir.GenericConst):
+            return None
+        values = scales.value.numpy()
+        if values.size == 0 or not np.all(values == np.round(values)):
+            return None
+        whole = relax.const(values.astype("int64"))
+        return super()._convert_operator("Resize", [*inputs[:2], whole, *inputs[3:]], attrs, opset)
+
+    def _expand(self, inputs, _attrs, _opset):
+        """Expand of a symbolically shaped tensor to a constant shape (TVM's handles the rest)."""
+        data, shape = inputs[0], get_constant(inputs[1], [self._nodes, self._params])
+        dims = getattr(data.ty, "shape", None)
+        if not isinstance(shape, tvm.ir.GenericConst) or dims is None or all(
+                isinstance(d, tvm.tirx.IntImm) for d in dims):
+            return None
+        target = [int(v) for v in shape.value.numpy().reshape(-1)]
+        rank = max(len(target), len(dims))
+        source = [1] * (rank - len(dims)) + list(dims)
+        target = [1] * (rank - len(target)) + target
+        # ONNX (numpy) broadcasting: a target 1 keeps the input's dim, an input 1 takes the target's.
+        out = [dim if size == 1 else size for dim, size in zip(source, target)]
+        if rank == len(dims) and all(a is b for a, b in zip(out, source)):
+            return data
+        return relax.op.broadcast_to(data, relax.ShapeExpr(out))
 
     def _upsample(self, inputs, attrs, opset):
         """NCHW Upsample with per-axis scales (1, 1, sh, sw) as ``resize2d``; anything else

@@ -47,9 +47,13 @@ def shape_tensors(model: onnx.ModelProto) -> list[str]:
     return frontier + [name for name in outputs if name in shape_dependent and name not in frontier]
 
 
-def freeze_shape_tensors(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """``model`` with every ``shape_tensors`` value computed by ONNX Runtime on ``feeds`` and
-    stored as an initializer; unchanged when there are none or ORT cannot run the model."""
+def freeze_shape_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
+    """``model`` with every ``shape_tensors`` value computed by ONNX Runtime and stored as an
+    initializer; unchanged when there are none or ORT cannot run the model.
+
+    ``feeds`` holds one run per size: a model compiled for a range of sizes is probed at its
+    low, typical and high sizes, and only the values that are the same at every size are frozen (a head count, a
+    hidden width), while those that follow the size (a sequence length) stay computed."""
     import onnxruntime as ort
 
     names = shape_tensors(model)
@@ -70,8 +74,14 @@ def freeze_shape_tensors(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -
                               for name in names if name not in existing)
     try:
         session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-        values = session.run(names, feeds)
+        runs = [session.run(names, feed) for feed in feeds]
     except Exception:  # noqa: BLE001 - ORT cannot run it: onnxslim folds as before
+        return model
+    constant = [all(np.array_equal(run[i], runs[0][i]) and np.shape(run[i]) == np.shape(runs[0][i])
+                    for run in runs) for i in range(len(names))]
+    names = [name for name, keep in zip(names, constant) if keep]
+    values = [value for value, keep in zip(runs[0], constant) if keep]
+    if not names:
         return model
     frozen = onnx.ModelProto()
     frozen.CopyFrom(model)

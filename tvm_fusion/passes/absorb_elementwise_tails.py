@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
-from ..patterns.base import static_shape
+from ..patterns.base import same_dims, shape_dims
 
 ELEMENTWISE_OPS = frozenset({
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
@@ -94,7 +94,7 @@ def absorb_elementwise_tails(mod: tvm.IRModule, rule_names: set[str]) -> tuple[t
 def _tail(bindings: list, start: int, users: dict, returned: set) -> list[int]:
     """Indices of the longest chain after ``bindings[start]`` with a single value used outside."""
     result = bindings[start].var
-    shape = static_shape(result)
+    shape = shape_dims(result)  # symbolic dims too: a step joins only if provably of this very shape
     if shape is None:
         return []
     inside = {result}
@@ -106,11 +106,11 @@ def _tail(bindings: list, start: int, users: dict, returned: set) -> list[int]:
         value = binding.value if binding is not None else None
         if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
                 and value.op.name in ELEMENTWISE_OPS and any(arg in inside for arg in value.args)
-                and static_shape(binding.var) == shape):
+                and same_dims(shape_dims(binding.var), shape)):
             continue
         others = [arg for arg in value.args if isinstance(arg, relax.Var) and arg not in inside]
         if others and not (value.op.name == "relax.add" and len(others) == 1 and residuals == 0
-                           and static_shape(others[0]) == shape):
+                           and same_dims(shape_dims(others[0]), shape)):
             continue
         residuals += bool(others)
         inside.add(binding.var)

@@ -16,7 +16,7 @@ import tvm
 from tvm import relax, te, topi
 
 from ..patterns import NearMiss, PatternReport
-from ..patterns.base import static_shape
+from ..patterns.base import dims_text, shape_dims, static_shape
 from .fold_constants import FoldConstantsSafely
 
 PATTERN_NAME = "blocked_layout"
@@ -38,6 +38,14 @@ class ConvertConvsToBlockedLayout:
         self.report = report
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        symbolic = self._symbolic_conv(mod)
+        if symbolic:
+            # The blocked conv's legalizer and its schedule fix the tile from the map size.
+            self.report.add_near_miss(NearMiss(
+                PATTERN_NAME, "main",
+                f"a conv input has symbolic dims {symbolic} (a model compiled for a range of sizes); "
+                f"NCHW{self.block}c needs static shapes, so the model stays in NCHW"))
+            return mod
         staying = self._convs_staying_in_nchw(mod)
         if staying:
             self.report.add_near_miss(NearMiss(
@@ -91,6 +99,21 @@ class ConvertConvsToBlockedLayout:
 
             relax.analysis.post_order_visit(func.body, visit)
         return staying
+
+    @staticmethod
+    def _symbolic_conv(mod: tvm.IRModule) -> str | None:
+        """The dims of the first conv2d input that are not all static, as text; None if none."""
+        found = []
+
+        def visit(expr):
+            if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                    and expr.op.name == "relax.nn.conv2d" and static_shape(expr.args[0]) is None):
+                found.append(dims_text(shape_dims(expr.args[0])))
+
+        for func in mod.functions.values():
+            if isinstance(func, relax.Function):
+                relax.analysis.post_order_visit(func.body, visit)
+        return found[0] if found else None
 
     def _has_convertible_conv(self, mod: tvm.IRModule) -> bool:
         found = []

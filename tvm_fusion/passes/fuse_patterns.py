@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.tirx.analysis import undefined_vars
 
 from .absorb_elementwise_tails import SUFFIX, absorb_elementwise_tails
 from ..patterns.base import FusionRule, NearMiss, PatternInstance, PatternReport, binding_name
@@ -35,6 +37,7 @@ class FusePatterns:
         # ("Tensor constants are not supported in primitive functions").
         mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
                                                annotate_codegen=False)(mod)
+        mod = inline_shape_params(mod)
         instances = realized_instances(accepted, unfused_vars(mod), position)
         mod, tails = absorb_elementwise_tails(mod, {r.name for r in self.rules if r.absorbs_elementwise_tail})
         # FuseOpsByPattern renamed the composites' results; before it, a tail's first op read the
@@ -70,6 +73,60 @@ class FusePatterns:
             return False
 
         return check
+
+
+def inline_shape_params(mod: tvm.IRModule) -> tvm.IRModule:
+    """Put the symbolic shapes FuseOpsByPattern lifted into composite parameters back inline.
+
+    A reshape target such as ``R.shape([1, sequence, 4, 64])`` is kept inside a composite only
+    when it has no symbolic dim; otherwise it becomes a ``R.Shape`` parameter, which LegalizeOps
+    cannot lower (a reshape needs its target shape in place). The parameter's type spells the
+    shape, and ``sequence`` is defined by the composite's tensor parameters, so the shape can
+    be written inline again and the parameter (and the call's argument) dropped.
+    """
+    replaced: dict = {}  # GlobalVar -> (the function without the shape parameters, their positions)
+    for gvar, func in mod.functions_items():
+        if not (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs):
+            continue
+        defined = {dim for param in func.params if isinstance(param.ty, relax.TensorType)
+                   and param.ty.shape is not None for dim in param.ty.shape.values if isinstance(dim, tirx.Var)}
+        inline = {index: param for index, param in enumerate(func.params)
+                  if isinstance(param.ty, relax.ShapeType) and param.ty.values is not None
+                  and all(var in defined for dim in param.ty.values for var in undefined_vars(dim))}
+        if inline:
+            bound = func.bind_params({param: relax.ShapeExpr(param.ty.values) for param in inline.values()})
+            replaced[gvar] = (bound, set(inline))
+    if not replaced:
+        return mod
+    # New GlobalVars (the old ones' types still list the dropped parameters), same names.
+    for gvar in replaced:
+        del mod[gvar]
+    builder = relax.BlockBuilder(mod)
+    dropped = {gvar: (builder.add_func(func, gvar.name_hint), positions)
+               for gvar, (func, positions) in replaced.items()}
+    mod = builder.get()
+    dropper = _DropArguments(mod, dropped)
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+            mod[gvar] = dropper.visit_expr(func)
+    return mod
+
+
+@mutator
+class _DropArguments(PyExprMutator):
+    """Calls the replacement of each given function, without the given argument positions."""
+
+    def __init__(self, mod: tvm.IRModule, dropped: dict):
+        super().__init__(mod)
+        self.dropped = dropped
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if call.op in self.dropped:
+            new_gvar, positions = self.dropped[call.op]
+            return relax.Call(new_gvar, [arg for i, arg in enumerate(call.args) if i not in positions],
+                              call.attrs, call.ty_args)
+        return call
 
 
 def composite_calls(mod: tvm.IRModule) -> list[str]:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, is_tuple_get_item, wildcard
 
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, scalar_constant, static_shape
+from .base import (FLOAT_DTYPES, FusionRule, dims_text, dtype_of, same_dim, same_dims, same_size, scalar_constant,
+                   shape_dims, symbolic_dim_reason)
 
 # permute_dims axes that turn a [batch, seq, heads, dim] view into the matmul operands.
 HEADS_FIRST = (0, 2, 1, 3)          # Q, V: [batch, heads, seq, dim]; also the head merge
@@ -143,8 +144,9 @@ class Attention(FusionRule):
 
     def check(self, context):
         found = context.annotated_expr
-        reason = (_check_dtypes(found) or _check_layout(found) or _check_scale(found)
-                  or _check_masks(found))
+        # Masks before the layout: a mask that does not broadcast leaves the output shape unknown.
+        reason = (_check_dtypes(found) or _check_masks(found) or _check_layout(found)
+                  or _check_scale(found))
         if reason:
             return reason
         axis = int(found["probs"].attrs.axis)
@@ -167,11 +169,17 @@ def _check_dtypes(found) -> str | None:
 
 
 def _check_layout(found) -> str | None:
-    scores_shape = static_shape(found["scores"])
-    if scores_shape is None or static_shape(found["out"]) is None:
-        return "the attention shapes are not static (bind the dynamic dims)"
-    if len(scores_shape) != 4:
-        return f"scores shape {scores_shape} is not [batch, heads, queries, keys]"
+    scores_shape, context_shape = shape_dims(found["scores"]), shape_dims(found["context"])
+    if scores_shape is None or len(scores_shape) != 4:
+        return f"scores shape {dims_text(scores_shape)} is not [batch, heads, queries, keys]"
+    if context_shape is None or len(context_shape) != 4 or shape_dims(found["out"]) is None:
+        return f"the attention output {dims_text(context_shape)} is not [batch, heads, queries, head dim]"
+    # Batch, query and key lengths may vary (one kernel for a range of sequence lengths); the
+    # heads and the head dim are the kernel's inner loops and the output's last axis.
+    reason = (symbolic_dim_reason("attention output", context_shape, [1], role="heads")
+              or symbolic_dim_reason("attention output", context_shape, [3], role="head dim"))
+    if reason:
+        return reason
     expected = {"q_heads": HEADS_FIRST, "k_heads": HEADS_FIRST_TRANSPOSED, "k_transposed": LAST_TWO_SWAPPED,
                 "v_heads": HEADS_FIRST, "merged": HEADS_FIRST}
     if "qkv_stack" in found:
@@ -193,12 +201,13 @@ def _check_layout(found) -> str | None:
 
 def _check_flat_transpose(found) -> str | None:
     """[B, H, S, D] -> [B*H, S, D] -> [B*H, D, S] -> [B, H, D, S] is Kᵀ only with those shapes."""
-    heads_first, flat, unflat = (static_shape(found[n]) for n in ("k_heads_first", "k_flat", "k_unflat"))
-    if heads_first is None or flat is None or unflat is None or len(heads_first) != 4:
-        return "the key transpose shapes are not static"
+    heads_first, flat, unflat = (shape_dims(found[n]) for n in ("k_heads_first", "k_flat", "k_unflat"))
+    if heads_first is None or flat is None or unflat is None or len(heads_first) != 4 or len(flat) != 3:
+        return "the key transpose's ranks are not known"
     b, h, s, d = heads_first
-    if flat != (b * h, s, d) or unflat != (b, h, d, s):
-        return f"the key is reshaped {heads_first} -> {flat} and back to {unflat}, not transposed"
+    if not (same_size((b, h), flat[:1]) and same_dims(flat[1:], (s, d)) and same_dims(unflat, (b, h, d, s))):
+        return (f"the key is reshaped {dims_text(heads_first)} -> {dims_text(flat)} and back to "
+                f"{dims_text(unflat)}, not transposed")
     return None
 
 
@@ -225,13 +234,14 @@ def _check_scale(found) -> str | None:
 
 def _check_masks(found) -> str | None:
     """A mask must broadcast into the scores, not widen them (the kernel writes one tile per row block)."""
-    scores_shape = static_shape(found["scores"])
+    scores_shape = shape_dims(found["scores"])
     for result, operand, label in (("causal", "causal_cond", "causal"), ("masked", "mask", "additive")):
-        if result in found and static_shape(found[result]) != scores_shape:
-            return (f"{label} mask shape {static_shape(found[operand])} does not broadcast into "
-                    f"the scores shape {scores_shape}")
-    if "causal" in found and static_shape(found["causal_fill"]) not in ((), (1,)):
-        return f"the causal fill value has shape {static_shape(found['causal_fill'])}, not a scalar"
+        if result in found and not same_dims(shape_dims(found[result]), scores_shape):
+            return (f"{label} mask shape {dims_text(shape_dims(found[operand]))} does not broadcast into "
+                    f"the scores shape {dims_text(scores_shape)}")
+    fill = shape_dims(found["causal_fill"]) if "causal" in found else ()
+    if fill is None or len(fill) > 1 or fill and not same_dim(fill[0], 1):
+        return f"the causal fill value has shape {dims_text(fill)}, not a scalar"
     return None
 
 

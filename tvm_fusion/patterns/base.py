@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 
+import tvm_ffi
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern
+from tvm.sym.analyzer import Analyzer
 
 
 @dataclasses.dataclass
@@ -131,6 +134,84 @@ def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
+def shape_dims(expr: relax.Expr) -> tuple | None:
+    """The shape of a tensor-typed expression, dim by dim: an int where the dim is static, the
+    symbolic PrimExpr (``sequence``, ``height // 2``) where it is not; None if the rank is unknown.
+
+    Checks that only need dims to agree (a residual of the output's shape) or a few dims to be
+    static (a softmax's reduced axis) read this, so a module compiled for a range of sizes fuses
+    like a static one.
+    """
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    values = getattr(shape, "values", shape)
+    if values is None:
+        return None
+    try:
+        return tuple(int(dim.value) if hasattr(dim, "value") else dim for dim in values)
+    except TypeError:
+        return None
+
+
+def same_dims(first: tuple | None, second: tuple | None) -> bool:
+    """True if two ``shape_dims`` answers are provably the same shape (symbolic dims compared
+    structurally: ``sequence`` equals ``sequence``, not ``sequence2``)."""
+    if first is None or second is None or len(first) != len(second):
+        return False
+    return all(same_dim(a, b) for a, b in zip(first, second))
+
+
+def same_dim(first, second) -> bool:
+    """One dim of ``same_dims``: equal ints, or structurally equal symbolic expressions."""
+    if isinstance(first, int) or isinstance(second, int):
+        return isinstance(first, int) and isinstance(second, int) and first == second
+    return tvm_ffi.structural_equal(first, second)
+
+
+def broadcasts_to(dims: tuple | None, target: tuple | None) -> bool:
+    """True if ``dims`` provably broadcasts to ``target`` without growing it (numpy rules): each
+    trailing dim is 1 or the same as the target's (``sequence`` matches only ``sequence``)."""
+    if dims is None or target is None or len(dims) > len(target):
+        return False
+    return all(same_dim(d, 1) or same_dim(d, t) for d, t in zip(reversed(dims), reversed(target)))
+
+
+def same_size(first: tuple, second: tuple) -> bool:
+    """True if two shapes provably hold as many elements (``(1, n, 4)`` and ``(4 * n,)``)."""
+    def product(dims):
+        total = 1
+        for dim in dims:
+            total = total * dim
+        return total
+
+    left, right = product(first), product(second)
+    if isinstance(left, int) and isinstance(right, int):
+        return left == right
+    return bool(Analyzer().can_prove_equal(left, right))
+
+
+def symbolic_dim_reason(what: str, dims: tuple | None, axes=None, role: str = "") -> str | None:
+    """Why the dims of ``what`` at ``axes`` (all of them by default) are not all static, naming the
+    first symbolic one (and its ``role``, e.g. "K"); None when they are. For the dims a fused
+    kernel is built around (a normalized row, a GEMM's K and N, attention's head dim), which a
+    module compiled for a range of sizes cannot leave open."""
+    if dims is None:
+        return f"the {what} has no known shape"
+    for axis in range(len(dims)) if axes is None else axes:
+        dim = dims[axis]
+        if not isinstance(dim, int):
+            named = f" ({role})" if role else ""
+            return (f"the {what} {dims_text(dims)} has the symbolic dim {dims_text((dim,))[1:-1]} at axis "
+                    f"{axis % len(dims)}{named}: the kernel needs it static (bind it)")
+    return None
+
+
+def dims_text(dims: tuple | None) -> str:
+    """``(1, sequence, 256)`` for messages (``8 * n``, not ``T.int64(8) * n``)."""
+    if dims is None:
+        return "unknown"
+    return "(" + ", ".join(re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", str(d)) for d in dims) + ")"
+
+
 def dtype_of(expr: relax.Expr) -> str | None:
     return getattr(getattr(expr, "ty", None), "dtype", None)
 
@@ -146,13 +227,19 @@ def non_float_reason(expr: relax.Expr) -> str | None:
 
 def residual_or_leak_reason(context: relax.transform.PatternCheckContext, dtype: str) -> str | None:
     """The epilogue fusions' shared last checks: a residual of the output's exact shape and
-    dtype (no broadcast that would grow the output), and no intermediate used outside."""
+    dtype (no broadcast that would grow the output, either way round; symbolic dims must be the
+    same: ``sequence`` with ``sequence``), and no intermediate used outside."""
     found = context.annotated_expr
     if "residual" in found:
-        out_full = static_shape(context.matched_expr)
-        if static_shape(found["residual"]) != out_full:
-            return (f"residual shape {static_shape(found['residual'])} does not equal the "
-                    f"output shape {out_full}")
+        add = found.get("residual_add", context.matched_expr)
+        sum_dims, residual_dims = shape_dims(add), shape_dims(found["residual"])
+        # Both operands of the add (the chain's result and the residual) must have the sum's
+        # shape: a broadcast either way would change what the kernel writes.
+        operand_dims = [shape_dims(arg) for arg in getattr(add, "args", ())]
+        if not same_dims(residual_dims, sum_dims) or not all(same_dims(d, sum_dims) for d in operand_dims):
+            out_dims = next((d for d in operand_dims if not same_dims(d, residual_dims)), sum_dims)
+            return (f"residual shape {dims_text(residual_dims)} does not equal the "
+                    f"output shape {dims_text(out_dims)}")
         if dtype_of(found["residual"]) != dtype:
             return f"residual dtype {dtype_of(found['residual'])} differs from {dtype}"
     if has_leaking_intermediate_variables(context):

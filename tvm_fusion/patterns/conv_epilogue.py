@@ -10,6 +10,10 @@ top-down merge of an FPN neck (``lateral_conv(x) + upsample(top)``): fused, each
 its pixel of the small top map, and neither the lateral map nor the upsampled one is stored.
 Activations are matched in their canonical forms (after the ``clip``, ``silu``, ``hardswish``
 and ``hardsigmoid`` rewrites).
+
+Output rows and columns may be symbolic (a model compiled for a range of image sizes): the
+kernel tiles them at run time. Batch and channels must be static: the channel tile and the
+per-channel bias are chosen at compile time.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import re
 from tvm.relax.dpl import is_op, wildcard
 
 from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, static_shape
+from .base import (FLOAT_DTYPES, FusionRule, dims_text, dtype_of, residual_or_leak_reason, shape_dims,
+                   static_shape, symbolic_dim_reason)
 from .resize_merge import resize_reason
 
 
@@ -82,8 +87,9 @@ def epilogue_variants(conv_op: str, prefix: str, with_input_scale: bool,
     return sorted(variants, key=lambda v: -len(v[2]))
 
 
-def bias_reason(found: dict, out_shape: tuple[int, ...]) -> str | None:
-    """The bias, when the chain has one, must be one value per output channel."""
+def bias_reason(found: dict, out_shape: tuple) -> str | None:
+    """The bias, when the chain has one, must be one value per output channel (``out_shape``
+    from ``shape_dims``: static channels, rows and columns possibly symbolic)."""
     if "bias" not in found:
         return None
     per_channel = per_channel_shapes(out_shape)
@@ -117,10 +123,8 @@ class ConvEpilogue(FusionRule):
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
         if layouts != ("NCHW", "OIHW", "NCHW") and not is_blocked_conv_layout(*layouts):
             return f"conv layout {attrs.data_layout}/{attrs.kernel_layout} is not NCHW/OIHW or NCHW[x]c"
-        out_shape = static_shape(conv)
-        if out_shape is None:
-            return "the conv output shape is not static (bind the dynamic dims)"
-        reason = bias_reason(found, out_shape)
+        out_shape = shape_dims(conv)
+        reason = static_batch_channels_reason("conv", out_shape) or bias_reason(found, out_shape)
         if reason:
             return reason
         if "resize" in found:
@@ -140,6 +144,19 @@ def is_blocked_conv_layout(data_layout: str, kernel_layout: str, out_layout: str
     return bool(match) and out_layout == data_layout and kernel_layout == "OIHW{0}i{0}o".format(match[1])
 
 
+def static_batch_channels_reason(what: str, out_shape: tuple | None) -> str | None:
+    """Batch, channels (and the channel block of NCHW[x]c) must be static; rows and columns
+    may be symbolic."""
+    if out_shape is None or len(out_shape) not in (4, 5):
+        return f"the {what} output {dims_text(out_shape)} is not 4-D NCHW or 5-D NCHW[x]c"
+    for axis, role in ((0, "batch"), (1, "channels"), (4, "channel block")):
+        if axis < len(out_shape):
+            reason = symbolic_dim_reason(f"{what} output", out_shape, axes=(axis,), role=role)
+            if reason:
+                return reason
+    return None
+
+
 def per_channel_shapes(out_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Shapes of a per-output-channel operand (bias) for an NCHW or NCHW[x]c conv output."""
     if len(out_shape) == 5:
@@ -148,11 +165,21 @@ def per_channel_shapes(out_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 
 def _check_channel_scale(data, gate) -> str | None:
-    """The input scale must be ``map * gate`` with gate one value per (batch, channel)."""
-    first, second = static_shape(data), static_shape(gate)
+    """The input scale must be ``map * gate`` with gate one value per (batch, channel); the
+    map's rows and columns may be symbolic, its batch and channels must be static."""
+    first, second = shape_dims(data), shape_dims(gate)
     if first is None or second is None or len(first) != 4 or len(second) != 4:
-        return "the conv input is a product of tensors that are not 4-D with static shapes"
-    full, per_channel = (first, second) if second[2:] == (1, 1) else (second, first)
-    if per_channel[2:] != (1, 1) or per_channel[1] != full[1] or per_channel[0] not in (1, full[0]):
-        return f"the conv input is scaled by shape {per_channel}, not one value per channel of {full}"
+        return "the conv input is a product of tensors that are not both 4-D"
+    full, per_channel = (first, second) if _is_one(second[2]) and _is_one(second[3]) else (second, first)
+    reason = symbolic_dim_reason("scaled conv input", full, axes=(0, 1))
+    if reason:
+        return reason
+    if not (_is_one(per_channel[2]) and _is_one(per_channel[3])) or per_channel[1] != full[1] \
+            or per_channel[0] not in (1, full[0]):
+        return (f"the conv input is scaled by shape {dims_text(per_channel)}, not one value per "
+                f"channel of {dims_text(full)}")
     return None
+
+
+def _is_one(dim) -> bool:
+    return isinstance(dim, int) and dim == 1

@@ -6,12 +6,13 @@ the BN is folded into the weights and bias by ``conv_bn_fold``, which leaves a p
 bias add. The importer spells ONNX's bias input as a separate ``add`` of a ``(1, C, 1, 1)``
 constant, so unfused the bias and the activation are two more passes over a map that is
 ``stride**2`` times larger than the decoder's input. Fused, they run on the output tile.
+Output rows and columns may be symbolic; batch and channels must be static.
 """
 
 from __future__ import annotations
 
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, static_shape
-from .conv_epilogue import bias_reason, epilogue_variants
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, shape_dims
+from .conv_epilogue import bias_reason, epilogue_variants, static_batch_channels_reason
 
 
 class ConvTransposeEpilogue(FusionRule):
@@ -37,7 +38,6 @@ class ConvTransposeEpilogue(FusionRule):
         if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "IOHW", "NCHW"):
             return (f"conv_transpose layout {attrs.data_layout}/{attrs.kernel_layout}/"
                     f"{attrs.out_layout} is not NCHW/IOHW/NCHW (the only one TOPI lowers)")
-        out_shape = static_shape(conv)
-        if out_shape is None:
-            return "the conv_transpose output shape is not static (bind the dynamic dims)"
-        return bias_reason(found, out_shape) or residual_or_leak_reason(context, dtype)
+        out_shape = shape_dims(conv)
+        return (static_batch_channels_reason("conv_transpose", out_shape) or bias_reason(found, out_shape)
+                or residual_or_leak_reason(context, dtype))

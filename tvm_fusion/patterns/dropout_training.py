@@ -72,7 +72,7 @@ def dropout_training_kernel(x: te.Tensor, ratio: te.Tensor, seed: int) -> list[t
     The uniform draw of element i is the top 24 bits of Philox word 0 at counter i times 2**-24,
     exact in float32; the keep test and the scale 1/(1-ratio) are in float32 as ONNX Runtime computes them.
     """
-    shape = [int(dim) for dim in x.shape]
+    shape = [int(dim) if isinstance(dim, tirx.IntImm) else dim for dim in x.shape]  # symbolic: an int64 var
     threshold = tirx.Cast("float32", ratio[()])
 
     def flat_index(indices) -> tirx.PrimExpr:

@@ -14,7 +14,7 @@ from tvm import relax, te, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
-from .base import FusionRule, static_shape
+from .base import FusionRule, dims_text, same_dims, shape_dims
 
 KERNEL_NAME = "eye_like"
 
@@ -50,12 +50,14 @@ class EyeLikeAdd(FusionRule):
         kernel = getattr(found["kernel"], "name_hint", "")
         if not kernel.startswith(KERNEL_NAME):
             return f"kernel {kernel!r} is not an EyeLike"
-        eye_shape, other_shape = static_shape(found["eye"]), static_shape(found["other"])
+        # The identity is computed from the indices, so its dims may be symbolic; the add must
+        # not broadcast (the other operand has the identity's very shape: ``n`` with ``n``).
+        eye_shape, other_shape = shape_dims(found["eye"]), shape_dims(found["other"])
         if eye_shape is None:
-            return "the identity's shape is not static (bind the dynamic dims)"
-        if other_shape != eye_shape:
-            return (f"the other operand of the add, shape {other_shape}, does not match the "
-                    f"identity's shape {eye_shape} (the add would broadcast)")
+            return "the identity's rank is not known"
+        if not same_dims(other_shape, eye_shape):
+            return (f"the other operand of the add, shape {dims_text(other_shape)}, does not match the "
+                    f"identity's shape {dims_text(eye_shape)} (the add would broadcast)")
         if has_leaking_intermediate_variables(context):
             return "the identity is also used outside the add"
         return None

@@ -8,12 +8,10 @@ so matmul on the input viewed as [..., K] computes the same values without two c
 
 from __future__ import annotations
 
-import math
-
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import RewriteRule, static_shape
+from .base import RewriteRule, dims_text, same_dim, same_dims, same_size, shape_dims
 
 
 class FlattenedLinear(RewriteRule):
@@ -36,28 +34,30 @@ class FlattenedLinear(RewriteRule):
         return variants
 
     def check(self, matched):
-        x_shape = static_shape(matched["x"])
-        weight_shape = static_shape(matched["weight"])
-        flat_shape = static_shape(matched["flat"])
-        out_shape = static_shape(matched["unflat"])
+        # Symbolic leading dims (batch, sequence) are fine: the flattened rows need only provably
+        # be the product of the unflattened ones, and the rewritten matmul keeps them.
+        x_shape, weight_shape, flat_shape, out_shape = (
+            shape_dims(matched[name]) for name in ("x", "weight", "flat", "unflat"))
         if None in (x_shape, weight_shape, flat_shape, out_shape):
-            return "shapes are not static"
+            return "the ranks of the reshapes and the matmul are not known"
         if len(weight_shape) != 2 or len(x_shape) < 2:
-            return f"weight shape {weight_shape} is not 2-D"
-        if len(flat_shape) != 2 or len(out_shape) < 2 or out_shape[-1] != weight_shape[1]:
-            return f"reshapes {x_shape} -> {flat_shape} -> {out_shape} are not a flatten/unflatten pair"
-        if math.prod(out_shape[:-1]) != flat_shape[0]:
-            return f"the last reshape {out_shape} does not restore the {flat_shape[0]} flattened rows"
+            return f"weight shape {dims_text(weight_shape)} is not 2-D"
+        if len(flat_shape) != 2 or len(out_shape) < 2 or not same_dim(out_shape[-1], weight_shape[1]):
+            return (f"reshapes {dims_text(x_shape)} -> {dims_text(flat_shape)} -> {dims_text(out_shape)} "
+                    "are not a flatten/unflatten pair")
+        if not same_size(out_shape[:-1], flat_shape[:1]):
+            return (f"the last reshape {dims_text(out_shape)} does not restore the {flat_shape[0]} "
+                    "flattened rows")
         if "bias" in matched:
-            bias_shape = static_shape(matched["bias"])
-            if bias_shape is None or len(bias_shape) > 1 and any(d != 1 for d in bias_shape[:-1]):
-                return f"bias shape {bias_shape} would not broadcast the same way on the N-D output"
+            bias_shape = shape_dims(matched["bias"])
+            if bias_shape is None or len(bias_shape) > 1 and not all(same_dim(d, 1) for d in bias_shape[:-1]):
+                return f"bias shape {dims_text(bias_shape)} would not broadcast the same way on the N-D output"
         return None
 
     def rewrite(self, matched):
         x = matched["x"]
-        rows_shape = (*static_shape(matched["unflat"])[:-1], static_shape(matched["flat"])[1])
-        if static_shape(x) != rows_shape:  # e.g. [B, S, H, D] -> [B, S, H*D]: a free view
+        rows_shape = (*shape_dims(matched["unflat"])[:-1], shape_dims(matched["flat"])[1])
+        if not same_dims(shape_dims(x), rows_shape):  # e.g. [B, S, H, D] -> [B, S, H*D]: a free view
             x = relax.op.reshape(x, rows_shape)
         out = relax.op.matmul(x, matched["weight"])
         if "bias" in matched:

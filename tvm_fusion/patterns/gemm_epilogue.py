@@ -13,8 +13,8 @@ import itertools
 from tvm.relax.dpl import is_op, wildcard
 
 from .activations import ACTIVATIONS
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, static_shape
-
+from .base import (FLOAT_DTYPES, FusionRule, dims_text, dtype_of, residual_or_leak_reason, same_dim, shape_dims,
+                   symbolic_dim_reason)
 
 
 def gemm_epilogue_pattern(bias: bool, activation: str | None, residual: bool):
@@ -57,17 +57,22 @@ class GemmEpilogue(FusionRule):
 
     def check(self, context):
         found = context.annotated_expr
-        out_shape = static_shape(found["matmul"])
         dtype = dtype_of(found["matmul"])
         if dtype not in FLOAT_DTYPES:
             return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
-        if out_shape is None:
-            return "the matmul output shape is not static (bind the dynamic dims)"
+        out_shape, lhs_shape = shape_dims(found["matmul"]), shape_dims(found["lhs"])
+        if not out_shape or not lhs_shape:
+            return "the matmul operands' ranks are not known"
+        # Rows and batch may vary (one kernel for a range of sequence lengths); the column tile
+        # and the unrolled reduction are built around N and K.
+        reason = (symbolic_dim_reason("matmul output", out_shape, [-1], role="N")
+                  or symbolic_dim_reason("matmul input", lhs_shape, [-1], role="K"))
+        if reason:
+            return reason
         if "bias" in found:
-            bias_shape = static_shape(found["bias"])
-            if (bias_shape is None or len(bias_shape) > len(out_shape) or not bias_shape
-                    or bias_shape[-1] != out_shape[-1] or any(d != 1 for d in bias_shape[:-1])):
-                return (f"bias shape {bias_shape} is not a vector along the output's last axis "
-                        f"(output {out_shape})")
+            bias_shape = shape_dims(found["bias"])
+            if (not bias_shape or len(bias_shape) > len(out_shape) or not same_dim(bias_shape[-1], out_shape[-1])
+                    or not all(same_dim(d, 1) for d in bias_shape[:-1])):
+                return (f"bias shape {dims_text(bias_shape)} is not a vector along the output's last axis "
+                        f"(output {dims_text(out_shape)})")
         return residual_or_leak_reason(context, dtype)
-

@@ -11,7 +11,8 @@ import numpy as np
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .base import RewriteRule, close_to, non_float_reason, scalar_constant, static_shape
+from .base import (RewriteRule, close_to, dims_text, non_float_reason, same_dim, same_dims, scalar_constant,
+                   shape_dims, symbolic_dim_reason)
 
 AFFINE = ("gamma_beta", "gamma", "none")
 
@@ -35,10 +36,11 @@ def affine_param_reason(name: str, param: relax.Expr | None, row_shape: tuple[in
     """A gamma/beta must broadcast along the normalized axes only: shape [1.., *row_shape]."""
     if param is None:
         return None
-    shape = static_shape(param)
-    if shape is None or tuple(d for d in shape[: len(shape) - len(row_shape)] if d != 1) \
-            or tuple(shape[len(shape) - len(row_shape):]) != row_shape:
-        return f"{name} shape {shape} is not the normalized shape {row_shape}"
+    shape = shape_dims(param)
+    if shape is None or len(shape) < len(row_shape) \
+            or not all(same_dim(d, 1) for d in shape[: len(shape) - len(row_shape)]) \
+            or not same_dims(shape[len(shape) - len(row_shape):], row_shape):
+        return f"{name} shape {dims_text(shape)} is not the normalized shape {row_shape}"
     return None
 
 
@@ -46,9 +48,15 @@ def affine_param(param: relax.Expr | None, row_shape: tuple[int, ...], dtype: st
     """``param`` viewed with the normalized shape, or a constant ``fill`` when there is none."""
     if param is None:
         return relax.const(np.full(row_shape, fill, dtype=str(dtype)))
-    if static_shape(param) != row_shape:
+    if not same_dims(shape_dims(param), row_shape):
         return relax.op.reshape(param, row_shape)
     return param
+
+
+def row_reason(shape: tuple, axes: list[int]) -> str | None:
+    """The normalized row (the reduced trailing axes) must be static: the rewritten op's
+    gamma/beta have its shape and the row-wise kernel tiles it. The leading dims may be symbolic."""
+    return symbolic_dim_reason("input", shape, axes, role="normalized axis")
 
 
 class LayerNormDecomposed(RewriteRule):
@@ -84,11 +92,11 @@ class LayerNormDecomposed(RewriteRule):
     def check(self, matched):
         if reason := non_float_reason(matched["x"]):
             return reason
-        shape = static_shape(matched["x"])
-        if shape is None:
-            return "the input shape is not static (bind the dynamic dims)"
+        shape = shape_dims(matched["x"])
+        if not shape:
+            return "the input's rank is not known"
         axes = reduced_axes(matched["mean"], len(shape))
-        if reason := trailing_axes_reason(axes, len(shape), "first"):
+        if reason := trailing_axes_reason(axes, len(shape), "first") or row_reason(shape, axes):
             return reason
         if reduced_axes(matched["variance"], len(shape)) != axes:
             return "the two means reduce different axes"
@@ -104,7 +112,7 @@ class LayerNormDecomposed(RewriteRule):
 
     def rewrite(self, matched):
         x = matched["x"]
-        shape, dtype = static_shape(x), x.ty.dtype
+        shape, dtype = shape_dims(x), x.ty.dtype
         axes = reduced_axes(matched["mean"], len(shape))
         row_shape = shape[axes[0]:]
         return relax.op.nn.layer_norm(

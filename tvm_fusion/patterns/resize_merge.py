@@ -13,6 +13,9 @@ the upsampled maps never exist in memory.
 Where the lateral map is a conv output, ``conv_epilogue`` (which runs first) takes the merge
 as its upsampled-residual variant, and the lateral map is not stored either; this rule takes
 the other merges and the concats.
+
+Rows and columns may be symbolic (a model compiled for a range of sizes); batch and channels
+must be static.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+from .base import FLOAT_DTYPES, FusionRule, dims_text, dtype_of, same_dims, shape_dims, symbolic_dim_reason
 
 MERGE_ACTIVATIONS = ("relu", "clip", "leakyrelu", "silu", "hardswish")
 ACTIVATIONS = {name: SHARED_ACTIVATIONS[name] for name in MERGE_ACTIVATIONS}
@@ -107,28 +110,35 @@ def resize_reason(resize) -> str | None:
         return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
     if resize.attrs.layout != "NCHW":
         return f"resize layout {resize.attrs.layout} is not NCHW"
-    for expr in (resize.args[0], resize):
-        shape = static_shape(expr)
-        if shape is None or len(shape) != 4:
-            return "the resize input or output is not 4-D with a static shape (bind the dynamic dims)"
+    for what, expr in (("resize input", resize.args[0]), ("resize output", resize)):
+        reason = _static_batch_channels(what, shape_dims(expr))
+        if reason:
+            return reason
     return None
+
+
+def _static_batch_channels(what: str, dims: tuple | None) -> str | None:
+    """4-D with static batch and channels; rows and columns may be symbolic."""
+    if dims is None or len(dims) != 4:
+        return f"the {what} {dims_text(dims)} is not 4-D"
+    return symbolic_dim_reason(what, dims, axes=(0, 1))
 
 
 def _lateral_reason(lateral, upsampled) -> str | None:
     """The add must be same-shape: a broadcast would grow the output past the upsampled map."""
-    lateral_shape, upsampled_shape = static_shape(lateral), static_shape(upsampled)
-    if lateral_shape != upsampled_shape:
-        return (f"the add broadcasts: lateral shape {lateral_shape} does not equal the upsampled "
-                f"shape {upsampled_shape}")
+    lateral_shape, upsampled_shape = shape_dims(lateral), shape_dims(upsampled)
+    if not same_dims(lateral_shape, upsampled_shape):
+        return (f"the add broadcasts: lateral shape {dims_text(lateral_shape)} does not equal the "
+                f"upsampled shape {dims_text(upsampled_shape)}")
     if dtype_of(lateral) != dtype_of(upsampled):
         return f"lateral dtype {dtype_of(lateral)} differs from {dtype_of(upsampled)}"
     return None
 
 
 def _channel_concat_reason(concat) -> str | None:
-    shape = static_shape(concat)
-    if shape is None or len(shape) != 4:
-        return "the concat output is not 4-D with a static shape"
+    reason = _static_batch_channels("concat output", shape_dims(concat))
+    if reason:
+        return reason
     if int(concat.attrs.axis) not in (1, -3):
         return f"concat axis {int(concat.attrs.axis)} is not the channel axis (1)"
     if dtype_of(concat) not in FLOAT_DTYPES:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .base import RewriteRule, close_to, non_float_reason, scalar_constant, static_shape
-from .layernorm_decomposed import affine_param, affine_param_reason, reduced_axes, trailing_axes_reason
+from .base import RewriteRule, close_to, non_float_reason, scalar_constant, shape_dims
+from .layernorm_decomposed import affine_param, affine_param_reason, reduced_axes, row_reason, trailing_axes_reason
 
 
 class RmsNormDecomposed(RewriteRule):
@@ -56,11 +56,11 @@ class RmsNormDecomposed(RewriteRule):
                         f"but cast back to {matched['restored'].ty.dtype}")
             if reason := non_float_reason(matched["computed"]):
                 return reason
-        shape = static_shape(x)
-        if shape is None:
-            return "the input shape is not static (bind the dynamic dims)"
+        shape = shape_dims(x)
+        if not shape:
+            return "the input's rank is not known"
         axes = reduced_axes(matched["mean_square"], len(shape))
-        if reason := trailing_axes_reason(axes, len(shape), "mean-square"):
+        if reason := trailing_axes_reason(axes, len(shape), "mean-square") or row_reason(shape, axes):
             return reason
         if matched["square"].op.name == "relax.power" and not close_to(scalar_constant(matched["two"]), 2.0):
             return f"the power is {scalar_constant(matched['two'])}, not 2"
@@ -73,7 +73,7 @@ class RmsNormDecomposed(RewriteRule):
     def rewrite(self, matched):
         x = matched["x"]
         computed = matched.get("computed", x)
-        shape, dtype = static_shape(x), computed.ty.dtype
+        shape, dtype = shape_dims(x), computed.ty.dtype
         axes = reduced_axes(matched["mean_square"], len(shape))
         weight = matched.get("weight")
         if weight is not None and "restored" in matched:

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from .base import FusionRule, dtype_of, non_float_reason, static_shape
+from .base import (FusionRule, broadcasts_to, dims_text, dtype_of, non_float_reason, shape_dims,
+                   symbolic_dim_reason)
 
 
 def skip_norm_variants(norm: Callable[[DFPattern], DFPattern]):
@@ -48,31 +49,30 @@ def skip_norm_check(context: relax.transform.PatternCheckContext) -> str | None:
     norm = found["norm"]
     if reason := non_float_reason(norm):
         return reason
-    shape = static_shape(norm)
-    if shape is None:
-        return "the normalized tensor's shape is not static (bind the dynamic dims)"
+    shape = shape_dims(norm)
+    if not shape:
+        added = ", ".join(f"{role} {dims_text(shape_dims(found[role]))}" for role in ("x", "bias", "skip")
+                          if role in found)
+        return f"the normalized tensor's shape is not known (the sum of {added})"
     axes = sorted(int(a) % len(shape) for a in norm.attrs.axes)
     if axes != list(range(len(shape) - len(axes), len(shape))):
         return (f"normalizes over axes {axes} of a rank-{len(shape)} tensor, not the trailing "
                 "axes: a row would not be contiguous")
+    # The rows (batch, sequence) may vary; the row itself is what the kernel reduces and tiles.
+    if reason := symbolic_dim_reason("normalized tensor", shape, axes, role="normalized axis"):
+        return reason
     for role in ("x", "bias", "skip"):
         if role not in found:
             continue
-        operand_shape = static_shape(found[role])
-        if operand_shape is None or not broadcasts_to(operand_shape, shape):
-            return f"{role} shape {operand_shape} does not broadcast to the normalized shape {shape}"
+        operand_shape = shape_dims(found[role])
+        if not broadcasts_to(operand_shape, shape):
+            return (f"{role} shape {dims_text(operand_shape)} does not broadcast to the normalized "
+                    f"shape {dims_text(shape)}")
         if dtype_of(found[role]) != dtype_of(norm):
             return f"{role} dtype {dtype_of(found[role])} differs from {dtype_of(norm)}"
     if "bias_add" in found and leaks(context, found["bias_add"]):
         return "the bias add's result is also used outside the chain"
     return None
-
-
-def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """True if ``shape`` broadcasts to ``target`` without growing it (numpy rules)."""
-    if len(shape) > len(target):
-        return False
-    return all(d in (1, t) for d, t in zip(reversed(shape), reversed(target)))
 
 
 def leaks(context: relax.transform.PatternCheckContext, expr: relax.Expr) -> bool:

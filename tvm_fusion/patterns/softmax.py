@@ -15,7 +15,7 @@ import itertools
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+from .base import FLOAT_DTYPES, FusionRule, dims_text, dtype_of, same_dims, shape_dims, symbolic_dim_reason
 
 EPILOGUES = {
     "multiply": lambda x, operand: is_op("relax.multiply")(x, operand),
@@ -67,17 +67,23 @@ class Softmax(FusionRule):
         found = context.annotated_expr
         probs = found["probs"]
         axis = int(probs.attrs.axis)
-        shape = static_shape(probs)
+        shape = shape_dims(probs)
         if dtype_of(probs) not in FLOAT_DTYPES:
             return f"dtype {dtype_of(probs)} is not supported ({', '.join(FLOAT_DTYPES)})"
-        if shape is None:
-            return "the softmax shape is not static (bind the dynamic dims)"
+        if not shape:
+            inputs = ", ".join(f"{name} {dims_text(shape_dims(found[name]))}"
+                               for name in ("x", "causal_cond", "mask") if name in found)
+            return f"the softmax's shape is not known (from {inputs})"
         if axis not in (-1, len(shape) - 1):
             return f"softmax is over axis {axis}, not the last: rows would not be contiguous"
+        # The rows may vary in number; the row itself is what the kernel vectorizes and reduces.
+        if reason := symbolic_dim_reason("softmax input", shape, [-1], role="softmax axis"):
+            return reason
         for name in ("x", "scaled", "causal", "masked", "epilogue"):
-            if name in found and static_shape(found[name]) != shape:
+            if name in found and not same_dims(shape_dims(found[name]), shape):
                 operand = "input" if name == "x" else f"{name} result"
-                return f"the {operand} shape {static_shape(found[name])} differs from the softmax shape {shape}"
+                return (f"the {operand} shape {dims_text(shape_dims(found[name]))} differs from the "
+                        f"softmax shape {dims_text(shape)}")
         if has_leaking_intermediate_variables(context):
             return "an intermediate result is also used outside the chain"
         return None

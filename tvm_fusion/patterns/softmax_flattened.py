@@ -8,12 +8,10 @@ attention chain from the ``attention`` and ``softmax`` fusions.
 
 from __future__ import annotations
 
-import math
-
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import RewriteRule, non_float_reason, static_shape
+from .base import RewriteRule, dims_text, non_float_reason, same_dim, same_dims, same_size, shape_dims
 
 
 class SoftmaxFlattened(RewriteRule):
@@ -31,15 +29,17 @@ class SoftmaxFlattened(RewriteRule):
     def check(self, matched):
         if reason := non_float_reason(matched["x"]):
             return reason
-        shape, flat = static_shape(matched["x"]), static_shape(matched["flat"])
-        if shape is None or flat is None:
-            return "the shapes are not static (bind the dynamic dims)"
+        shape, flat = shape_dims(matched["x"]), shape_dims(matched["flat"])
+        if not shape or not flat:
+            return "the ranks of the reshape's input and output are not known"
         if int(matched["probs"].attrs.axis) not in (-1, len(flat) - 1):
             return f"softmax is over axis {int(matched['probs'].attrs.axis)}, not the last"
-        if not shape or flat[-1] != shape[-1] or math.prod(flat) != math.prod(shape):
-            return f"the reshape {shape} -> {flat} changes the softmax axis"
-        if static_shape(matched["result"]) != shape:
-            return f"the result is reshaped to {static_shape(matched['result'])}, not back to {shape}"
+        # Symbolic leading dims (batch, sequence) are fine: only the products must provably agree.
+        if not same_dim(flat[-1], shape[-1]) or not same_size(flat, shape):
+            return f"the reshape {dims_text(shape)} -> {dims_text(flat)} changes the softmax axis"
+        result = shape_dims(matched["result"])
+        if not same_dims(result, shape):
+            return f"the result is reshaped to {dims_text(result)}, not back to {dims_text(shape)}"
         return None
 
     def rewrite(self, matched):

@@ -5,6 +5,9 @@ everything after it works on one value per channel (a few hundred multiply-adds)
 separate kernels it is six launches of almost no work. Fused, the gate costs one pass over the
 map (the pool) plus a tiny tail. The final ``map * gate`` is left to ``conv_epilogue``, which
 folds it into the next conv's input loads (its ``conv_scaled_*`` variants).
+
+The pooled map's rows and columns may be symbolic (the pool sums whatever size it gets); its
+batch and channels must be static, as the squeeze convs' weights fix them.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import itertools
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+from .base import FLOAT_DTYPES, FusionRule, dims_text, dtype_of, shape_dims, static_shape, symbolic_dim_reason
 from .conv_epilogue import ACTIVATIONS
 
 SQUEEZE_ACTIVATIONS = ("relu", "hardswish", "silu")
@@ -47,11 +50,14 @@ class SqueezeExcitation(FusionRule):
 
     def check(self, context):
         found = context.annotated_expr
-        data_shape = static_shape(found["data"])
+        data_shape = shape_dims(found["data"])
         if dtype_of(found["data"]) not in FLOAT_DTYPES:
             return f"dtype {dtype_of(found['data'])} is not a float type"
         if data_shape is None or len(data_shape) != 4:
-            return f"the pooled map has shape {data_shape}, not a static 4-D NCHW shape"
+            return f"the pooled map has shape {dims_text(data_shape)}, not a 4-D NCHW shape"
+        reason = symbolic_dim_reason("pooled map", data_shape, axes=(0, 1))
+        if reason:
+            return reason
         pool = found["pool"].attrs
         if sorted(int(a) % 4 for a in pool.axis) != [2, 3] or not pool.keepdims:
             return "the mean is not a global average pool over H and W with kept dims"

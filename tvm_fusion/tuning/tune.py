@@ -303,6 +303,9 @@ def tune_model(model_path: str | Path, config=None, input_shapes=None, *, trials
 
     started = time.monotonic()
     prepared = api.prepare(model_path, config, input_shapes, say)
+    # MetaSchedule in TVM 0.27 tunes static loop nests only (its DisallowDynamicLoop postproc);
+    # kernels of a model compiled for a range get the hand schedules.
+    api.at_one_size(prepared, "tune")
     cfg = prepared.config
     settings = cfg.tuning
     trials = settings.trials if trials is None else trials

@@ -14,26 +14,39 @@ The math is the legalized softmax's own (max-subtracted exp), only reordered by 
 transformations, so masked (-inf or dtype-min) and fully-masked rows behave exactly as unfused.
 A two-pass row tile is used instead of FlashAttention's online softmax: a schedule cannot change
 the arithmetic, and for key lengths up to a few thousand the row tile fits in L2 anyway.
+
+Symbolic query and key lengths (a model compiled once for a range of sequence lengths) run on
+whole tiles too. A predicate on the row lanes would make every vector step of the tile scalar, and
+``pad_einsum`` cannot help here: the zero-padding selects it puts between the seven blocks have a
+vector condition, which scalarizes just the same. So before scheduling, the function is rewritten
+(``_pad_queries``): every intermediate from Qᵀ to the context gets its query rows padded up to
+whole row tiles, the padding rows reading the last real row of Q (and of a row-wise mask), so they
+hold finite values nobody looks at; only the head merge, which writes the output, keeps the real
+row count. Keys are padded the same way in the Q·Kᵀ tile and its scale/mask epilogue only
+(``_pad_keys``): the max, exp, sum and probs·V blocks still run over the real keys, so a padded
+key is never part of any row's softmax and needs no -inf mask.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import s_tir, tirx
-from tvm.ir.expr import TensorLoad
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+from tvm.ir.expr import TensorLoad, TensorRegion
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import has_static_extents, is_spatial
-from .matmul_epilogue import _largest_divisor, _match_matmul
+from .inline import is_spatial
+from .matmul_epilogue import _largest_divisor, _match_matmul, _tile
 from .target_info import vector_lanes
 
 # Bytes of row tiles (scores, logits, exp, probs) one task may keep: half of a 1 MiB L2.
 _TILE_BUDGET_BYTES = 512 * 1024
 _TILE_KEYS = 8        # keys per register tile of the Q·Kᵀ micro-kernel (x 2 vectors of rows)
 _TILE_ROWS = 8        # rows per register tile of the probs·V micro-kernel
+_ASSUMED_KEYS = 512   # a symbolic key length, for sizing the row tile
 
 
 @dataclass
@@ -63,8 +76,17 @@ class Attention(ScheduleRule):
         if parts is None:
             return None
         dtype = sch.get(parts.context).writes[0].source.dtype
+        lanes = vector_lanes(target, str(dtype))
         try:
-            _schedule(sch, parts, vector_lanes(target, str(dtype)))
+            _inline_neighbours(sch, parts)
+            rows, keys = _lengths(sch, parts)
+            row_tile = _row_tile(rows, keys, lanes)
+            # Symbolic lengths: pad them to whole tiles first, so no vector step is predicated.
+            for symbolic, pad in ((keys, lambda: _pad_keys(sch, parts, _TILE_KEYS)),
+                                  (rows, lambda: _pad_queries(sch, parts, row_tile))):
+                if not isinstance(symbolic, int):
+                    sch, parts = _rewritten(sch, parts, pad())
+            _schedule(sch, parts, row_tile, lanes)
         except s_tir.ScheduleError:
             return None  # a variant the structural checks did not anticipate: leave it to other rules
         return sch
@@ -80,8 +102,8 @@ def _find_parts(sch: s_tir.Schedule) -> _Parts | None:
     scores, context = stmts[i_scores], stmts[i_context]
     if _match_matmul(scores) is None or _match_matmul(context) is None:
         return None
-    if not has_static_extents(scores, context):
-        return None
+    if not isinstance(context.iter_vars[-2].dom.extent, tirx.IntImm):
+        return None  # a symbolic head dim: the probs·V tile is vectors of it
     row_axes = len(scores.iter_vars) - 2  # batch.., query row
     if not (_is_row_reduction(stmts[i_max], tirx.Max, row_axes)
             and _is_row_reduction(stmts[i_sum], tirx.Add, row_axes)):
@@ -139,12 +161,135 @@ def _key_major(ndim: int) -> tirx.IndexMap:
     return tirx.IndexMap.from_func(lambda *idx: [*idx[:-2], idx[-1], idx[-2]], ndim=ndim)
 
 
-def _schedule(sch: s_tir.Schedule, parts: _Parts, lanes: int) -> None:
+def _inline_neighbours(sch: s_tir.Schedule, parts: _Parts) -> None:
+    """Inline the head merge's reshapes into its first block, and the head split, scale and mask
+    blocks into the blocks of the chain that read them."""
     for block in reversed(parts.merge[1:]):
         sch.reverse_compute_inline(block)
-    merge = parts.merge[0] if parts.merge else None
     for block in parts.others:
         sch.compute_inline(block)
+    parts.merge, parts.others = parts.merge[:1], []
+
+
+def _lengths(sch: s_tir.Schedule, parts: _Parts) -> tuple:
+    """Query rows and keys of the scores, each an int when static, else the symbolic expression."""
+    *_, rows, keys, _depth = (iv.dom.extent for iv in sch.get(parts.scores).iter_vars)
+    return tuple(int(e) if isinstance(e, tirx.IntImm) else e for e in (rows, keys))
+
+
+def _row_tile(rows, keys, lanes: int) -> int:
+    """Query rows per task: two vectors of rows, fewer when the tiles would outgrow L2; for a
+    static row count, the largest divisor of it up to that (no remainder tile)."""
+    budget = max(_TILE_BUDGET_BYTES // (4 * 4 * (keys if isinstance(keys, int) else _ASSUMED_KEYS)), 1)
+    limit = min(2 * lanes, budget)
+    return _largest_divisor(rows, limit) if isinstance(rows, int) else limit
+
+
+def _rewritten(sch: s_tir.Schedule, parts: _Parts, func: tirx.PrimFunc) -> tuple[s_tir.Schedule, _Parts]:
+    """A schedule of the rewritten ``func`` and the same parts in it (found by block name)."""
+    new = s_tir.Schedule(func)
+
+    def same(block):
+        return None if block is None else new.get_sblock(sch.get(block).name_hint)
+
+    return new, _Parts(**{field: [same(b) for b in value] if isinstance(value, list) else same(value)
+                          for field, value in vars(parts).items()})
+
+
+def _pad_queries(sch: s_tir.Schedule, parts: _Parts, tile: int) -> tirx.PrimFunc:
+    """Pad the query rows of every block from Qᵀ to the context (not the head merge) up to whole
+    row tiles; see the module docstring."""
+    chain = [parts.q_tile, parts.scores, parts.logits, parts.row_max, parts.exp, parts.row_sum,
+             parts.probs, parts.context]
+    rows, _ = _lengths(sch, parts)
+    reductions = (parts.row_max, parts.row_sum)  # out[.., row]; every other block: out[.., row, x]
+    return _pad_axis(sch, [(b, -1 if b in reductions else -2) for b in chain if b is not None], rows, tile)
+
+
+def _pad_keys(sch: s_tir.Schedule, parts: _Parts, tile: int) -> tirx.PrimFunc:
+    """Pad the keys of the Q·Kᵀ tile and its scale/mask epilogue up to whole key tiles; the
+    softmax and probs·V blocks still read only the real keys."""
+    _, keys = _lengths(sch, parts)
+    return _pad_axis(sch, [(b, -1) for b in (parts.scores, parts.logits) if b is not None], keys, tile)
+
+
+def _pad_axis(sch: s_tir.Schedule, targets: list, extent: tirx.Expr, tile: int) -> tirx.PrimFunc:
+    """The function with one axis of some blocks padded from ``extent`` to whole ``tile``s.
+
+    ``targets`` holds (block, axis of the buffer it writes). Each block's iterator on that axis and
+    its root loop get the padded extent, and so do the buffers they write; the blocks' reads of
+    any other buffer (the inputs: Q, K, a mask) on that iterator are clamped to ``extent - 1``, so
+    the padding repeats the last real row or key. Schedule primitives keep a block's domain and
+    would predicate the padding away, hence the rewrite (``tvm_ffi.structural_map``).
+    """
+    padded = tirx.floordiv(extent + (tile - 1), tile) * tile
+    last = extent - 1
+    names, iters, old_buffers, new_buffers = [], [], [], []
+    for block, axis in targets:
+        stmt = sch.get(block)
+        buffer, index = stmt.body.buffer, stmt.body.indices[axis]
+        shape = list(buffer.shape)
+        shape[axis] = padded
+        names.append(stmt.name_hint)
+        iters.append(index)
+        old_buffers.append(buffer)
+        new_buffers.append(tirx.decl_buffer(shape, buffer.dtype, buffer.name, scope=buffer.scope()))
+    func = sch.mod["main"]
+    loops = []  # the root loops bound to the padded iterators
+
+    def find_loops(realize: s_tir.SBlockRealize) -> None:
+        if realize.block.name_hint in names:
+            it = iters[names.index(realize.block.name_hint)]
+            loops.extend(value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+                         if iv.var.same_as(it))
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, find_loops))
+
+    def is_padded(buffer) -> bool:
+        return _among(buffer, old_buffers) or _among(buffer, new_buffers)
+
+    def clamp_load(load: TensorLoad) -> TensorLoad:
+        if is_padded(load.source):
+            return load
+        return tirx.BufferLoad(load.source, [tirx.min(i, last) if _among(i, iters) else i
+                                             for i in load.indices])
+
+    def clamp_region(region: TensorRegion) -> TensorRegion:
+        if is_padded(region.source):
+            return region
+        return tirx.BufferRegion(region.source, [
+            ir.Range.from_min_extent(tirx.min(r.min, last), r.extent) if _among(r.min, iters) else r
+            for r in region.region])
+
+    def block(stmt: s_tir.SBlock) -> s_tir.SBlock:
+        if stmt.name_hint not in names:
+            return stmt
+        return tvm_ffi.structural_map(stmt, [(TensorLoad, clamp_load), (TensorRegion, clamp_region)])
+
+    def buffer(buf: tirx.Buffer) -> tirx.Buffer:
+        return next((new for old, new in zip(old_buffers, new_buffers) if buf.same_as(old)), buf)
+
+    def iter_var(iv: tirx.IterVar) -> tirx.IterVar:
+        if not _among(iv.var, iters):
+            return iv
+        return tirx.IterVar(ir.Range.from_min_extent(0, padded), iv.var, iv.iter_type)
+
+    def loop(stmt: tirx.For) -> tirx.For:
+        if not _among(stmt.loop_var, loops):
+            return stmt
+        return tirx.For(stmt.loop_var, stmt.min, padded, stmt.kind, stmt.body, stmt.thread_binding,
+                        stmt.annotations)
+
+    return tvm_ffi.structural_map(func, [(s_tir.SBlock, block), (tirx.Buffer, buffer),
+                                         (tirx.IterVar, iter_var), (tirx.For, loop)])
+
+
+def _among(obj, objs) -> bool:
+    return any(obj.same_as(other) for other in objs)
+
+
+def _schedule(sch: s_tir.Schedule, parts: _Parts, row_tile: int, lanes: int) -> None:
+    merge = parts.merge[0] if parts.merge else None
     q_tile = parts.q_tile
     if q_tile is None:
         q_tile = sch.cache_read(parts.scores, _matmul_read_index(sch, parts.scores), "global")
@@ -152,9 +297,9 @@ def _schedule(sch: s_tir.Schedule, parts: _Parts, lanes: int) -> None:
         if block is not None:
             ndim = len(sch.get(block).writes[0].source.shape)
             sch.transform_layout(block, ("write", 0), _key_major(ndim))
+    _read_padded_keys(sch, parts)
 
-    keys = int(sch.get(parts.scores).iter_vars[-2].dom.extent)
-    row = _row_loop(sch, parts.context, keys, lanes)
+    row = _row_loop(sch, parts.context, row_tile)
     for block in (parts.probs, parts.row_sum, parts.exp, parts.row_max, parts.logits, parts.scores,
                   q_tile):
         if block is not None:
@@ -168,18 +313,34 @@ def _schedule(sch: s_tir.Schedule, parts: _Parts, lanes: int) -> None:
     _context_kernel(sch, parts.context, merge, lanes)
 
 
+def _read_padded_keys(sch: s_tir.Schedule, parts: _Parts) -> None:
+    """When the keys of the logits were padded (``_pad_keys``), declare that the row max and the
+    exp read all of them. They still loop over the real keys only; the wider region is what
+    makes compute_at give the Q·Kᵀ tile and its epilogue the padded key count: whole 8-key
+    register tiles, no predicate."""
+    logits = sch.get(parts.logits or parts.scores).writes[0].source
+    padded_keys = logits.shape[-2]  # key-major: [.., key, row]
+    for block in (parts.row_max, parts.exp):
+        stmt = sch.get(block)
+        if tvm_ffi.structural_equal(stmt.iter_vars[-1].dom.extent, padded_keys):
+            continue  # static keys: nothing was padded
+        index, region = next((i, r) for i, r in enumerate(stmt.reads) if r.source.same_as(logits))
+        ranges = [(r.min, r.min + r.extent) for r in region.region]
+        ranges[-2] = (0, padded_keys)
+        sch.annotate_buffer_access(block, index, "read", lambda *_: ranges)
+
+
 def _matmul_read_index(sch: s_tir.Schedule, block) -> int:
     stmt = sch.get(block)
     q_buffer, _ = _matmul_operands(stmt)
     return next(i for i, region in enumerate(stmt.reads) if region.source.same_as(q_buffer))
 
 
-def _row_loop(sch: s_tir.Schedule, context, keys: int, lanes: int):
-    """Split the context's query rows into tiles of R and return the fused parallel loop over
-    (batch.., head, row tile); R is two vectors of rows, fewer when the tiles would outgrow L2."""
+def _row_loop(sch: s_tir.Schedule, context, row_tile: int):
+    """Split the context's query rows into tiles and return the fused parallel loop over
+    (batch.., head, row tile)."""
     *batch, rows, _dim, _keys = sch.get_loops(context)
-    budget = max(_TILE_BUDGET_BYTES // (4 * 4 * keys), 1)
-    outer, _ = sch.split(rows, [None, _largest_divisor(_extent(sch, rows), min(2 * lanes, budget))])
+    outer, _ = sch.split(rows, [None, row_tile])
     row = sch.fuse(*batch, outer)
     sch.parallel(row)
     return row
@@ -189,7 +350,7 @@ def _scores_kernel(sch: s_tir.Schedule, block, logits) -> None:
     """scoresᵀ[key, rows] += K[key, d] * Qᵀ[d, rows] on a register tile of keys x row vectors;
     the scale and masks (``logits``) are applied to the tile before it is stored."""
     rows, keys, depth = sch.get_loops(block)[-3:]
-    key_outer, key_inner = sch.split(keys, [None, _largest_divisor(_extent(sch, keys), _TILE_KEYS)])
+    key_outer, key_inner = sch.split(keys, [None, _tile(sch.get(keys).extent, _TILE_KEYS)])
     sch.reorder(key_outer, depth, key_inner, rows)
     sch.unroll(key_inner)
     sch.vectorize(rows)
@@ -222,10 +383,10 @@ def _context_kernel(sch: s_tir.Schedule, block, merge, lanes: int) -> None:
     """context[rows, d] += probs[rows, key] * V[key, d] on a register tile of rows x head-dim
     vectors, stored by the head merge (``merge``) straight into the [batch, seq, heads*dim] output."""
     rows, dim, keys = sch.get_loops(block)[-3:]
-    row_outer, row_inner = sch.split(rows, [None, _largest_divisor(_extent(sch, rows), _TILE_ROWS)])
+    row_outer, row_inner = sch.split(rows, [None, _tile(sch.get(rows).extent, _TILE_ROWS)])
     dim_extent = _extent(sch, dim)
     dim_tile = next((v * lanes for v in (2, 1) if dim_extent % (v * lanes) == 0),
-                    _largest_divisor(dim_extent, 2 * lanes))
+                    _tile(sch.get(dim).extent, 2 * lanes))
     dim_outer, dim_inner = sch.split(dim, [None, dim_tile])
     sch.reorder(row_outer, dim_outer, keys, row_inner, dim_inner)
     sch.unroll(row_inner)

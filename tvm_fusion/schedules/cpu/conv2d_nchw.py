@@ -18,7 +18,8 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
-from .inline import has_static_extents, inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes
 
 # 16 accumulator vectors + input vector + broadcasts fit AVX-512's 32 registers (and AVX2's 16
@@ -40,7 +41,8 @@ class ConvBlocks:
 def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
     """Blocks of ``[pad] -> conv2d_nchw (SSSSRRR) -> elementwise..``, or None.
 
-    Cheap spatial prologue blocks (an SE scale) are inlined into the pad/conv first.
+    Cheap spatial prologue blocks (an SE scale) are inlined into the pad/conv first. Output
+    rows and columns may be symbolic; batch, channels and the kernel window must be static.
     """
     inline_cheap_blocks(sch)
     found = only_reduction(sch)
@@ -49,7 +51,7 @@ def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
     blocks, index = found
     conv = blocks[index]
     stmt = sch.get(conv)
-    if iter_kinds(stmt) != "SSSSRRR" or not has_static_extents(stmt):
+    if iter_kinds(stmt) != "SSSSRRR" or not static_except(stmt, (2, 3)):
         return None
     store = stmt.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
@@ -66,8 +68,7 @@ def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
     # The data side may carry an inlined prologue (an SE scale): the feature map is its
     # largest 4-D input.
     data_side = product.a if weight_is_b else product.b
-    maps = [ld for ld in _loads(data_side) if len(ld.indices) == 4
-            and all(isinstance(d, tirx.IntImm) for d in ld.source.shape)]
+    maps = [ld for ld in _loads(data_side) if len(ld.indices) == 4 and is_static(ld.source.shape[1])]
     if not maps:
         return None
     feature_map = max(maps, key=lambda load: _size(load.source))
@@ -93,9 +94,11 @@ def _loads(expr) -> list:
 
 
 def _size(buffer) -> int:
+    """Elements of ``buffer``, a symbolic dim counting as larger than any static one (the
+    feature map of a model compiled for a range of sizes, next to a static gate)."""
     size = 1
     for dim in buffer.shape:
-        size *= int(dim)
+        size *= int(dim) if is_static(dim) else 1 << 40
     return size
 
 
@@ -150,12 +153,22 @@ class Conv2dNCHW(ScheduleRule):
             return None
         dtype = sch.get(blocks.conv).writes[0].source.dtype
         lanes = vector_lanes(target, dtype)
-        schedule_pad(sch, blocks.pad)
-        n, f, y, x, rc, ry, rx = sch.get_loops(blocks.conv)
         # A strided conv gathers its input vectors: one vector of columns and twice the
         # channels gets each gathered vector twice the FMAs (measured 1.2-1.4x on 3x3/2 convs
         # with 160-320 output columns).
-        ow_tile = row_tile(extent(sch, x), lanes, max_vectors=2 if blocks.column_stride == 1 else 1)
+        max_vectors = 2 if blocks.column_stride == 1 else 1
+        width = sch.get(sch.get_loops(blocks.conv)[3]).extent
+        if is_static(width):
+            self._schedule(sch, blocks, row_tile(int(width), lanes, max_vectors), lanes)
+            return sch
+        return schedule_by_width(func, width, width_tiles(max_vectors * lanes, lanes),
+                                 lambda copy, tile: self._schedule(copy, match_conv(copy), tile, lanes))
+
+    @staticmethod
+    def _schedule(sch: s_tir.Schedule, blocks: ConvBlocks, ow_tile: int, lanes: int):
+        """Tiles of ``oc_tile`` channels x ``ow_tile`` columns; returns the column-tile loop."""
+        schedule_pad(sch, blocks.pad)
+        n, f, y, x, rc, ry, rx = sch.get_loops(blocks.conv)
         vectors = -(-ow_tile // lanes)
         oc_tile = largest_divisor(extent(sch, f), _MAX_ACCUMULATORS // vectors)
         f_outer, f_inner = sch.split(f, [None, oc_tile])
@@ -167,4 +180,4 @@ class Conv2dNCHW(ScheduleRule):
         sch.vectorize(x_inner)
         init = sch.decompose_reduction(blocks.conv, rc)
         sch.vectorize(sch.get_loops(init)[-1])
-        return sch
+        return x_outer

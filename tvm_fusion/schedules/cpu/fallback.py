@@ -30,7 +30,7 @@ class Fallback(ScheduleRule):
 
 
 def _leading_spatial_loops(sch: s_tir.Schedule, block) -> list:
-    """The outermost perfectly nested static loops that feed only data-parallel block axes."""
+    """The outermost perfectly nested loops (static or symbolic) that feed only data-parallel block axes."""
     stmt = sch.get(block)
     realize = get_sblockrealize(sch, block)
     reduction_vars = set()
@@ -40,7 +40,7 @@ def _leading_spatial_loops(sch: s_tir.Schedule, block) -> list:
     leading = []
     for loop in sch.get_loops(block):
         loop_stmt = sch.get(loop)
-        if loop_stmt.loop_var in reduction_vars or not isinstance(loop_stmt.extent, tirx.IntImm):
+        if loop_stmt.loop_var in reduction_vars:
             break
         leading.append(loop)
         if not isinstance(loop_stmt.body, tirx.For):

@@ -26,11 +26,37 @@ class Injective(ScheduleRule):
             loops = sch.get_loops(block)
             if not loops:
                 continue
-            if any(not isinstance(sch.get(loop).extent, tirx.IntImm) for loop in loops):
-                continue  # symbolic extents: left as written, still correct
             dtype = sch.get(block).writes[0].source.dtype
-            _parallel_vectorize(sch, sch.fuse(*loops), vector_lanes(target, dtype))
+            lanes = vector_lanes(target, dtype)
+            if all(isinstance(sch.get(loop).extent, tirx.IntImm) for loop in loops):
+                _parallel_vectorize(sch, sch.fuse(*loops), lanes)
+            else:
+                _symbolic_parallel_vectorize(sch, loops, lanes)
         return sch
+
+
+def _symbolic_parallel_vectorize(sch: s_tir.Schedule, loops: list, lanes: int) -> None:
+    """Loops with symbolic extents (a sequence length): vectors over the static innermost
+    loops when they hold whole vectors, every other loop fused and run across cores.
+
+    A vector over a symbolic extent would need a predicate on each lane, which makes the
+    vectorizer fall back to scalar code; the static inner loops (the hidden size) need none.
+    """
+    static = 0
+    while static < len(loops) and isinstance(sch.get(loops[len(loops) - 1 - static]).extent, tirx.IntImm):
+        static += 1
+    inner_extent = 1
+    for loop in loops[len(loops) - static:]:
+        inner_extent *= int(sch.get(loop).extent)
+    outer = list(loops[: len(loops) - static])
+    if static and inner_extent % lanes == 0:
+        inner = sch.fuse(*loops[len(loops) - static:])
+        vector_outer, vector = sch.split(inner, [None, lanes])
+        sch.vectorize(vector)
+        outer.append(vector_outer)
+    else:
+        outer = list(loops)
+    sch.parallel(sch.fuse(*outer))
 
 
 

@@ -50,6 +50,19 @@ def has_static_extents(*blocks: s_tir.SBlock) -> bool:
     return all(isinstance(iv.dom.extent, tirx.IntImm) for block in blocks for iv in block.iter_vars)
 
 
+def extent_of(extent: tirx.Expr) -> int | tirx.Expr:
+    """An extent as an int when it is constant, else the symbolic expression (``n``, ``n * 4``)."""
+    return int(extent) if isinstance(extent, tirx.IntImm) else extent
+
+
+def same_extents(a: list, b: list) -> bool:
+    """True if two lists of extents (ints or symbolic expressions) are equal element-wise."""
+    return len(a) == len(b) and all(
+        x == y if isinstance(x, int) and isinstance(y, int) else tvm_ffi.structural_equal(x, y)
+        for x, y in zip(a, b)
+    )
+
+
 def iter_kinds(block: s_tir.SBlock) -> str:
     """The block's axes as a string, "S" per spatial and "R" per reduction axis."""
     return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)

@@ -7,7 +7,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import has_static_extents, only_reduction
+from .inline import only_reduction
 from .target_info import vector_lanes
 
 # Rows of the register tile: 8 rows x 2 vectors of columns keeps 16 accumulators in
@@ -47,6 +47,8 @@ class MatmulEpilogue(ScheduleRule):
         axes = _match_matmul(sch.get(matmul))
         if axes is None:
             return None
+        if not isinstance(sch.get(matmul).iter_vars[axes.n].dom.extent, tirx.IntImm):
+            return None  # symbolic columns: a predicated vector loop would run scalar
         epilogue = list(blocks[1:])
         dtype = sch.get(matmul).writes[0].source.dtype
         return _schedule(sch, matmul, epilogue, axes, vector_lanes(target, dtype))
@@ -60,8 +62,6 @@ def _match_matmul(block: s_tir.SBlock) -> _MatmulAxes | None:
         return None
     if any(kind != tirx.IterVar.DataPar for kind in kinds[:-1]):
         return None
-    if not has_static_extents(block):
-        return None  # symbolic extents: tile factors could not be chosen
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
         return None
@@ -112,6 +112,12 @@ def _largest_divisor(extent: int, limit: int) -> int:
     return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
 
 
+def _tile(extent, limit: int) -> int:
+    """A static extent's largest divisor up to ``limit`` (no remainder); ``limit`` itself for a
+    symbolic extent, whose last tile is then predicated."""
+    return _largest_divisor(int(extent), limit) if isinstance(extent, tirx.IntImm) else limit
+
+
 def _tile_columns(extent: int, lanes: int) -> int:
     """Columns per tile: whole vectors when they divide the extent, else the largest divisor."""
     for vectors in (_TILE_VECTORS, 1):
@@ -120,17 +126,26 @@ def _tile_columns(extent: int, lanes: int) -> int:
     return _largest_divisor(extent, _TILE_VECTORS * lanes)
 
 
-def _extent(sch: s_tir.Schedule, loop) -> int:
-    return int(sch.get(loop).extent)
+def _extent(sch: s_tir.Schedule, loop):
+    """The loop's extent: an int when static, else the symbolic expression."""
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else extent
 
 
 def _schedule(sch, matmul, epilogue, axes: _MatmulAxes, lanes: int) -> s_tir.Schedule:
+    rows_extent = sch.get(matmul).iter_vars[axes.m].dom.extent
+    padded_lhs = None
+    if not isinstance(rows_extent, tirx.IntImm):
+        padded_lhs, unpad = _pad_rows(sch, matmul, axes)
+        epilogue = [unpad, *epilogue]
     loops = sch.get_loops(matmul)
     batch = loops[: axes.num_batch]
     m_loop, n_loop, k_loop = loops[axes.m], loops[axes.n], loops[axes.k]
-    tile_rows = _largest_divisor(_extent(sch, m_loop), _MAX_TILE_ROWS)
+    tile_rows = _tile(sch.get(m_loop).extent, _MAX_TILE_ROWS)
     tile_cols = _tile_columns(_extent(sch, n_loop), lanes)
-    k_unroll = _largest_divisor(_extent(sch, k_loop), _K_UNROLL)
+    k_extent = _extent(sch, k_loop)
+    # A symbolic K is left unsplit: a predicated unrolled step would test every product.
+    k_unroll = _largest_divisor(k_extent, _K_UNROLL) if isinstance(k_extent, int) else 1
 
     m_outer, m_inner = sch.split(m_loop, [None, tile_rows])
     n_outer, n_inner = sch.split(n_loop, [None, tile_cols])
@@ -146,10 +161,14 @@ def _schedule(sch, matmul, epilogue, axes: _MatmulAxes, lanes: int) -> s_tir.Sch
         sch.compute_inline(block)
     output = chain[-1]
     sch.reverse_compute_at(output, m_outer, preserve_unit_loops=True)
+    if padded_lhs is not None:
+        sch.compute_at(padded_lhs, m_outer, preserve_unit_loops=True)
+        _vectorize_tile_store(sch, padded_lhs, lanes)
 
     tile = sch.fuse(*batch, n_outer, m_outer)
     sch.parallel(tile)
-    sch.unroll(k_inner)
+    if k_unroll > 1:
+        sch.unroll(k_inner)
     sch.unroll(m_inner)
     sch.vectorize(n_inner)
     init = sch.decompose_reduction(matmul, k_outer)
@@ -158,8 +177,24 @@ def _schedule(sch, matmul, epilogue, axes: _MatmulAxes, lanes: int) -> s_tir.Sch
     return sch
 
 
+def _pad_rows(sch, matmul, axes: _MatmulAxes):
+    """Pad a symbolic row count up to whole register tiles (``pad_einsum``): the matmul then
+    runs on full, unpredicated 8-row tiles of a zero-padded copy of A's rows, and only the
+    tile's store (the unpad and epilogue) tests which rows exist. Returns the padding block
+    (A's rows, copied per tile) and the unpad block (padded accumulator -> matmul result).
+    """
+    factors = [1] * (axes.num_batch + 3)
+    factors[axes.m] = _MAX_TILE_ROWS
+    sch.pad_einsum(matmul, factors)
+    (padded_lhs,) = sch.get_producers(matmul)
+    (unpad,) = sch.get_consumers(matmul)
+    sch.set_scope(padded_lhs, 0, "local")  # a private tile per task once computed at the tile
+    return padded_lhs, unpad
+
+
 def _vectorize_tile_store(sch, output, lanes: int) -> None:
-    """Vectorize the epilogue's innermost loop (the tile's columns)."""
+    """Vectorize the innermost loop of a per-tile copy: the epilogue's columns, A's padded row."""
     innermost = sch.get_loops(output)[-1]
-    if _extent(sch, innermost) > 1:
+    extent = _extent(sch, innermost)
+    if isinstance(extent, int) and extent > 1:  # a symbolic K (the padded A copy) stays scalar
         sch.vectorize(innermost)

@@ -5,7 +5,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import is_spatial
+from .inline import has_static_extents, is_spatial
 from .matmul_epilogue import _K_UNROLL, _MAX_TILE_ROWS, _largest_divisor, _match_matmul, _tile_columns
 from .target_info import vector_lanes
 
@@ -34,6 +34,8 @@ class MatmulMultiOutput(ScheduleRule):
         output_names = {sch.get(block).name_hint for block in outputs}  # inlining rewrites the blocks
         if axes is None or len(outputs) < 2 or sch.get(matmul).name_hint in output_names:
             return None
+        if not has_static_extents(sch.get(matmul)):
+            return None  # symbolic rows: its only source (training dropout) is built for static shapes
         out_extents = [int(iv.dom.extent) for iv in sch.get(matmul).iter_vars[:-1]]
         if any(_extents(sch, block) != out_extents for block in outputs):
             return None  # an output of another shape: tiles would not line up

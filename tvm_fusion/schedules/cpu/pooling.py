@@ -4,6 +4,11 @@ Legalized pooling reduces a kh x kw window per output element, with the window l
 innermost, so nothing vectorizes. Moving the window loops outside a tile of output columns
 turns each tap into one vector max/add over the tile. A global pool (GlobalAveragePool,
 ``mean`` over H and W) reduces one contiguous map per channel: channels across cores.
+
+With a symbolic image size the output rows and columns (and a global pool's reduced map) are
+symbolic: window pools get full column tiles with the last one shifted back
+(``symbolic_width.py``); a global pool over a symbolic map sums it in one scalar chain per
+channel (vector partial sums need the map size to divide by the vector).
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, row_tile, schedule_pad, store_tile_epilogue
-from .inline import has_static_extents, iter_kinds, one_reduction_kernel
+from .inline import inline_cheap_blocks, iter_kinds, one_reduction_kernel, only_reduction
+from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes
 from .vector_sum import vectorize_reduction
 
@@ -36,31 +42,62 @@ class Pooling(ScheduleRule):
         spatial = len(kinds) - len(kinds.lstrip("S"))
         if spatial < 3 or kinds != "S" * spatial + "R" * (len(kinds) - spatial) or spatial == len(kinds):
             return None  # not (batch, channel, positions..., window...)
-        if not has_static_extents(stmt):
-            return None
+        if not static_except(stmt, tuple(range(2, len(kinds)))):
+            return None  # batch and channels must be static
         if len({read.source for read in stmt.reads} - {stmt.writes[0].source}) != 1:
             return None  # a window reduction reads one input; two would be a conv or a product
         loops = sch.get_loops(pool)
-        outer, x, window = loops[:spatial - 1], loops[spatial - 1], loops[spatial:]
-        epilogue = list(blocks[index + 1:])
         lanes = vector_lanes(target, stmt.writes[0].source.dtype)
-        if all(extent(sch, loop) == 1 for loop in loops[2:spatial]):
-            return _global_pool(sch, pool, epilogue, sch.fuse(*loops[:2]), lanes)
-        schedule_pad(sch, list(blocks[:index]))
-        x_outer, x_inner = sch.split(x, [None, row_tile(extent(sch, x), lanes, max_vectors=4)])
-        sch.reorder(*outer, x_outer, *window, x_inner)
-        store_tile_epilogue(sch, pool, epilogue, x_outer)
-        sch.parallel(sch.fuse(*outer))
-        taps = 1
+        if all(extent_is_one(sch, loop) for loop in loops[2:spatial]):
+            if not static_except(stmt, ()):
+                # A symbolic map: one scalar sum per channel, channels across cores.
+                channels = sch.fuse(*loops[:2])
+                for block in blocks[index + 1:]:
+                    sch.reverse_compute_at(block, channels, preserve_unit_loops=True)
+                sch.parallel(channels)
+                return sch
+            return _global_pool(sch, pool, list(blocks[index + 1:]), sch.fuse(*loops[:2]), lanes)
+        if not static_except(stmt, (spatial - 2, spatial - 1)):
+            return None  # the window must be static; output rows and columns may not
+        width = sch.get(loops[spatial - 1]).extent
+        if is_static(width):
+            _window_pool(sch, list(blocks[:index]), pool, list(blocks[index + 1:]), spatial,
+                         row_tile(int(width), lanes, max_vectors=4))
+            return sch
+
+        def schedule_copy(copy, tile):
+            inline_cheap_blocks(copy)
+            copy_blocks, copy_index = only_reduction(copy)
+            return _window_pool(copy, list(copy_blocks[:copy_index]), copy_blocks[copy_index],
+                                list(copy_blocks[copy_index + 1:]), spatial, tile)
+
+        return schedule_by_width(func, width, width_tiles(4 * lanes, lanes), schedule_copy)
+
+
+def extent_is_one(sch: s_tir.Schedule, loop) -> bool:
+    loop_extent = sch.get(loop).extent
+    return is_static(loop_extent) and int(loop_extent) == 1
+
+
+def _window_pool(sch: s_tir.Schedule, pad: list, pool, epilogue: list, spatial: int, tile: int):
+    """Window loops outside a tile of ``tile`` output columns; returns the column-tile loop."""
+    loops = sch.get_loops(pool)
+    outer, x, window = loops[:spatial - 1], loops[spatial - 1], loops[spatial:]
+    schedule_pad(sch, pad)
+    x_outer, x_inner = sch.split(x, [None, tile])
+    sch.reorder(*outer, x_outer, *window, x_inner)
+    store_tile_epilogue(sch, pool, epilogue, x_outer)
+    sch.parallel(sch.fuse(*outer))
+    taps = 1
+    for loop in window:
+        taps *= extent(sch, loop)
+    if taps <= _MAX_UNROLLED_TAPS:
         for loop in window:
-            taps *= extent(sch, loop)
-        if taps <= _MAX_UNROLLED_TAPS:
-            for loop in window:
-                sch.unroll(loop)
-        sch.vectorize(x_inner)
-        init = sch.decompose_reduction(pool, window[0])
-        sch.vectorize(sch.get_loops(init)[-1])
-        return sch
+            sch.unroll(loop)
+    sch.vectorize(x_inner)
+    init = sch.decompose_reduction(pool, window[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    return x_outer
 
 
 def _global_pool(sch: s_tir.Schedule, pool, epilogue: list, channels, lanes: int) -> s_tir.Schedule:

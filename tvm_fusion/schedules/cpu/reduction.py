@@ -5,7 +5,7 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import inline_cheap_blocks
+from .inline import inline_cheap_blocks, same_extents
 from .target_info import vector_lanes
 
 
@@ -28,9 +28,7 @@ class Reduction(ScheduleRule):
         if any(not _is_row_shaped(block) for block in blocks):
             return None
         row_axes = min(_leading_spatial(block) for block in blocks)
-        if row_axes == 0 or any(not isinstance(d, int) for d in _row_extents(blocks, row_axes)):
-            return None
-        if len({tuple(_row_extents([block], row_axes)) for block in blocks}) != 1:
+        if row_axes == 0 or not _same_rows(blocks, row_axes):
             return None  # blocks disagree on the rows: computing them per row would be wrong
         dtype = sch.get(blocks[-1].block_rv).writes[0].source.dtype
         lanes = vector_lanes(target, dtype)
@@ -54,6 +52,12 @@ def _is_row_shaped(block: SBlockInfo) -> bool:
     """Spatial axes first, then only reduction axes: S..S R..R."""
     kinds = block.dom_kind()
     return bool(kinds) and kinds.rstrip("R") == kinds[: _leading_spatial(block)]
+
+
+def _same_rows(blocks: list[SBlockInfo], row_axes: int) -> bool:
+    """True if every block has the same leading row extents (ints, or symbolic row counts)."""
+    first = _row_extents(blocks[:1], row_axes)
+    return all(same_extents(_row_extents([block], row_axes), first) for block in blocks[1:])
 
 
 def _row_extents(blocks: list[SBlockInfo], row_axes: int) -> list:

@@ -6,7 +6,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .inline import _has_call, is_spatial
-from .reduction import _is_row_shaped, _leading_spatial, _row_extents, _vectorize_innermost
+from .reduction import _is_row_shaped, _leading_spatial, _same_rows, _vectorize_innermost
 from .target_info import vector_lanes
 
 # The output blocks of TOPI's layer_norm and rms_norm, as LegalizeOps names them.
@@ -42,8 +42,7 @@ class SkipNorm(ScheduleRule):
         if blocks is None or len(blocks) < 3 or any(not _is_row_shaped(b) for b in blocks):
             return None
         row_axes = min(_leading_spatial(block) for block in blocks)
-        extents = {tuple(_row_extents([block], row_axes)) for block in blocks}
-        if row_axes == 0 or len(extents) != 1 or not all(isinstance(d, int) for d in next(iter(extents))):
+        if row_axes == 0 or not _same_rows(blocks, row_axes):
             return None
         lanes = vector_lanes(target, sch.get(blocks[-1].block_rv).writes[0].source.dtype)
         try:

@@ -16,7 +16,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import inline_cheap_blocks, is_spatial
+from .inline import extent_of, inline_cheap_blocks, is_spatial, same_extents
 from .target_info import vector_lanes
 
 # A partial-reduction vector narrower than this does not pay for its final reduction.
@@ -43,13 +43,16 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     inline_cheap_blocks(sch)
     blocks = list(sch.get_child_blocks(get_root_block(sch)))
     reductions = [block for block in blocks if not is_spatial(sch.get(block))]
-    row_domain = [int(iv.dom.extent) for iv in sch.get(reductions[0]).iter_vars]
+    row_domain = [extent_of(iv.dom.extent) for iv in sch.get(reductions[0]).iter_vars]
     lanes = vector_lanes(target, str(sch.get(reductions[0]).writes[0].source.dtype))
     output = blocks[-1]
     *rows, columns = sch.get_loops(output)
-    if [_extent(sch, loop) for loop in (*rows, columns)] != row_domain:
+    if not same_extents([_extent(sch, loop) for loop in (*rows, columns)], row_domain):
         return False
-    partial_lanes = _power_of_two_divisor(row_domain[-1], lanes)
+    # Symbolic rows are only a parallel loop of unknown length; a symbolic row length keeps
+    # scalar reductions (a partial-sum vector would need a predicate on every lane).
+    static_columns = isinstance(row_domain[-1], int)
+    partial_lanes = _power_of_two_divisor(row_domain[-1], lanes) if static_columns else 1
     partials = []
     if partial_lanes >= _MIN_REDUCTION_LANES:
         for block in reductions:
@@ -82,11 +85,8 @@ def _is_softmax(sch: s_tir.Schedule) -> bool:
         kinds = [iv.iter_type for iv in stmt.iter_vars]
         if kinds[-1] != tirx.IterVar.CommReduce or tirx.IterVar.CommReduce in kinds[:-1]:
             return False
-        extents = [iv.dom.extent for iv in stmt.iter_vars]
-        if not all(isinstance(extent, tirx.IntImm) for extent in extents):
-            return False
-        domains.append([int(extent) for extent in extents])
-    return domains[0] == domains[1]
+        domains.append([extent_of(iv.dom.extent) for iv in stmt.iter_vars])
+    return same_extents(*domains)
 
 
 def _vectorize_partial(sch: s_tir.Schedule, block) -> None:
@@ -104,8 +104,8 @@ def _vectorize_partial(sch: s_tir.Schedule, block) -> None:
 def _vectorize_row(sch: s_tir.Schedule, block, lanes: int) -> None:
     innermost = sch.get_loops(block)[-1]
     extent = _extent(sch, innermost)
-    if extent < 2:
-        return
+    if not isinstance(extent, int) or extent < 2:
+        return  # a symbolic row length: a predicated vector would run scalar
     if extent > lanes and extent % lanes == 0:
         innermost = sch.split(innermost, [None, lanes])[1]
     sch.vectorize(innermost)
@@ -119,5 +119,5 @@ def _power_of_two_divisor(extent: int, limit: int) -> int:
     return width
 
 
-def _extent(sch: s_tir.Schedule, loop) -> int:
-    return int(sch.get(loop).extent)
+def _extent(sch: s_tir.Schedule, loop) -> int | tirx.Expr:
+    return extent_of(sch.get(loop).extent)

@@ -5,6 +5,8 @@ Almost all of the work is the pool (a pass over the whole map); the convs and ac
 after it touch one value per channel. The pool sums each channel's contiguous map in vector
 partial sums, channels across cores; each conv is a dot product per output channel over the
 input channels, whose weight row is contiguous, so it gets vector partial sums as well.
+Over a symbolic map (a model compiled for a range of sizes) the pool is one scalar sum per
+channel: vector partial sums need the map size to divide by the vector.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tvm.target import Target
 
 from .conv2d_nchw import extent
 from .inline import has_static_extents, inline_cheap_blocks, is_spatial, iter_kinds
+from .symbolic_width import static_except
 from .target_info import vector_lanes
 from .vector_sum import vectorize_reduction
 
@@ -37,7 +40,7 @@ class SqueezeExcitation(ScheduleRule):
         if len(reductions) < 2 or not blocks[0].same_as(reductions[0]):
             return None
         pool = sch.get(reductions[0])
-        if iter_kinds(pool) != "SSSSRR" or not has_static_extents(pool):
+        if iter_kinds(pool) != "SSSSRR" or not static_except(pool, (4, 5)):
             return None
         if [int(iv.dom.extent) for iv in pool.iter_vars[2:4]] != [1, 1]:
             return None  # not a global pool: the output keeps a spatial map
@@ -53,7 +56,8 @@ class SqueezeExcitation(ScheduleRule):
     @staticmethod
     def _schedule_pool(sch: s_tir.Schedule, pool, lanes: int) -> None:
         channels = sch.fuse(*sch.get_loops(pool)[:4])
-        vectorize_reduction(sch, pool, lanes)
+        if has_static_extents(sch.get(pool)):
+            vectorize_reduction(sch, pool, lanes)
         sch.parallel(channels)
 
     @staticmethod
