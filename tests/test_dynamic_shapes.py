@@ -69,6 +69,19 @@ def test_the_artifact_runs_at_sizes_inside_the_range(bert_dynamic, sequence):
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
 
+def test_a_plain_tvm_runtime_runs_the_library_at_any_size_in_the_range(bert_dynamic):
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(bert_dynamic.artifact / "model.so")), tvm.cpu())
+    for sequence in (3, 64):
+        ids = np.arange(sequence, dtype=np.int64).reshape(1, sequence)
+        mask = np.ones((1, sequence), np.int64)
+        got = vm["main"](tvm.runtime.tensor(ids), tvm.runtime.tensor(mask)).numpy()
+        want = onnxruntime_outputs(BERT, {"input_ids": ids, "attention_mask": mask})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
 def test_a_size_outside_the_range_names_input_dim_and_range(bert_dynamic):
     model = load(bert_dynamic.artifact)
     with pytest.raises(ArtifactError) as info:

@@ -103,7 +103,7 @@ def test_missing_library(copy_artifact):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not_an_object", "no_sha", "no_inputs", "bad_inputs",
-                                    "bad_outputs", "bad_target"])
+                                    "bad_outputs", "bad_target", "unknown_dim_name", "inverted_dim_range"])
 def test_damaged_metadata(copy_artifact, damage):
     folder = copy_artifact()
     path = folder / METADATA_NAME
@@ -122,6 +122,11 @@ def test_damaged_metadata(copy_artifact, damage):
             meta["inputs"] = [{"name": "x", "shape": [4, 16]}]  # no dtype
         elif damage == "bad_outputs":
             meta["outputs"] = "y"
+        elif damage == "unknown_dim_name":  # a symbolic dim with no range in "dims"
+            meta["inputs"][0]["shape"] = ["batch", 16]
+        elif damage == "inverted_dim_range":
+            meta["inputs"][0]["shape"] = ["batch", 16]
+            meta["dims"] = {"batch": {"name": "batch", "min": 8, "max": 2, "step": 1}}
         else:
             meta["target"] = "llvm"
         path.write_text(json.dumps(meta))

@@ -107,7 +107,7 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tupl
     instances = instances_in_call_order(report, len(calls))
     sizes = typical_sizes(module)
     for index, (gvar, args) in enumerate(calls):
-        inputs = [tvm.runtime.tensor(_argument(arg, rng, sizes)) for arg in args]
+        inputs = [_argument(arg, rng, sizes) for arg in args]
         got = _arrays(fused_vm[f"fused_{index}"](*inputs))
         want = _arrays(reference_vm[f"reference_{index}"](*inputs))
         error, allowed = 0.0, 0.0
@@ -130,19 +130,28 @@ def typical_sizes(module) -> dict[str, int]:
     return {str(name): DimRange(str(name), int(low[name]), int(high[name])).typical for name in high}
 
 
-def _argument(arg, rng: np.random.Generator, sizes: dict[str, int]) -> np.ndarray:
+def _argument(arg, rng: np.random.Generator, sizes: dict[str, int]):
+    """A composite's argument as the VM takes it: a tensor, or a shape (a symbolic output size
+    that stayed a parameter) at ``sizes``."""
+    import tvm
+    from tvm import relax
+
     from .frontend.dims import evaluate_dim
 
     value = getattr(arg, "value", None)  # a relax constant (TVM 0.27 names no Constant class)
     if hasattr(value, "numpy"):
-        return value.numpy()
+        return tvm.runtime.tensor(value.numpy())
+    if isinstance(arg.ty, relax.ShapeType):
+        return tvm.runtime.ShapeTuple([evaluate_dim(d, sizes) for d in arg.ty.values])
     shape = [evaluate_dim(d, sizes) for d in arg.ty.shape.values]
     dtype = str(arg.ty.dtype)
     if dtype == "bool":
-        return rng.random(shape) < 0.5
-    if "float" in dtype:
-        return rng.standard_normal(shape).astype(dtype)
-    return np.zeros(shape, dtype)
+        array = rng.random(shape) < 0.5
+    elif "float" in dtype:
+        array = rng.standard_normal(shape).astype(dtype)
+    else:
+        array = np.zeros(shape, dtype)
+    return tvm.runtime.tensor(array)
 
 
 def _arrays(result) -> list[np.ndarray]:

@@ -166,3 +166,25 @@ def test_a_layout_inference_failure_keeps_nchw_and_says_why(monkeypatch):
     tvm.ir.assert_structural_equal(after, Before)
     (miss,) = report.near_misses
     assert miss.reason == "layout inference failed: Index -1 out of bounds 4"
+
+
+def test_a_symbolic_model_stays_in_nchw_and_says_why():
+    """A model compiled for a range of sizes keeps NCHW (the blocked conv's legalizer and
+    schedule fix their tiles from the map size); the near miss names the symbolic dims."""
+    from tvm import tirx
+
+    height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
+    x = relax.Var("x", relax.TensorType((1, 16, height, width), "float32"))
+    w = relax.Var("w", relax.TensorType((32, 16, 3, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after, report = convert(before)
+    tvm.ir.assert_structural_equal(after, before)
+    assert not report.fired
+    (miss,) = report.near_misses
+    assert miss.pattern == "blocked_layout"
+    assert "symbolic dims (1, 16, height, width)" in miss.reason and "stays in NCHW" in miss.reason

@@ -72,3 +72,33 @@ def test_the_folded_conv_is_one_epilogue_kernel_with_its_activation():
     report = PatternReport()
     fusion_pipeline(config, report, phases=("canonicalize", "fuse"))(conv_affine_module())
     assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+
+
+# Symbolic image sizes ---------------------------------------------------------------------
+
+def _symbolic_affine(scale_shape):
+    from symbolic_helpers import HEIGHT, WIDTH, symbolic_module
+    weights = {"w": RNG.standard_normal((8, 4, 3, 3)).astype("float32"),
+               "b": RNG.standard_normal((1, 8, 1, 1)).astype("float32"),
+               "s": RNG.standard_normal(scale_shape).astype("float32"),
+               "o": RNG.standard_normal((8, 1, 1)).astype("float32")}
+
+    def block(x, w, b, s, o):
+        biased = relax.op.add(relax.op.nn.conv2d(x, w, padding=1), b)
+        return relax.op.nn.relu(relax.op.add(relax.op.multiply(biased, s), o))
+
+    return symbolic_module(block, {"x": (1, 4, HEIGHT, WIDTH)}, weights)
+
+
+def test_symbolic_height_and_width_fold_fuse_and_match_at_every_size():
+    from symbolic_helpers import pipeline_and_compare
+    report, log = pipeline_and_compare(_symbolic_affine((1, 8, 1, 1)), [(1, 1), (3, 17), (40, 9)])
+    assert report.fired["conv_affine_fold"] == 1
+    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+    assert list(log.values()) == ["Conv2dNCHW"]
+
+
+def test_must_not_fold_a_scalar_scale_on_a_symbolic_map():
+    after, report = apply_rule(_symbolic_affine((1,)), "conv_affine_fold")
+    assert "relax.multiply" in ops(after)
+    assert any("one scalar" in miss.reason for miss in report.near_misses)

@@ -64,3 +64,44 @@ def test_inference_batch_norm_folds_in_relax():
     after, report = apply_rule(_conv_bn_module(training=False), "conv_bn_fold")
     assert report.fired["conv_bn_fold"] == 1
     assert relax_ops(after) == ["relax.nn.conv2d", "relax.add"]
+
+
+# Symbolic image sizes ---------------------------------------------------------------------
+
+def _bn_params(rng, channels):
+    return {"gamma": rng.uniform(0.5, 1.5, channels).astype("float32"),
+            "beta": rng.standard_normal(channels).astype("float32"),
+            "mean": rng.standard_normal(channels).astype("float32"),
+            "var": rng.uniform(0.5, 1.5, channels).astype("float32")}
+
+
+def test_symbolic_height_and_width_fold_fuse_and_match_at_every_size():
+    from symbolic_helpers import HEIGHT, WIDTH, pipeline_and_compare, symbolic_module
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 4, 3, 3)).astype("float32"), **_bn_params(rng, 8)}
+
+    def block(x, w, gamma, beta, mean, var):
+        bn = relax.op.nn.batch_norm(relax.op.nn.conv2d(x, w, strides=2, padding=1), gamma, beta, mean, var,
+                                    axis=1, epsilon=1e-3, training=False)
+        return relax.op.nn.relu(relax.TupleGetItem(bn, 0))
+
+    mod = symbolic_module(block, {"x": (1, 4, HEIGHT, WIDTH)}, weights)
+    report, log = pipeline_and_compare(mod, [(1, 1), (3, 17), (40, 9)])
+    assert report.fired["conv_bn_fold"] == 1
+    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+    assert list(log.values()) == ["Conv2dNCHW"]
+
+
+def test_must_not_fold_training_mode_batch_norm_on_a_symbolic_map():
+    from symbolic_helpers import HEIGHT, WIDTH, symbolic_module
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 4, 3, 3)).astype("float32"), **_bn_params(rng, 8)}
+
+    def block(x, w, gamma, beta, mean, var):
+        return relax.TupleGetItem(relax.op.nn.batch_norm(relax.op.nn.conv2d(x, w, padding=1), gamma, beta,
+                                                         mean, var, axis=1, training=True), 0)
+
+    after, report = apply_rule(symbolic_module(block, {"x": (1, 4, HEIGHT, WIDTH)}, weights), "conv_bn_fold")
+    assert "relax.nn.batch_norm" in relax_ops(after)
+    assert not report.fired
+    assert any("training mode" in miss.reason for miss in report.near_misses)

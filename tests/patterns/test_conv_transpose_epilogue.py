@@ -173,3 +173,35 @@ def test_exported_dbnet_head_fuses_every_conv_transpose_with_its_bn_and_activati
     assert report.fired["conv_transpose_epilogue"] == ops.count("ConvTranspose") == 2
     assert report.fired["conv_epilogue.conv_bias_relu"] == 1
     assert len(prim_func_names(module)) == 3
+
+
+# Symbolic image sizes ---------------------------------------------------------------------
+
+def test_symbolic_height_and_width_fuse_and_match_at_every_size():
+    from symbolic_helpers import HEIGHT, WIDTH, pipeline_and_compare, symbolic_module
+    from tvm.relax.op import add as r_add, nn as r_nn
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 4, 2, 2)).astype("float32"),
+               "b": rng.standard_normal((1, 4, 1, 1)).astype("float32")}
+    mod = symbolic_module(lambda x, w, b: r_nn.relu(r_add(r_nn.conv2d_transpose(x, w, strides=2), b)),
+                          {"x": (1, 8, HEIGHT, WIDTH)}, weights)
+    report, log = pipeline_and_compare(mod, [(1, 1), (3, 17), (40, 9)])
+    assert report.fired["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
+    assert list(log.values()) == ["Conv2dTranspose"]
+
+
+def test_must_not_fuse_symbolic_output_channels():
+    from symbolic_helpers import HEIGHT, WIDTH
+    from tvm import relax, tirx
+    channels = tirx.Var("channels", "int64")
+    x = relax.Var("x", relax.TensorType((1, 8, HEIGHT, WIDTH), "float32"))
+    w = relax.Var("w", relax.TensorType((8, channels, 2, 2), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d_transpose(x, w, strides=2)))
+        bb.emit_func_output(out)
+    after, report = fuse(bb.get())
+    assert not report.fired
+    (miss,) = report.near_misses
+    assert "symbolic dim channels at axis 1 (channels)" in miss.reason

@@ -221,3 +221,90 @@ def test_dbnet_fuses_every_top_down_merge_and_the_concat_and_matches_onnxruntime
     # the merges are conv kernels with an upsampled residual, the concat a Resize kernel
     assert {rule for kernel, rule in optimized.schedule_rules.items() if "resize" in kernel} == {
         "Conv2dNCHW", "Resize"}
+
+
+# Symbolic image sizes ---------------------------------------------------------------------
+
+NEAREST = {"method": "nearest_neighbor", "coordinate_transformation_mode": "asymmetric",
+           "rounding_method": "floor"}
+
+
+def pipeline_and_compare_at(mod, sizes):
+    """symbolic_helpers.pipeline_and_compare for inputs whose dims are expressions of HEIGHT
+    and WIDTH (``2 * height``)."""
+    from symbolic_helpers import HEIGHT, WIDTH
+    from tvm.sym.analyzer import Analyzer
+    from tvm_fusion.config import load_config
+    from tvm_fusion.passes import fusion_pipeline
+
+    cfg = load_config(None)
+    report, log = PatternReport(), {}
+    optimized = fusion_pipeline(cfg, report, schedule_log=log)(mod)
+    fused = relax.VirtualMachine(tvm.compile(optimized, target=cfg.tvm_target()), tvm.cpu())
+    plain = relax.VirtualMachine(tvm.compile(mod, target=cfg.tvm_target()), tvm.cpu())
+    rng = np.random.default_rng(0)
+    for height, width in sizes:
+        analyzer = Analyzer()
+        analyzer.bind(HEIGHT, height)
+        analyzer.bind(WIDTH, width)
+        inputs = [tvm.runtime.tensor(rng.standard_normal(
+            [int(analyzer.simplify(dim)) for dim in param.ty.shape.values]).astype("float32"))
+            for param in mod["main"].params]
+        np.testing.assert_allclose(fused["main"](*inputs).numpy(), plain["main"](*inputs).numpy(),
+                                   rtol=1e-4, atol=1e-4)
+    return report, log
+
+
+def test_symbolic_merge_and_concat_fuse_and_match_at_every_size():
+    """The lateral's rows are spelled ``2 * height``, the resize's ``height * 2``: equal by value."""
+    from symbolic_helpers import HEIGHT, WIDTH, symbolic_module
+
+    def fpn(top, lateral, p2):
+        up = relax.op.image.resize2d(top, relax.ShapeExpr([HEIGHT * 2, WIDTH * 2]), **NEAREST)
+        merged = relax.op.nn.relu(relax.op.add(lateral, up))
+        up2 = relax.op.image.resize2d(merged, relax.ShapeExpr([4 * HEIGHT, 4 * WIDTH]), method="linear")
+        return relax.op.concat([up2, p2], axis=1)
+
+    mod = symbolic_module(fpn, {"top": (1, 8, HEIGHT, WIDTH), "lateral": (1, 8, 2 * HEIGHT, 2 * WIDTH),
+                                "p2": (1, 4, 4 * HEIGHT, 4 * WIDTH)})
+    report, log = pipeline_and_compare_at(mod, [(1, 1), (3, 17), (20, 9)])
+    assert report.fired["resize_merge.add_relu"] == 1
+    assert report.fired["resize_merge.concat2"] == 1
+    assert list(log.values()) == ["Resize", "Resize"]
+
+
+def test_must_not_fuse_a_resize_sized_by_vars_its_input_does_not_carry():
+    """The size names the lateral's dims, not the input's: the kernel could only get them as a
+    shape parameter, which LegalizeOps cannot lower for a resize."""
+    from tvm import tirx
+    from symbolic_helpers import HEIGHT, WIDTH
+    lateral_h, lateral_w = tirx.Var("lateral_h", "int64"), tirx.Var("lateral_w", "int64")
+    top = relax.Var("top", relax.TensorType((1, 8, HEIGHT, WIDTH), "float32"))
+    lateral = relax.Var("lateral", relax.TensorType((1, 8, lateral_h, lateral_w), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [top, lateral]):
+        with bb.dataflow():
+            up = bb.emit(relax.op.image.resize2d(top, relax.ShapeExpr([lateral_h, lateral_w]), **NEAREST))
+            out = bb.emit_output(relax.op.add(lateral, up))
+        bb.emit_func_output(out)
+    after, report = fuse(bb.get())
+    assert not report.fired
+    (miss,) = report.near_misses
+    assert "uses lateral_h, lateral_w, which the resize input (1, 8, height, width) does not" in miss.reason
+
+
+def test_must_not_fuse_an_add_of_another_symbolic_size():
+    from tvm import tirx
+    from symbolic_helpers import HEIGHT, WIDTH
+    other = tirx.Var("other", "int64")
+    top = relax.Var("top", relax.TensorType((1, 8, HEIGHT, WIDTH), "float32"))
+    lateral = relax.Var("lateral", relax.TensorType((1, 8, 2 * HEIGHT, other), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [top, lateral]):
+        with bb.dataflow():
+            up = bb.emit(relax.op.image.resize2d(top, relax.ShapeExpr([2 * HEIGHT, 2 * WIDTH]), **NEAREST))
+            out = bb.emit_output(relax.op.add(lateral, up))
+        bb.emit_func_output(out)
+    after, report = fuse(bb.get())
+    assert not report.fired
+    assert any("the add broadcasts" in miss.reason for miss in report.near_misses)

@@ -59,3 +59,42 @@ def test_must_not_fuse_when_the_squeezed_activation_is_used_elsewhere():
     tvm.ir.assert_structural_equal(after, Before)
     assert any(m.pattern == "squeeze_excitation" and "outside the block" in m.reason
                for m in report.near_misses)
+
+
+# Symbolic image sizes ---------------------------------------------------------------------
+
+def _se_gate(x, w1, b1, w2, b2):
+    from tvm import relax
+    pooled = relax.op.mean(x, axis=[2, 3], keepdims=True)
+    squeezed = relax.op.nn.relu(relax.op.add(relax.op.nn.conv2d(pooled, w1), b1))
+    gate = relax.op.sigmoid(relax.op.add(relax.op.nn.conv2d(squeezed, w2), b2))
+    return relax.op.multiply(x, gate)
+
+
+def test_symbolic_height_and_width_fuse_and_match_at_every_size():
+    from symbolic_helpers import HEIGHT, WIDTH, pipeline_and_compare, symbolic_module
+    rng = np.random.default_rng(0)
+    weights = random_weights(rng, w1=(4, 16, 1, 1), b1=(1, 4, 1, 1), w2=(16, 4, 1, 1), b2=(1, 16, 1, 1))
+    mod = symbolic_module(_se_gate, {"x": (1, 16, HEIGHT, WIDTH)}, weights)
+    report, log = pipeline_and_compare(mod, [(1, 1), (3, 17), (40, 9)])
+    assert report.fired["squeeze_excitation.se_relu_sigmoid"] == 1
+    assert "SqueezeExcitation" in log.values()
+
+
+def test_must_not_fuse_symbolic_channels():
+    from symbolic_helpers import HEIGHT, WIDTH
+    from tvm import relax, tirx
+    channels = tirx.Var("channels", "int64")
+    shapes = {"x": (1, channels, HEIGHT, WIDTH), "w1": (4, channels, 1, 1), "b1": (1, 4, 1, 1),
+              "w2": (channels, 4, 1, 1), "b2": (1, channels, 1, 1)}
+    params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in shapes.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(_se_gate(*params))
+        bb.emit_func_output(out)
+    report = PatternReport()
+    FusePatterns([get_pattern("squeeze_excitation")], report)(bb.get())
+    assert not report.fired
+    (miss,) = report.near_misses
+    assert "symbolic dim channels at axis 1" in miss.reason

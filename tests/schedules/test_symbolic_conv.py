@@ -7,11 +7,13 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
-from tvm.relax.op import add, multiply, nn
+from tvm.relax.op import add, concat, image, multiply, nn
 
 from conftest import TARGET, _run
 from tvm.tirx import ForKind
-from tvm_fusion.schedules.cpu import Conv2dNCHW, DepthwiseConv2d, Pooling
+from tvm_fusion.passes import FusePatterns
+from tvm_fusion.patterns import PatternReport, get_pattern
+from tvm_fusion.schedules.cpu import Conv2dNCHW, Conv2dTranspose, DepthwiseConv2d, Pooling, Resize
 from tvm_fusion.schedules.cpu.symbolic_width import width_tiles
 
 # 1-wide, smaller than any vector, not a multiple of any tile, and a large map.
@@ -166,6 +168,86 @@ def test_global_average_pool_sums_each_channel_on_its_own_core():
 
     (func,) = assert_symbolic_matches(Pooling(), block, 24)
     assert loop_kinds(func).parallel == [24]  # (batch x channels), the map summed serially
+
+
+def buffer_names(func) -> set[str]:
+    found = set()
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, lambda store: found.add(store.buffer.name)))
+    return found
+
+
+@pytest.mark.parametrize("strides, kernel", [(2, 2), (2, 3), (1, 3)])
+def test_conv_transpose_bias_relu(lanes, strides, kernel):
+    """2x2/2 (DBNet's upsampling head) runs polyphase, reading the undilated input; the others
+    convolve the padded dilated map."""
+    def block(x, w, b):
+        return nn.relu(add(nn.conv2d_transpose(x, w, strides=strides), b))
+
+    (func,) = assert_symbolic_matches(Conv2dTranspose(), block, 8, w=(8, 4, kernel, kernel), b=(1, 4, 1, 1))
+    polyphase = strides == kernel == 2
+    # Polyphase tiles count input columns (one vector per phase); dilated ones output columns.
+    tiles = width_tiles(lanes, lanes) if polyphase else width_tiles(2 * lanes, lanes)
+    assert width_copies(func) == tiles[:-1]
+    loops = loop_kinds(func)
+    assert len(loops.parallel) == len(tiles) * (1 if polyphase else 2)  # + the pad pass
+    for tile in tiles[:-1]:
+        assert tile in loops.vectorized
+    assert ("data_pad" in buffer_names(func)) != polyphase
+
+
+def lower_fused_resize(fn, top_shape, other_shape):
+    """``fn(top, other)`` fused by resize_merge (one kernel), lowered by the zero pipeline."""
+    top = relax.Var("top", relax.TensorType(top_shape, "float32"))
+    other = relax.Var("other", relax.TensorType(other_shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [top, other]):
+        with bb.dataflow():
+            out = bb.emit_output(fn(top, other))
+        bb.emit_func_output(out)
+    report = PatternReport()
+    fused = FusePatterns([get_pattern("resize_merge")], report)(bb.get())
+    assert sum(report.fired.values()) == 2, report.near_misses  # the rule and its variant
+    return relax.get_pipeline("zero")(fused)
+
+
+@pytest.mark.parametrize("method", ["nearest_neighbor", "linear"])
+@pytest.mark.parametrize("merge", ["add_relu", "concat"])
+def test_resize_merge(lanes, method, merge):
+    height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
+    options = {"method": method}
+    if method == "nearest_neighbor":
+        options.update(coordinate_transformation_mode="asymmetric", rounding_method="floor")
+
+    def fn(top, lateral):
+        up = image.resize2d(top, relax.ShapeExpr([2 * height, 2 * width]), **options)
+        return nn.relu(add(lateral, up)) if merge == "add_relu" else concat([up, lateral], axis=1)
+
+    mod = lower_fused_resize(fn, (1, 8, height, width), (1, 8, 2 * height, 2 * width))
+    scheduled = _schedule_with(Resize(), mod)
+    (func,) = [f for f in scheduled.functions.values() if isinstance(f, tirx.PrimFunc)]
+    tiles = width_tiles(4 * lanes, lanes)
+    assert width_copies(func) == tiles[:-1]
+    loops = loop_kinds(func)
+    assert len(loops.parallel) == len(tiles)  # (n, c, y) rows across cores in every copy
+    assert sorted(loops.vectorized, reverse=True) == tiles[:-1]
+    rng = np.random.default_rng(2)
+    for h, w in [(1, 1), (3, 3), (13, 13), (37, 37), (130, 130), (130, 1), (1, 130)]:
+        inputs = [rng.standard_normal((1, 8, h, w)).astype("float32"),
+                  rng.standard_normal((1, 8, 2 * h, 2 * w)).astype("float32")]
+        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_resize_with_symbolic_channels_is_declined():
+    channels, height = tirx.Var("channels", "int64"), tirx.Var("height", "int64")
+    top = relax.Var("top", relax.TensorType((1, channels, height, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [top]):
+        with bb.dataflow():
+            out = bb.emit_output(image.resize2d(top, relax.ShapeExpr([2 * height, 16]), method="nearest_neighbor"))
+        bb.emit_func_output(out)
+    mod = relax.get_pipeline("zero")(bb.get())
+    func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+    assert Resize().apply(func, TARGET, False) is None
 
 
 def test_symbolic_channels_are_declined():

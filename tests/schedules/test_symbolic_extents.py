@@ -17,6 +17,7 @@ from machine import host_target
 from tvm import relax, s_tir, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.op import add, matmul, nn
+from tvm.sym.analyzer import Analyzer
 from tvm.tirx import ForKind
 
 from tvm_fusion.passes import FusePatterns
@@ -184,7 +185,8 @@ def _predicated_vector_loops(func: tirx.PrimFunc) -> list[str]:
 
         def check(realize: s_tir.SBlockRealize) -> None:
             uses = []
-            tvm_ffi.structural_walk(realize.predicate, (tirx.Var, lambda v: uses.append(v.same_as(loop.loop_var))))
+            tvm_ffi.structural_walk(realize.predicate,
+                                    (tirx.Var, lambda v: uses.append(v.same_as(loop.loop_var))))
             if any(uses):
                 found.append(realize.block.name_hint)
 
@@ -295,7 +297,8 @@ def test_injective_symbolic_rows_static_hidden():
     # cores, vectors over the hidden size.
     parallel, vectorized = _loops(func, ForKind.PARALLEL), _loops(func, ForKind.VECTORIZED)
     assert parallel and set(parallel) == {None}
-    assert len(vectorized) == len(parallel) and set(vectorized) == {LANES}
+    # (twice: each nest also has a serial copy for a few rows, see the small-extent tests below)
+    assert len(vectorized) == 2 * len(parallel) and set(vectorized) == {LANES}
     _assert_same_numbers(mod, scheduled, lambda s: [(1, s, 64), (64,)])
 
 
@@ -314,3 +317,127 @@ def test_fallback_parallelizes_symbolic_leading_loops():
     scheduled, func = _schedule(Fallback(), mod, _kernel(mod))
     assert _loops(func, ForKind.PARALLEL) == [None]  # rows x columns fused, the reduction left inside
     _assert_same_numbers(mod, scheduled, lambda s: [(s, 16), (16, 8)])
+
+
+# --- Small symbolic extents: serial below the work threshold, parallel above ----------------
+
+def _small_extent_branches(func: tirx.PrimFunc) -> list[tirx.IfThenElse]:
+    """The run-time branches ``serial_when_small`` adds: ``if work(n) < threshold: serial copy
+    of the nest else: the parallel nest``."""
+    found = []
+
+    def visit(branch: tirx.IfThenElse) -> None:
+        nest = branch.else_case
+        if isinstance(nest, tirx.For) and nest.kind == ForKind.PARALLEL:
+            found.append(branch)
+
+    tvm_ffi.structural_walk(func.body, (tirx.IfThenElse, visit))
+    return found
+
+
+def _kinds(stmt) -> list:
+    kinds = []
+    tvm_ffi.structural_walk(stmt, (tirx.For, lambda loop: kinds.append(loop.kind)), order="pre")
+    return kinds
+
+
+def _serial_at(condition: tirx.Expr, size: int) -> bool:
+    """The branch condition evaluated with the symbolic extent ``n`` bound to ``size``."""
+    bound = tvm_ffi.structural_map(
+        condition, (tirx.Var, lambda v: tirx.IntImm(v.ty.dtype, size) if v.name == "n" else v))
+    return bool(int(Analyzer().simplify(bound)))
+
+
+def _assert_serial_and_parallel_paths(func: tirx.PrimFunc, sizes: list[int]) -> None:
+    """Every parallel nest of symbolic extent sits behind a branch on ``n`` whose other side is the
+    same nest with no parallel loop, and ``sizes`` take both sides."""
+    branches = _small_extent_branches(func)
+    assert branches, "no run-time branch between a serial and a parallel nest"
+    assert _loops(func, ForKind.PARALLEL) == [None] * len(branches), "a parallel loop outside the branches"
+    for branch in branches:
+        serial, parallel = _kinds(branch.then_case), _kinds(branch.else_case)
+        assert ForKind.PARALLEL not in serial
+        assert parallel[0] == ForKind.PARALLEL and not isinstance(branch.else_case.extent, tirx.IntImm)
+        # The same nest: same loops, the outer one serial, the same vectors and unrolling.
+        assert serial == [ForKind.SERIAL] + parallel[1:]
+        assert {_serial_at(branch.condition, size) for size in sizes} == {True, False}, \
+            f"sizes {sizes} do not take both paths of {branch.condition}"
+
+
+def _skip_norm_kernel(n) -> tvm.IRModule:
+    params = [("x", (n, 64)), ("bias", (64,)), ("skip", (n, 64)), ("gamma", (64,)), ("beta", (64,))]
+    params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in params]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            summed = bb.emit(add(bb.emit(add(params[0], params[1])), params[2]))
+            out = bb.emit_output(nn.layer_norm(summed, params[3], params[4], axes=[-1]))
+        bb.emit_func_output(out)
+    report = PatternReport()
+    fused = FusePatterns([get_pattern("skip_layernorm")], report)(bb.get())
+    if not report.fired.get("skip_layernorm"):
+        pytest.skip("the skip_layernorm pattern does not take symbolic shapes yet")
+    return tvm.transform.Sequential(lowering_passes())(fused)
+
+
+# rule, symbolic kernel, input shapes at a size, sizes on both sides of the rule's threshold
+# (MIN_PARALLEL_ELEMENTS block iterations, or MIN_PARALLEL_TILE_WORK for the register tiles).
+SMALL_EXTENT_CASES = {
+    # n x 64 elements: serial below n = 64.
+    "injective": (Injective(), lambda n: _lowered(lambda x, y: add(x, y), x=(1, n, 64), y=(1, n, 64)),
+                  lambda s: [(1, s, 64), (1, s, 64)], [1, 8, 63, 64, 100]),
+    # n x 8 x 16 multiply-adds: serial below n = 32.
+    "fallback": (Fallback(), lambda n: _lowered(lambda x, w: matmul(x, w), x=(n, 16), w=(16, 8)),
+                 lambda s: [(s, 16), (16, 8)], [1, 8, 31, 32, 100]),
+    # three passes over a 64-wide row: serial below n = 22.
+    "reduction": (Reduction(), lambda n: _lowered(lambda x, g, b: nn.layer_norm(x, g, b, axes=[-1]),
+                                                  x=(1, n, 64), g=(64,), b=(64,)),
+                  lambda s: [(1, s, 64), (64,), (64,)], [1, 8, 21, 22, 100]),
+    "skip_norm": (SkipNorm(), _skip_norm_kernel, lambda s: [(s, 64), (64,), (s, 64), (64,), (64,)],
+                  [1, 8, 100]),
+    "softmax": (Softmax(), lambda n: _lowered(lambda x: nn.softmax(x, axis=-1), x=(n, 64)),
+                lambda s: [(s, 64)], [1, 8, 100]),
+    "softmax_scores": (Softmax(), lambda n: _lowered(lambda x: nn.softmax(x, axis=-1), x=(2, n, n)),
+                       lambda s: [(2, s, s)], [1, 8, 13, 100]),
+    # 8-row tiles x 96 x 64: serial up to 40 rows.
+    "matmul_epilogue": (MatmulEpilogue(),
+                        lambda n: _lowered(lambda x, w, b: nn.gelu(add(matmul(x, w), b)),
+                                           x=(n, 64), w=(64, 96), b=(96,)),
+                        lambda s: [(s, 64), (64, 96), (96,)], [1, 7, 13, 40, 41, 100]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SMALL_EXTENT_CASES))
+def test_small_symbolic_extents_run_serially(case):
+    rule, kernel, shapes_at, sizes = SMALL_EXTENT_CASES[case]
+    mod = kernel(_symbolic())
+    scheduled, func = _schedule(rule, mod, _kernel(mod))
+    _assert_serial_and_parallel_paths(func, sizes)
+    _assert_same_numbers(mod, scheduled, shapes_at, sizes=sizes)
+
+
+def test_attention_short_sequences_run_serially():
+    mod = _attention_kernel(_symbolic(), 2, 16)
+    scheduled, func = _schedule(Attention(), mod, _kernel(mod, "softmax"))
+    _assert_serial_and_parallel_paths(func, ATTENTION_SIZES)
+    # Both copies keep whole tiles: no predicated vector step in either.
+    assert _predicated_vector_loops(func) == []
+    _assert_same_numbers(mod, scheduled, lambda s: [(1, s, 2, 16)] * 3, sizes=ATTENTION_SIZES,
+                         tolerance={"rtol": 1e-5, "atol": 1e-6})
+
+
+def test_static_kernels_keep_no_branch():
+    """A static kernel is decided when scheduled: no run-time branch, no serial copy."""
+    mod = _lowered(lambda x, g, b: nn.layer_norm(x, g, b, axes=[-1]), x=(1, 8, 64), g=(64,), b=(64,))
+    _, func = _schedule(Reduction(), mod, _kernel(mod))
+    assert _small_extent_branches(func) == [] and _loops(func, ForKind.PARALLEL) == [8]
+
+
+def test_kernel_never_small_keeps_only_the_parallel_nest():
+    """One 8-row tile of a 256 x 256 matmul is already above the threshold: no branch (its serial
+    side could only run for n = 0, and the simplifier would fold a modulo by a zero tile count)."""
+    n = _symbolic()
+    mod = _lowered(lambda x, w: matmul(x, w), x=(n, 256), w=(256, 256))
+    scheduled, func = _schedule(MatmulEpilogue(), mod, _kernel(mod))
+    assert _small_extent_branches(func) == [] and _loops(func, ForKind.PARALLEL) == [None]
+    _assert_same_numbers(mod, scheduled, lambda s: [(s, 256), (256, 256)], sizes=[1, 9])

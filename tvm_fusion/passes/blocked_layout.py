@@ -40,11 +40,11 @@ class ConvertConvsToBlockedLayout:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         symbolic = self._symbolic_conv(mod)
         if symbolic:
-            # The blocked conv's legalizer and its schedule fix the tile from the map size.
+            # The channel blocks and the weight layout are fixed at compile time.
             self.report.add_near_miss(NearMiss(
                 PATTERN_NAME, "main",
-                f"a conv input has symbolic dims {symbolic} (a model compiled for a range of sizes); "
-                f"NCHW{self.block}c needs static shapes, so the model stays in NCHW"))
+                f"a conv input has symbolic batch or channels {symbolic}; NCHW{self.block}c needs "
+                "them static (rows and columns may be symbolic), so the model stays in NCHW"))
             return mod
         staying = self._convs_staying_in_nchw(mod)
         if staying:
@@ -102,12 +102,13 @@ class ConvertConvsToBlockedLayout:
 
     @staticmethod
     def _symbolic_conv(mod: tvm.IRModule) -> str | None:
-        """The dims of the first conv2d input that are not all static, as text; None if none."""
+        """The dims of the first conv2d input whose batch or channels are not static (rows and
+        columns may be: a model compiled for a range of image sizes), as text; None if none."""
         found = []
 
         def visit(expr):
             if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                    and expr.op.name == "relax.nn.conv2d" and static_shape(expr.args[0]) is None):
+                    and expr.op.name == "relax.nn.conv2d" and not _static_batch_channels(expr.args[0])):
                 found.append(dims_text(shape_dims(expr.args[0])))
 
         for func in mod.functions.values():
@@ -127,12 +128,17 @@ class ConvertConvsToBlockedLayout:
         if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
             return False
         attrs = call.attrs
-        data, weight = static_shape(call.args[0]), static_shape(call.args[1])
-        if data is None or weight is None or int(attrs.groups) != 1:
+        data, weight = shape_dims(call.args[0]), static_shape(call.args[1])
+        if not _static_batch_channels(call.args[0]) or weight is None or int(attrs.groups) != 1:
             return False
         if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
             return False
         return data[1] % self.block == 0 and weight[0] % self.block == 0
+
+
+def _static_batch_channels(expr: relax.Expr) -> bool:
+    dims = shape_dims(expr)
+    return dims is not None and len(dims) == 4 and isinstance(dims[0], int) and isinstance(dims[1], int)
 
 
 def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -171,7 +177,9 @@ def _conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation
     * kernel[oc, ic, ky, kx, ib, ob]``; reduction order (ic, ky, kx, ib) so that the inner
     loop walks one pixel's channel block."""
     out_dtype = out_dtype or data.dtype
-    batch, in_chunks, height, width, in_block = (int(d) for d in data.shape)
+    # Rows and columns may be symbolic (a model compiled for a range of sizes).
+    batch, in_chunks, height, width, in_block = data.shape
+    batch, in_chunks, in_block = int(batch), int(in_chunks), int(in_block)
     out_chunks, _, kernel_h, kernel_w, _, out_block = (int(d) for d in kernel.shape)
     top, left, bottom, right = padding
     out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -24,27 +26,35 @@ class FusePatterns:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         declined: dict[str, NearMiss] = {}
         accepted: list[tuple[str, str, relax.Var, list[relax.Var]]] = []
+        original = _OriginalVars(mod)
         patterns = [
             relax.transform.FusionPattern(f"{rule.name}.{variant}", root, annotations,
-                                          self._check(rule, declined, accepted, variant, self.excluded))
+                                          self._check(rule, declined, accepted, variant, self.excluded, original))
             for rule in self.rules
             for variant, root, annotations in rule.variants()
         ]
-        position_values = {var: value for _, func in mod.functions_items() if isinstance(func, relax.Function)
-                           for var, value in relax.analysis.get_var2val(func).items()}
+        position_values = original.values
         position = {var: index for index, var in enumerate(position_values)}
+        # What FuseOpsByPattern does with the whole list (patterns in order, each grouping the
+        # matches left by the ones before), one pattern at a time, so that the shapes it lifted
+        # into a composite's parameters are back inline before the next pattern looks: a
+        # resize2d sized by a parameter has no known shape, nor would anything after it.
         # Weights are constants; binding them into the composite would stop FuseTIR
         # ("Tensor constants are not supported in primitive functions").
-        mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
-                                               annotate_codegen=False)(mod)
-        mod = inline_shape_params(mod)
-        instances = realized_instances(accepted, unfused_vars(mod), position)
+        seen: set = set()
+        for pattern in patterns:
+            mod = relax.transform.FuseOpsByPattern([pattern], bind_constants=False,
+                                                   annotate_codegen=False)(mod)
+            mod = _inline_new_shape_params(mod, seen)
+        unfused = {original(var) for var in unfused_vars(mod)}
+        instances = realized_instances(accepted, unfused, position)
         mod, tails = absorb_elementwise_tails(mod, {r.name for r in self.rules if r.absorbs_elementwise_tail})
         # FuseOpsByPattern renamed the composites' results; before it, a tail's first op read the
         # result under the name its instance recorded.
         by_output = {instance.output: instance for instance in instances}
         for tail in tails:
-            instance = by_output[str(position_values[tail.first].args[tail.operand].name)]
+            first = position_values[original(tail.first)]
+            instance = by_output[str(first.args[tail.operand].name)]
             instance.variant += SUFFIX
             instance.output = tail.output
             instance.absorbed = [*instance.absorbed, *tail.absorbed]
@@ -60,13 +70,14 @@ class FusePatterns:
 
     @staticmethod
     def _check(rule: FusionRule, declined: dict[str, NearMiss], accepted: list, variant: str,
-               excluded: frozenset[str]):
+               excluded: frozenset[str], original: _OriginalVars):
         def check(context: relax.transform.PatternCheckContext) -> bool:
             undone = excluded and not excluded.isdisjoint(v.name for v in context.matched_bindings.keys())
             reason = "undone by the numeric gate" if undone else rule.check(context)
             if reason is None:
                 output = context.value_to_bound_var.get(context.matched_expr)
-                accepted.append((rule.name, variant, output, list(context.matched_bindings.keys())))
+                accepted.append((rule.name, variant, output,
+                                 [original(var) for var in context.matched_bindings.keys()]))
                 return True
             anchor = binding_name(context, rule.anchor(context))
             declined.setdefault(anchor, NearMiss(rule.name, f"at {anchor}", reason, anchor))
@@ -75,26 +86,55 @@ class FusePatterns:
         return check
 
 
+class _OriginalVars:
+    """The binding variable of the module before fusion that a variable of a later version stands for.
+
+    FuseOpsByPattern and ``inline_shape_params`` re-emit the bindings after a composite whose
+    result type changed, with new variables of the same name; the importer's names are unique,
+    so a name found once before fusion identifies the binding.
+    """
+
+    def __init__(self, mod: tvm.IRModule):
+        self.values = {var: value for _, func in mod.functions_items() if isinstance(func, relax.Function)
+                       for var, value in relax.analysis.get_var2val(func).items()}
+        names = collections.Counter(str(var.name) for var in self.values)
+        self.by_name = {str(var.name): var for var in self.values if names[str(var.name)] == 1}
+
+    def __call__(self, var: relax.Var) -> relax.Var:
+        if var in self.values:
+            return var
+        return self.by_name.get(str(var.name), var)
+
+
 def inline_shape_params(mod: tvm.IRModule) -> tvm.IRModule:
     """Put the symbolic shapes FuseOpsByPattern lifted into composite parameters back inline.
 
-    A reshape target such as ``R.shape([1, sequence, 4, 64])`` is kept inside a composite only
-    when it has no symbolic dim; otherwise it becomes a ``R.Shape`` parameter, which LegalizeOps
-    cannot lower (a reshape needs its target shape in place). The parameter's type spells the
-    shape, and ``sequence`` is defined by the composite's tensor parameters, so the shape can
-    be written inline again and the parameter (and the call's argument) dropped.
+    A shape argument such as a reshape target ``R.shape([1, sequence, 4, 64])`` or a resize2d
+    size ``R.shape([2 * (height_div32 * 2), ...])`` is kept inside a composite only when every
+    var in it is defined by the composite's tensor parameters, where a var is defined only by a
+    dim that is the var alone (``sequence``, not ``height_div32 * 2``); otherwise it becomes an
+    ``R.Shape`` parameter, which LegalizeOps cannot lower (a reshape or resize needs its shape
+    in place), and a resize given one has an unknown output shape. The parameter's type spells
+    the shape; where its vars are defined by the other parameters (the tensors, or the
+    ``tir_vars`` shape FuseOpsByPattern adds for vars that appear only inside expressions) it is
+    written inline again, the parameter (and each call's argument) dropped, and the types
+    after it inferred again.
     """
+    return _inline_new_shape_params(mod, set())
+
+
+def _inline_new_shape_params(mod: tvm.IRModule, seen: set) -> tvm.IRModule:
+    """``inline_shape_params`` for the composites not in ``seen`` (which it extends)."""
     replaced: dict = {}  # GlobalVar -> (the function without the shape parameters, their positions)
     for gvar, func in mod.functions_items():
-        if not (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs):
+        if gvar in seen or not (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs):
             continue
-        defined = {dim for param in func.params if isinstance(param.ty, relax.TensorType)
-                   and param.ty.shape is not None for dim in param.ty.shape.values if isinstance(dim, tirx.Var)}
-        inline = {index: param for index, param in enumerate(func.params)
-                  if isinstance(param.ty, relax.ShapeType) and param.ty.values is not None
-                  and all(var in defined for dim in param.ty.values for var in undefined_vars(dim))}
+        seen.add(gvar)
+        inline = _inlinable_shape_params(func)
         if inline:
             bound = func.bind_params({param: relax.ShapeExpr(param.ty.values) for param in inline.values()})
+            # Re-infer the function's result: a resize sized by the parameter had none.
+            bound = relax.Function(bound.params, bound.body, bound.body.ty, bound.is_pure, bound.attrs)
             replaced[gvar] = (bound, set(inline))
     if not replaced:
         return mod
@@ -104,12 +144,25 @@ def inline_shape_params(mod: tvm.IRModule) -> tvm.IRModule:
     builder = relax.BlockBuilder(mod)
     dropped = {gvar: (builder.add_func(func, gvar.name_hint), positions)
                for gvar, (func, positions) in replaced.items()}
+    seen.update(new_gvar for new_gvar, _ in dropped.values())
     mod = builder.get()
     dropper = _DropArguments(mod, dropped)
     for gvar, func in list(mod.functions_items()):
         if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
             mod[gvar] = dropper.visit_expr(func)
     return mod
+
+
+def _inlinable_shape_params(func: relax.Function) -> dict:
+    """{position: parameter} of the shape parameters the body uses as values (not the
+    ``tir_vars`` one, which only defines vars) whose vars the other parameters define."""
+    used = set(relax.analysis.free_vars(func.body))
+    candidates = {index: param for index, param in enumerate(func.params)
+                  if isinstance(param.ty, relax.ShapeType) and param.ty.values is not None and param in used}
+    defined = {var for index, param in enumerate(func.params) if index not in candidates
+               for var in relax.analysis.definable_tir_vars_in_type(param.ty)}
+    return {index: param for index, param in candidates.items()
+            if all(var in defined for dim in param.ty.values for var in undefined_vars(dim))}
 
 
 @mutator
@@ -158,7 +211,7 @@ def realized_instances(accepted: list, unfused: set, position: dict) -> list[Pat
             taken.update(bindings)
             instances.append(PatternInstance(rule, f"{rule}.{variant}",
                                              output.name if output is not None else "<expr>",
-                                             [var.name for var in sorted(bindings, key=position.get)]))
+                                             [var.name for var in sorted(bindings, key=lambda var: position.get(var, len(position)))]))
     return instances
 
 

@@ -20,7 +20,10 @@ must be static.
 
 from __future__ import annotations
 
+from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.sym.analyzer import Analyzer
+from tvm.tirx.analysis import undefined_vars
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
@@ -114,6 +117,26 @@ def resize_reason(resize) -> str | None:
         reason = _static_batch_channels(what, shape_dims(expr))
         if reason:
             return reason
+    return _size_vars_reason(resize)
+
+
+def _size_vars_reason(resize) -> str | None:
+    """The output size may be symbolic only in the vars of the input's shape.
+
+    The kernel needs the size inline; a composite knows the vars its tensor parameters carry
+    (the resize input is one), but a var only the size names (``R.shape([h2, w2])`` from a
+    shape computed elsewhere) would reach it as a shape parameter, which LegalizeOps cannot
+    lower for a resize.
+    """
+    size = resize.args[1]
+    if not isinstance(size, relax.ShapeExpr):
+        return "the resize size is computed at run time, not a shape expression"
+    known = {var for dim in shape_dims(resize.args[0]) if not isinstance(dim, int)
+             for var in undefined_vars(dim)}
+    missing = sorted({str(var) for dim in size.values for var in undefined_vars(dim) if var not in known})
+    if missing:
+        return (f"the resize size {dims_text(tuple(size.values))} uses {', '.join(missing)}, which the "
+                f"resize input {dims_text(shape_dims(resize.args[0]))} does not: the kernel could not be given it")
     return None
 
 
@@ -127,12 +150,24 @@ def _static_batch_channels(what: str, dims: tuple | None) -> str | None:
 def _lateral_reason(lateral, upsampled) -> str | None:
     """The add must be same-shape: a broadcast would grow the output past the upsampled map."""
     lateral_shape, upsampled_shape = shape_dims(lateral), shape_dims(upsampled)
-    if not same_dims(lateral_shape, upsampled_shape):
+    if not _provably_same_dims(lateral_shape, upsampled_shape):
         return (f"the add broadcasts: lateral shape {dims_text(lateral_shape)} does not equal the "
                 f"upsampled shape {dims_text(upsampled_shape)}")
     if dtype_of(lateral) != dtype_of(upsampled):
         return f"lateral dtype {dtype_of(lateral)} differs from {dtype_of(upsampled)}"
     return None
+
+
+def _provably_same_dims(first: tuple | None, second: tuple | None) -> bool:
+    """``same_dims``, with symbolic dims compared by value (an import may spell the lateral's
+    rows ``2 * height`` and the resize's ``height * 2``)."""
+    if same_dims(first, second):
+        return True
+    if first is None or second is None or len(first) != len(second):
+        return False
+    analyzer = Analyzer()
+    return all(a == b if isinstance(a, int) and isinstance(b, int) else analyzer.can_prove_equal(a, b)
+               for a, b in zip(first, second))
 
 
 def _channel_concat_reason(concat) -> str | None:

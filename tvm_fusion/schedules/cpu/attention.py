@@ -40,6 +40,7 @@ from tvm.target import Target
 
 from .inline import is_spatial
 from .matmul_epilogue import _largest_divisor, _match_matmul, _tile
+from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
 from .target_info import vector_lanes
 
 # Bytes of row tiles (scores, logits, exp, probs) one task may keep: half of a 1 MiB L2.
@@ -89,7 +90,7 @@ class Attention(ScheduleRule):
             _schedule(sch, parts, row_tile, lanes)
         except s_tir.ScheduleError:
             return None  # a variant the structural checks did not anticipate: leave it to other rules
-        return sch
+        return serial_when_small(sch, MIN_PARALLEL_TILE_WORK)  # short symbolic sequences: one core
 
 
 def _find_parts(sch: s_tir.Schedule) -> _Parts | None:

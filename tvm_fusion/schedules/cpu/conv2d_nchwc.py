@@ -4,7 +4,9 @@ The accumulator tile is ``ow_tile`` output pixels of one row x ``oc_tile`` chann
 vector register each. For every (input channel block, ky, kx, input channel) one input value
 per pixel is broadcast and multiplied into ``oc_tile`` contiguous weight vectors, so each
 load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv's stride.
-Bias, activations and the residual add run on the tile before it is stored.
+Bias, activations and the residual add run on the tile before it is stored. Rows and columns
+may be symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
+last of a row shifted back, one copy per tile width (``symbolic_width.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, largest_divisor, schedule_pad, store_tile_epilogue
-from .inline import has_static_extents, is_spatial, iter_kinds, one_reduction_kernel
+from .inline import is_spatial, iter_kinds, one_reduction_kernel, only_reduction
+from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes, vector_registers
 
 # Output pixels per tile: with two channel blocks, 16 accumulators of AVX-512's 32 registers,
@@ -33,20 +36,33 @@ class Conv2dNCHWc(ScheduleRule):
         sch, blocks, index = found
         conv = blocks[index]
         stmt = sch.get(conv)
-        if iter_kinds(stmt) != "SSSSSRRRR" or not has_static_extents(stmt):
+        if iter_kinds(stmt) != "SSSSSRRRR" or not static_except(stmt, (2, 3)):
             return None
         if any(len(read.source.shape) not in (5, 6) for read in stmt.reads) or len(stmt.reads) != 2:
             return None  # one 5-D map and one 6-D blocked weight
         if any(not is_spatial(sch.get(b)) for b in blocks[:index] + blocks[index + 1:]):
             return None
         lanes = vector_lanes(target, stmt.writes[0].source.dtype)
-        n, oc, y, x, ob, ic, ky, kx, ib = sch.get_loops(conv)
-        if extent(sch, ob) > lanes or lanes % extent(sch, ob):
+        loops = sch.get_loops(conv)
+        if extent(sch, loops[4]) > lanes or lanes % extent(sch, loops[4]):
             return None  # the channel block must fit one vector register
+        registers = vector_registers(target)
+        width = sch.get(loops[3]).extent
+        if is_static(width):
+            self._schedule(sch, registers, largest_divisor(int(width), _MAX_ROW_TILE))
+            return sch
+        # Symbolic rows and columns: full tiles of pixels, the last of a row shifted back.
+        return schedule_by_width(sch.mod["main"], width, width_tiles(_MAX_ROW_TILE, lanes),
+                                 lambda copy, tile: self._schedule(copy, registers, tile))
+
+    @staticmethod
+    def _schedule(sch: s_tir.Schedule, registers: int, ow_tile: int):
+        """Tiles of ``ow_tile`` pixels x ``oc_tile`` channel blocks; returns the pixel-tile loop."""
+        blocks, index = only_reduction(sch)
+        conv = blocks[index]
+        n, oc, y, x, ob, ic, ky, kx, ib = sch.get_loops(conv)
         schedule_pad(sch, list(blocks[:index]))
         # 16-register ISAs (AVX2) get half the tile: one channel block.
-        registers = vector_registers(target)
-        ow_tile = largest_divisor(extent(sch, x), _MAX_ROW_TILE)
         oc_tile = 2 if extent(sch, oc) % 2 == 0 and 2 * ow_tile <= registers // 2 else 1
         oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
@@ -58,4 +74,4 @@ class Conv2dNCHWc(ScheduleRule):
         sch.vectorize(ob)
         init = sch.decompose_reduction(conv, ic)
         sch.vectorize(sch.get_loops(init)[-1])
-        return sch
+        return x_outer

@@ -26,12 +26,14 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir import Op
 from tvm.ir.expr import Call, TensorLoad
+from tvm.sym.analyzer import Analyzer
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .conv2d_nchw import extent, largest_divisor, row_tile, schedule_pad, store_tile_epilogue
-from .inline import has_static_extents, inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes
 
 _MAX_ACCUMULATORS = 16
@@ -42,37 +44,72 @@ _IF_THEN_ELSE = Op.get("prim.if_then_else")
 
 
 class Conv2dTranspose(ScheduleRule):
-    """TOPI's conv2d_transpose_nchw (any stride, padding, output_padding, groups) + epilogue."""
+    """TOPI's conv2d_transpose_nchw (any stride, padding, output_padding, groups) + epilogue.
+
+    Output rows and columns may be symbolic (a model compiled for a range of sizes): the
+    column tiles are then full, the last one of a row shifted back, one copy of the kernel
+    per tile width (``symbolic_width.py``).
+    """
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
-        sch = s_tir.Schedule(func)
-        names = {sch.get(block).name_hint for block in sch.get_child_blocks(get_root_block(sch))}
-        if not {"data_dilate", "data_pad", "kernel_transform"} <= names:
+        prepared = _prepare(func)
+        if prepared is None:
             return None
-        sch.compute_inline(sch.get_sblock("data_dilate"))
-        # One select for "inside the padding and not a dilation zero", so that a copy whose
-        # phase makes the second part false folds to zero however the first part turns out.
-        sch = s_tir.Schedule(_merge_nested_selects(sch.mod["main"]))
-        inline_cheap_blocks(sch)
-        found = only_reduction(sch)
-        if found is None:
-            return None
-        blocks, index = found
-        conv, pad, epilogue = blocks[index], blocks[:index], blocks[index + 1:]
-        stmt = sch.get(conv)
-        if (iter_kinds(stmt) != "SSSSRRR" or len(pad) != 1
-                or not all(is_spatial(sch.get(b)) for b in blocks if not b.same_as(conv))
-                or not has_static_extents(stmt)):
-            return None
-        dtype = stmt.writes[0].source.dtype
-        lanes = vector_lanes(target, dtype)
-        if _polyphase_stride(sch, pad[0], conv) is None:
-            _schedule_dilated(sch, pad, conv, epilogue, lanes)
-        else:
-            _schedule_polyphase(sch, pad[0], conv, epilogue, lanes)
-        return sch
+        sch = s_tir.Schedule(prepared)
+        pad, conv, epilogue = _match(sch)
+        lanes = vector_lanes(target, sch.get(conv).writes[0].source.dtype)
+        polyphase = _polyphase_stride(sch, pad[0], conv) is not None
+        width = sch.get(sch.get_loops(conv)[3]).extent
+        if is_static(width):
+            if polyphase:
+                _schedule_polyphase(sch, pad[0], conv, epilogue, lanes)
+            else:
+                _schedule_dilated(sch, pad, conv, epilogue, lanes)
+            return sch
+        if polyphase:
+            # Tiles of one phase's columns: the tiled loop runs over the input's width.
+            columns = Analyzer().simplify(tirx.floordiv(width, _POLYPHASE_STRIDE))
+
+            def schedule(copy, tile):
+                copy_pad, copy_conv, copy_epilogue = _match(copy)
+                return _schedule_polyphase(copy, copy_pad[0], copy_conv, copy_epilogue, lanes, tile)
+
+            return schedule_by_width(prepared, columns, width_tiles(lanes, lanes), schedule)
+        return schedule_by_width(prepared, width, width_tiles(2 * lanes, lanes),
+                                 lambda copy, tile: _schedule_dilated(copy, *_match(copy), lanes, tile))
+
+
+def _prepare(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """The kernel with the dilation inlined into the pad (one select for both) and cheap
+    blocks inlined; None when it is not a transposed conv this rule takes."""
+    sch = s_tir.Schedule(func)
+    names = {sch.get(block).name_hint for block in sch.get_child_blocks(get_root_block(sch))}
+    if not {"data_dilate", "data_pad", "kernel_transform"} <= names:
+        return None
+    sch.compute_inline(sch.get_sblock("data_dilate"))
+    # One select for "inside the padding and not a dilation zero", so that a copy whose
+    # phase makes the second part false folds to zero however the first part turns out.
+    sch = s_tir.Schedule(_merge_nested_selects(sch.mod["main"]))
+    inline_cheap_blocks(sch)
+    found = only_reduction(sch)
+    if found is None:
+        return None
+    blocks, index = found
+    conv, pad = blocks[index], blocks[:index]
+    stmt = sch.get(conv)
+    if (iter_kinds(stmt) != "SSSSRRR" or len(pad) != 1
+            or not all(is_spatial(sch.get(b)) for b in blocks if not b.same_as(conv))
+            or not static_except(stmt, (2, 3))):
+        return None
+    return sch.mod["main"]
+
+
+def _match(sch: s_tir.Schedule) -> tuple[list, object, list]:
+    """(pad blocks, the conv, its epilogue) of a ``_prepare``d kernel."""
+    blocks, index = only_reduction(sch)
+    return blocks[:index], blocks[index], blocks[index + 1:]
 
 
 def _merge_nested_selects(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -98,15 +135,16 @@ def _polyphase_stride(sch: s_tir.Schedule, pad, conv) -> int | None:
     tvm_ffi.structural_walk(sch.get(pad).body, (TensorLoad, loads.append))
     if len(loads) != 1 or len(loads[0].indices) != 4:
         return None
-    rows, cols = (int(d) for d in loads[0].source.shape[2:])
+    rows, cols = loads[0].source.shape[2:]
     _, _, y, x, _, ry, rx = sch.get_loops(conv)
+    analyzer = Analyzer()
     for index, out_loop, tap_loop, size in ((loads[0].indices[2], y, ry, rows),
                                             (loads[0].indices[3], x, rx, cols)):
         # The dilated-and-padded map reads input[(i - (kernel - 1 - pad_begin)) // stride].
         dilation = _floordiv_offset(index)
         kernel = extent(sch, tap_loop)
         if (dilation != (_POLYPHASE_STRIDE, kernel - 1) or kernel != _POLYPHASE_STRIDE
-                or extent(sch, out_loop) != size * kernel):
+                or not analyzer.can_prove_equal(sch.get(out_loop).extent, size * kernel)):
             return None
     return _POLYPHASE_STRIDE
 
@@ -125,10 +163,11 @@ def _floordiv_offset(index) -> tuple[int, int] | None:
     return None
 
 
-def _schedule_dilated(sch, pad, conv, epilogue, lanes) -> None:
+def _schedule_dilated(sch, pad, conv, epilogue, lanes, ow_tile: int | None = None):
+    """Returns the column-tile loop; ``ow_tile`` is chosen from the width when it is static."""
     schedule_pad(sch, pad)
     n, f, y, x, rc, ry, rx = sch.get_loops(conv)
-    ow_tile = row_tile(extent(sch, x), lanes, max_vectors=2)
+    ow_tile = ow_tile or row_tile(extent(sch, x), lanes, max_vectors=2)
     vectors = -(-ow_tile // lanes)
     oc_tile = largest_divisor(extent(sch, f), _MAX_ACCUMULATORS // vectors)
     f_outer, f_inner = sch.split(f, [None, oc_tile])
@@ -140,16 +179,19 @@ def _schedule_dilated(sch, pad, conv, epilogue, lanes) -> None:
     sch.vectorize(x_inner)
     init = sch.decompose_reduction(conv, rc)
     sch.vectorize(sch.get_loops(init)[-1])
+    return x_outer
 
 
-def _schedule_polyphase(sch, pad, conv, epilogue, lanes) -> None:
+def _schedule_polyphase(sch, pad, conv, epilogue, lanes, cols: int | None = None):
+    """Returns the column-tile loop; ``cols`` (columns of one phase per tile) is chosen from
+    the width when it is static."""
     stride = _POLYPHASE_STRIDE
     sch.compute_inline(pad)
     n, f, y, x, rc, ry, rx = sch.get_loops(conv)
     y_outer, y_phase = sch.split(y, [None, stride])
     x_outer, x_phase = sch.split(x, [None, stride])
     # Columns of one phase are contiguous in the input: a tile is a vector of them.
-    cols = row_tile(extent(sch, x_outer), lanes, max_vectors=1)
+    cols = cols or row_tile(extent(sch, x_outer), lanes, max_vectors=1)
     oc_tile = largest_divisor(extent(sch, f), _MAX_ACCUMULATORS // stride**2)
     f_outer, f_inner = sch.split(f, [None, oc_tile])
     x_tile, x_inner = sch.split(x_outer, [None, cols])
@@ -170,6 +212,7 @@ def _schedule_polyphase(sch, pad, conv, epilogue, lanes) -> None:
     init = sch.decompose_reduction(conv, rc)
     sch.vectorize(sch.get_loops(init)[-1])
     _partition_phases_and_taps(sch, conv)
+    return x_tile
 
 
 def _partition_phases_and_taps(sch, update) -> None:

@@ -6,6 +6,8 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
+
 
 class Fallback(ScheduleRule):
     """Parallelize each root block's leading loops that bind only data-parallel axes.
@@ -26,7 +28,7 @@ class Fallback(ScheduleRule):
                 sch.parallel(sch.fuse(*leading))
             except s_tir.ScheduleError:
                 continue  # parallel refuses blocks with an opaque axis (a scan): left serial
-        return sch
+        return serial_when_small(sch, MIN_PARALLEL_ELEMENTS)
 
 
 def _leading_spatial_loops(sch: s_tir.Schedule, block) -> list:

@@ -6,10 +6,8 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .inline import inline_cheap_blocks, is_spatial
+from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
-
-# Below this many elements a parallel launch costs more than the loop itself.
-_MIN_PARALLEL_ELEMENTS = 4096
 
 
 class Injective(ScheduleRule):
@@ -32,7 +30,7 @@ class Injective(ScheduleRule):
                 _parallel_vectorize(sch, sch.fuse(*loops), lanes)
             else:
                 _symbolic_parallel_vectorize(sch, loops, lanes)
-        return sch
+        return serial_when_small(sch, MIN_PARALLEL_ELEMENTS)
 
 
 def _symbolic_parallel_vectorize(sch: s_tir.Schedule, loops: list, lanes: int) -> None:
@@ -41,6 +39,7 @@ def _symbolic_parallel_vectorize(sch: s_tir.Schedule, loops: list, lanes: int) -
 
     A vector over a symbolic extent would need a predicate on each lane, which makes the
     vectorizer fall back to scalar code; the static inner loops (the hidden size) need none.
+    Below ``MIN_PARALLEL_ELEMENTS`` at run time a serial copy runs instead (``apply``).
     """
     static = 0
     while static < len(loops) and isinstance(sch.get(loops[len(loops) - 1 - static]).extent, tirx.IntImm):
@@ -65,5 +64,5 @@ def _parallel_vectorize(sch: s_tir.Schedule, loop, lanes: int) -> None:
     if extent % lanes == 0 and extent > lanes:
         loop, vector = sch.split(loop, [None, lanes])
         sch.vectorize(vector)
-    if extent >= _MIN_PARALLEL_ELEMENTS:
+    if extent >= MIN_PARALLEL_ELEMENTS:
         sch.parallel(loop)

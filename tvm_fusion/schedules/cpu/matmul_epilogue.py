@@ -8,6 +8,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .inline import only_reduction
+from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
 from .target_info import vector_lanes
 
 # Rows of the register tile: 8 rows x 2 vectors of columns keeps 16 accumulators in
@@ -51,7 +52,8 @@ class MatmulEpilogue(ScheduleRule):
             return None  # symbolic columns: a predicated vector loop would run scalar
         epilogue = list(blocks[1:])
         dtype = sch.get(matmul).writes[0].source.dtype
-        return _schedule(sch, matmul, epilogue, axes, vector_lanes(target, dtype))
+        sch = _schedule(sch, matmul, epilogue, axes, vector_lanes(target, dtype))
+        return serial_when_small(sch, MIN_PARALLEL_TILE_WORK)  # a few symbolic rows: one core
 
 
 def _match_matmul(block: s_tir.SBlock) -> _MatmulAxes | None:

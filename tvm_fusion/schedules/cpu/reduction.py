@@ -6,6 +6,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .inline import inline_cheap_blocks, same_extents
+from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
 
 
@@ -40,7 +41,7 @@ class Reduction(ScheduleRule):
             sch.compute_at(block.block_rv, row, preserve_unit_loops=True)
         for block in blocks:
             _vectorize_innermost(sch, block.block_rv, row, lanes)
-        return sch
+        return serial_when_small(sch, MIN_PARALLEL_ELEMENTS)  # a few symbolic rows: one core
 
 
 def _leading_spatial(block: SBlockInfo) -> int:

@@ -6,6 +6,9 @@ The Injective rule fuses all four axes into one loop, so every vector lane re-de
 parallel row loop and vectorizing only the columns makes the source row, the interpolation
 weights in y and the concat's choice of input loop-invariant per row; only the column
 gather (x // 2 for a nearest 2x) varies across lanes.
+
+Rows and columns may be symbolic (a model compiled for a range of sizes): the column tiles are
+then full, the last one of a row shifted back, one copy per tile width (``symbolic_width.py``).
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ from tvm.target import Target
 
 from .conv2d_nchw import extent, row_tile
 from .inline import inline_cheap_blocks, is_spatial
+from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes
 
 # Below this many output elements a parallel launch costs more than the loop itself.
 _MIN_PARALLEL_ELEMENTS = 4096
+_MAX_VECTORS = 4
 
 
 class Resize(ScheduleRule):
     """All-spatial kernels with a legalized ``image.resize2d`` block (topi names it ``resize``)
-    whose remaining blocks are 4-D with static extents."""
+    whose remaining blocks are 4-D: with static extents, or one block with static batch and
+    channels."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
@@ -48,20 +54,39 @@ class Resize(ScheduleRule):
                 continue  # the kernel's output, or read by several consumers
         remaining = sch.get_child_blocks(get_root_block(sch))
         nests = [sch.get_loops(b) for b in remaining]
-        if any(len(loops) != 4 or any(not isinstance(sch.get(loop).extent, tirx.IntImm) for loop in loops)
-               for loops in nests):
+        if any(len(loops) != 4 for loops in nests):
             return None
-        for block, (n, c, y, x) in zip(remaining, nests):
-            lanes = vector_lanes(target, sch.get(block).writes[0].source.dtype)
-            elements = extent(sch, n) * extent(sch, c) * extent(sch, y) * extent(sch, x)
-            rows = sch.fuse(n, c, y)
-            tile = row_tile(extent(sch, x), lanes, max_vectors=4)
-            columns = sch.split(x, [None, tile])[1] if tile < extent(sch, x) else x
-            if tile > 1:
-                sch.vectorize(columns)
-            if elements >= _MIN_PARALLEL_ELEMENTS:
-                sch.parallel(rows)
-        return sch
+        if all(is_static(sch.get(loop).extent) for loops in nests for loop in loops):
+            for block, (n, c, y, x) in zip(remaining, nests):
+                lanes = vector_lanes(target, sch.get(block).writes[0].source.dtype)
+                elements = extent(sch, n) * extent(sch, c) * extent(sch, y) * extent(sch, x)
+                rows = sch.fuse(n, c, y)
+                tile = row_tile(extent(sch, x), lanes, max_vectors=_MAX_VECTORS)
+                columns = sch.split(x, [None, tile])[1] if tile < extent(sch, x) else x
+                if tile > 1:
+                    sch.vectorize(columns)
+                if elements >= _MIN_PARALLEL_ELEMENTS:
+                    sch.parallel(rows)
+            return sch
+        # Symbolic rows and columns (a model compiled for a range of sizes): one block left,
+        # static batch and channels; full column tiles, the last one of a row shifted back.
+        if len(remaining) != 1 or not static_except(sch.get(remaining[0]), (2, 3)):
+            return None
+        lanes = vector_lanes(target, sch.get(remaining[0]).writes[0].source.dtype)
+        width = sch.get(nests[0][3]).extent
+        return schedule_by_width(sch.mod["main"], width, width_tiles(_MAX_VECTORS * lanes, lanes), _tile_rows)
+
+
+def _tile_rows(sch: s_tir.Schedule, tile: int):
+    """(n, c, y) rows across cores, ``tile`` columns per vector tile; returns the tile loop."""
+    (block,) = sch.get_child_blocks(get_root_block(sch))
+    n, c, y, x = sch.get_loops(block)
+    rows = sch.fuse(n, c, y)
+    outer, columns = sch.split(x, [None, tile])
+    if tile > 1:
+        sch.vectorize(columns)
+    sch.parallel(rows)
+    return outer
 
 
 def _is_resize(sch: s_tir.Schedule, block) -> bool:

@@ -7,6 +7,7 @@ from tvm.target import Target
 
 from .inline import _has_call, is_spatial
 from .reduction import _is_row_shaped, _leading_spatial, _same_rows, _vectorize_innermost
+from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
 
 # The output blocks of TOPI's layer_norm and rms_norm, as LegalizeOps names them.
@@ -46,9 +47,10 @@ class SkipNorm(ScheduleRule):
             return None
         lanes = vector_lanes(target, sch.get(blocks[-1].block_rv).writes[0].source.dtype)
         try:
-            return _schedule_rows(sch, [b.block_rv for b in blocks], row_axes, lanes)
+            sch = _schedule_rows(sch, [b.block_rv for b in blocks], row_axes, lanes)
         except s_tir.ScheduleError:
             return None  # a shape this rule did not foresee: leave it to the next rule
+        return serial_when_small(sch, MIN_PARALLEL_ELEMENTS)  # a few symbolic rows: one core
 
 
 def _schedule_rows(sch: s_tir.Schedule, blocks: list, row_axes: int, lanes: int) -> s_tir.Schedule:

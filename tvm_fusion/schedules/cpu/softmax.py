@@ -17,6 +17,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .inline import extent_of, inline_cheap_blocks, is_spatial, same_extents
+from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
 
 # A partial-reduction vector narrower than this does not pay for its final reduction.
@@ -33,9 +34,11 @@ class Softmax(ScheduleRule):
         if not _is_softmax(sch):
             return None
         try:
-            return sch if _schedule(sch, target) else None
+            if not _schedule(sch, target):
+                return None
         except s_tir.ScheduleError:
             return None  # prologue/epilogue blocks that do not follow the rows: not this rule's shape
+        return serial_when_small(sch, MIN_PARALLEL_ELEMENTS)  # a few symbolic rows: one core
 
 
 def _schedule(sch: s_tir.Schedule, target: Target) -> bool:

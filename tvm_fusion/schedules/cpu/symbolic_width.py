@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
@@ -60,17 +61,23 @@ def schedule_by_width(func: tirx.PrimFunc, width: tirx.PrimExpr, tiles: list[int
             scheduled = _overlap_last_tile(scheduled, sch.get(outer).loop_var, tile, width)
         # Each copy gets its own loop variables and buffers (the copies are one function).
         bodies.append((tile, _renew_loop_vars(scheduled)))
-    return s_tir.Schedule(_chain(func, width, bodies))
+    # A loop_partition leaves its copies of a block sharing iteration variables; the chained
+    # function is verified as a new schedule, which wants each defined once.
+    chained = _unique_block_vars(_chain(func, width, bodies))
+    return s_tir.Schedule(tvm.tirx.transform.ConvertSSA()(tvm.IRModule({"main": chained}))["main"])
 
 
 def _overlap_last_tile(func: tirx.PrimFunc, outer: tirx.Var, tile: int, width) -> tirx.PrimFunc:
-    """Start column ``outer * tile`` -> ``min(outer * tile, width - tile)``; the split's
+    """Start column ``outer * tile`` -> ``min(outer * tile, width - tile)`` (and a multiple of
+    it likewise); the split's
     predicates (all that mention ``outer``) are dropped, as every tile is now inside the row."""
     start = tirx.Min(outer * tile, width - tile)
 
     def column(mul):
-        if mul.a.same_as(outer) and isinstance(mul.b, tirx.IntImm) and int(mul.b) == tile:
-            return start
+        # ``outer * (k * tile)``: the start of the tile in a map k times as wide (the output
+        # columns of a stride-k transposed conv tiled by input column).
+        if mul.a.same_as(outer) and isinstance(mul.b, tirx.IntImm) and int(mul.b) % tile == 0:
+            return start if int(mul.b) == tile else start * (int(mul.b) // tile)
         return mul
 
     def realize(node):
@@ -91,6 +98,16 @@ def _renew_loop_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
                                         (s_tir.SBlock, lambda b: defined.extend(iv.var for iv in b.iter_vars))])
     fresh = {var: tirx.Var(var.name, var.ty) for var in defined}
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.Var, lambda v: fresh.get(v, v))]))
+
+
+def _unique_block_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Fresh iteration variables for every block (ConvertSSA renames loop variables only)."""
+
+    def rename(block):
+        fresh = {iv.var: tirx.Var(iv.var.name, iv.var.ty) for iv in block.iter_vars}
+        return tvm_ffi.structural_map(block, [(tirx.Var, lambda v: fresh.get(v, v))])
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlock, rename)]))
 
 
 def _mentions(expr, var: tirx.Var) -> bool:
