@@ -41,7 +41,7 @@ def test_default_config_resolves_host_values():
     raw = tomllib.loads(DEFAULT_CONFIG.read_text())
     assert (raw["target"]["mcpu"], raw["target"]["num-cores"], raw["runtime"]["threads"]) == ("host", "host", 0)
     assert cfg.threads == cores  # threads = 0 means "num-cores"
-    assert cfg.patterns == tuple(raw["pipeline"]["patterns"])
+    assert raw["pipeline"]["patterns"] == "default" and cfg.patterns == tuple(registered_patterns())
     assert cfg.schedule == raw["pipeline"]["schedule"]
     assert cfg.conv_layout == raw["pipeline"]["conv_layout"]
     assert (cfg.rtol, cfg.atol, cfg.seed) == (raw["verify"]["rtol"], raw["verify"]["atol"], raw["verify"]["seed"])
@@ -103,7 +103,7 @@ BAD_CONFIGS = [
     ("kind = 'llvm'\n", "kind", "not a known section", "target, pipeline"),
     ("[target]\nkind = 'llvm'\nmcpus = 'host'\n", "target.mcpus", "not a known key",
      "kind, mcpu, mtriple, mattr, num-cores, arch, host"),
-    ("[pipeline]\nschedules = 'none'\n", "pipeline.schedules", "not a known key", "patterns, schedule"),
+    ("[pipeline]\nschedules = 'none'\n", "pipeline.schedules", "not a known key", "patterns, enable, disable, schedule"),
     ("[verify]\ntolerance = 1\n", "verify.tolerance", "not a known key", "rtol, atol, seed"),
     ("[target]\nkind = 'rocm'\n", "target.kind", "'rocm'", "llvm, cuda"),
     ("[target]\nmcpu = 'host'\n", "target.kind", "None", "llvm, cuda"),
@@ -116,6 +116,10 @@ BAD_CONFIGS = [
      "unknown pattern 'fused_attention'", "gelu_erf, gelu_tanh"),
     ("[pipeline]\npatterns = ['gelu_erf', 'gelu_erf']\n", "pipeline.patterns", "lists a pattern twice", "at most once"),
     ("[pipeline]\npatterns = 'gelu_erf'\n", "pipeline.patterns", "'gelu_erf'", "list of pattern names"),
+    ("[pipeline]\ndisable = ['gelu']\n", "pipeline.disable", "unknown pattern 'gelu'", "gelu_erf"),
+    ("[pipeline]\nenable = 'softmax'\n", "pipeline.enable", "'softmax'", "list of pattern names"),
+    ("[pipeline]\nenable = ['softmax']\ndisable = ['softmax']\n", "pipeline.enable", "both name ['softmax']",
+     "one of them"),
     ("[pipeline]\nschedule = 'tuned'\n", "pipeline.schedule", "'tuned'", "default, none"),
     ("[pipeline]\nconv_layout = 'NHWC'\n", "pipeline.conv_layout", "'NHWC'", "NCHW, NCHWc"),
     ("[verify]\nrtol = -1e-3\n", "verify.rtol", "-0.001", "non-negative number"),
@@ -139,6 +143,20 @@ def test_bad_config_names_file_key_and_allowed_values(tmp_path, text, key, probl
     assert problem in err.message, message
     assert allowed in err.hint, message
     assert message.count("\n") == 1  # one message line, one fix line
+
+
+def test_default_patterns_are_every_registered_pattern_and_enable_disable_adjust_them(tmp_path):
+    assert list(load_config(write(tmp_path, "[pipeline]\npatterns = 'default'\n")).patterns) == registered_patterns()
+    assert list(load_config(write(tmp_path, "[target]\nkind = 'llvm'\n")).patterns) == registered_patterns()
+    cfg = load_config(write(tmp_path, "[pipeline]\ndisable = ['softmax', 'attention']\n"))
+    assert list(cfg.patterns) == [p for p in registered_patterns() if p not in ("softmax", "attention")]
+    cfg = load_config(write(tmp_path, "[pipeline]\npatterns = ['gelu_erf']\nenable = ['softmax', 'silu']\n"))
+    assert list(cfg.patterns) == ["gelu_erf", "silu", "softmax"]  # enabled ones in the registry's order
+
+
+def test_bundled_configs_use_the_default_pattern_list():
+    for path in sorted(DEFAULT_CONFIG.parent.glob("*.toml")):
+        assert list(load_config(path).patterns) == registered_patterns(), path
 
 
 def test_unknown_pattern_lists_every_registered_pattern(tmp_path):

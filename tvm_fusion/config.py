@@ -25,7 +25,7 @@ SCHEDULE_MODES = ("default", "none")
 CONV_LAYOUTS = ("NCHW", "NCHWc")
 SECTIONS = {
     "target": TARGET_KEYS,
-    "pipeline": ("patterns", "schedule", "fast_math", "conv_layout"),
+    "pipeline": ("patterns", "enable", "disable", "schedule", "fast_math", "conv_layout"),
     "verify": ("rtol", "atol", "seed"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
@@ -182,15 +182,7 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
         _check_mcpu("target.host.mcpu", target["host"].get("mcpu"), target["host"].get("mtriple"), fail)
 
     pipeline = raw.get("pipeline", {})
-    known = registered_patterns()
-    patterns = pipeline.get("patterns", list(known))
-    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-        raise fail("pipeline.patterns", f"has value {patterns!r}", "a list of pattern names")
-    for pattern in patterns:
-        if pattern not in known:
-            raise fail("pipeline.patterns", f"names unknown pattern {pattern!r}", ", ".join(known))
-    if len(set(patterns)) != len(patterns):
-        raise fail("pipeline.patterns", "lists a pattern twice", "each pattern at most once")
+    patterns = _parse_patterns(pipeline, registered_patterns(), fail)
     schedule = pipeline.get("schedule", "default")
     if schedule not in SCHEDULE_MODES:
         raise fail("pipeline.schedule", f"has value {schedule!r}", ", ".join(SCHEDULE_MODES))
@@ -235,6 +227,36 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
         rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
         threads=threads or cores, dim_defaults=dims,
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))
+
+
+def _parse_patterns(pipeline: dict[str, Any], known: list[str], fail) -> list[str]:
+    """``patterns = "default"`` (or no key): every registered pattern in the registry's order,
+    so a new pattern is on in every config; ``enable``/``disable`` adjust that list. An explicit
+    list is taken as written (its order is the order they are tried in)."""
+    patterns = pipeline.get("patterns", "default")
+    if patterns == "default":
+        patterns = list(known)
+    elif not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise fail("pipeline.patterns", f"has value {patterns!r}", '"default" or a list of pattern names')
+    for key in ("enable", "disable"):
+        names = pipeline.get(key, [])
+        if not isinstance(names, list) or not all(isinstance(p, str) for p in names):
+            raise fail(f"pipeline.{key}", f"has value {names!r}", "a list of pattern names")
+        for name in names:
+            if name not in known:
+                raise fail(f"pipeline.{key}", f"names unknown pattern {name!r}", ", ".join(known))
+    disabled = set(pipeline.get("disable", []))
+    both = disabled & set(pipeline.get("enable", []))
+    if both:
+        raise fail("pipeline.enable", f"and pipeline.disable both name {sorted(both)}", "each pattern in one of them")
+    enabled = [name for name in known if name in pipeline.get("enable", []) and name not in patterns]
+    patterns = [name for name in patterns + enabled if name not in disabled]
+    for pattern in patterns:
+        if pattern not in known:
+            raise fail("pipeline.patterns", f"names unknown pattern {pattern!r}", ", ".join(known))
+    if len(set(patterns)) != len(patterns):
+        raise fail("pipeline.patterns", "lists a pattern twice", "each pattern at most once")
+    return patterns
 
 
 def _parse_tuning(section: dict[str, Any], path: str, fail) -> TuningConfig:

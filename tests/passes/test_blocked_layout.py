@@ -168,18 +168,40 @@ def test_a_layout_inference_failure_keeps_nchw_and_says_why(monkeypatch):
     assert miss.reason == "layout inference failed: Index -1 out of bounds 4"
 
 
-def test_a_symbolic_model_stays_in_nchw_and_says_why():
-    """A model compiled for a range of sizes keeps NCHW (the blocked conv's legalizer and
-    schedule fix their tiles from the map size); the near miss names the symbolic dims."""
+def test_resnet_for_a_range_of_sizes_runs_blocked_and_matches_onnx_runtime_at_each():
+    """Rows and columns symbolic: the same 19 convs take NCHW16c, every one under the blocked
+    schedule (full pixel tiles, the last shifted back), at sizes a tile does not divide."""
+    from tvm_fusion.config import load_config
+    from tvm_fusion.verify import reference_outputs
+
+    cfg = dataclasses.replace(load_config(None), conv_layout="NCHWc")
+    prepared = api.prepare(EXAMPLES / "resnet_tiny.onnx", cfg, input_shapes="input:1x3x16..256x16..256")
+    optimized = api.optimize(prepared, tuning_log=False)
+    assert optimized.report.fired["blocked_layout.conv2d"] == 19 and not optimized.report.near_misses
+    rules = optimized.schedule_rules
+    assert [k for k, rule in rules.items() if "conv2d" in k and rule != "Conv2dNCHWc"] == [
+        "fused_relax_nn_conv2d_relax_add_relax_nn_relu"]  # the RGB stem, in NCHW
+    vm = relax.VirtualMachine(api.build(optimized.module, cfg), tvm.cpu())
+    rng = np.random.default_rng(0)
+    for height, width in [(16, 16), (17, 250), (99, 31)]:
+        x = rng.standard_normal((1, 3, height, width)).astype("float32")
+        (expected,) = reference_outputs(prepared.onnx_model, {"input": x}).values()
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_with_symbolic_channels_stays_in_nchw_and_says_why():
+    """The channel blocks and the blocked weights are fixed at compile time."""
     from tvm import tirx
 
-    height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
-    x = relax.Var("x", relax.TensorType((1, 16, height, width), "float32"))
-    w = relax.Var("w", relax.TensorType((32, 16, 3, 3), "float32"))
+    channels, height = tirx.Var("channels", "int64"), tirx.Var("height", "int64")
+    x = relax.Var("x", relax.TensorType((1, channels, height, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((32, channels, 3, 3), "float32"))
+    w2 = relax.Var("w2", relax.TensorType((16, 32, 3, 3), "float32"))
     bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
+    with bb.function("main", [x, w, w2]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+            first = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+            out = bb.emit_output(relax.op.nn.conv2d(first, w2, padding=1))
         bb.emit_func_output(out)
     before = bb.get()
     after, report = convert(before)
@@ -187,4 +209,4 @@ def test_a_symbolic_model_stays_in_nchw_and_says_why():
     assert not report.fired
     (miss,) = report.near_misses
     assert miss.pattern == "blocked_layout"
-    assert "symbolic dims (1, 16, height, width)" in miss.reason and "stays in NCHW" in miss.reason
+    assert "symbolic batch or channels (1, channels, height, 8)" in miss.reason and "stays in NCHW" in miss.reason

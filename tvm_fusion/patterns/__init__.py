@@ -1,6 +1,6 @@
 """The pattern registry: one fusion concept per module, registered here by one line each.
 
-The order of ``PATTERNS`` is the default order of a pipeline config's ``patterns`` list.
+The order of ``PATTERNS`` is the order of a pipeline config's ``patterns = "default"``.
 """
 
 from __future__ import annotations
@@ -34,24 +34,26 @@ from .squeeze_excitation import SqueezeExcitation
 PATTERNS: dict[str, RewriteRule | FusionRule] = {
     rule.name: rule
     for rule in (
+        # Rewrites (one Relax op for an exporter's decomposition) run first, in this order.
         FlattenedLinear(),
         GeluErf(),
         GeluTanh(),
         Silu(),
         Clip(),
-        Dropout(),
         HardSwish(),
         HardSigmoid(),
+        Dropout(),
+        LayerNormDecomposed(),
+        RmsNormDecomposed(),
+        SoftmaxFlattened(),
         ConvBnFold(),
         ConvAffineFold(),
+        # Fusions: where two match at one place, the earlier one takes it.
         SqueezeExcitation(),
         ConvEpilogue(),  # before resize_merge: it takes an FPN merge whose lateral is a conv
         ConvTransposeEpilogue(),
         ResizeMerge(),
         Attention(),
-        LayerNormDecomposed(),
-        RmsNormDecomposed(),
-        SoftmaxFlattened(),
         SkipLayerNorm(),
         SkipRmsNorm(),
         DropoutTraining(),  # before gemm_epilogue, which would take its matmul chain

@@ -1,0 +1,98 @@
+"""What an artifact's metadata.json says about the model, the build and the tuning log, and
+what ``CompiledModel`` needs to run a module built in this process."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from . import __version__
+from .build import kernel_calls
+from .config import PipelineConfig
+from .frontend import onnx as onnx_frontend
+from .frontend.dims import ranges_of
+from .patterns import PatternReport
+from .preparation import PreparedModel
+
+
+def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, platform, toolchain: dict,
+                      report: PatternReport, records, gate) -> dict:
+    """metadata.json before the artifact is run: ``verification`` is filled in by the run, and
+    ``outputs`` gets concrete shapes there for a static model.
+
+    ``module`` is the scheduled module that is built, ``platform`` the target's
+    ``targets.Platform``, ``records`` the tuning records (or None), ``gate`` the fusion gate's
+    result (or None when it did not run).
+    """
+    import tvm
+
+    return {
+        "model": prepared.name,
+        "model_sha256": hashlib.sha256(prepared.onnx_model.SerializeToString()).hexdigest(),
+        "inputs": input_metadata(prepared),
+        "dims": {name: r.to_json() for name, r in ranges_of(prepared.inputs).items()},
+        "outputs": declared_outputs(module, prepared.output_names),
+        "target": cfg.target,
+        "config": cfg.name,
+        "platform": platform.to_json(),
+        "toolchain": toolchain,
+        "pipeline": list(cfg.patterns),
+        "schedule": cfg.schedule,
+        "fusions": {name: count for name, count in sorted(report.fired.items())},
+        "kernels": kernel_calls(module),
+        "threads": cfg.threads,
+        "versions": {"tvm": tvm.__version__, "tvm_fusion": __version__},
+        "verification": None,
+        "tuning": tuning_metadata(records),
+        "fusion_gate": gate.to_json() if gate is not None else None,
+    }
+
+
+def tuning_metadata(records) -> dict | None:
+    """metadata.json's ``tuning``: which log was used and the kernels its records scheduled."""
+    if records is None:
+        return None
+    return {"log": str(records.directory), "target_key": records.target_key,
+            "tuned_kernels": sorted(records.applied),
+            "hand_schedule_measured_fastest": sorted(records.hand_best),
+            "details": {name: dataclasses.asdict(k) for name, k in sorted(records.applied.items())}}
+
+
+
+def input_metadata(prepared: PreparedModel) -> list[dict]:
+    """Names, shapes, dtypes; for an input that indexes a table (token ids), the valid range,
+    which ``CompiledModel.prepare`` checks: TVM's gather does not, and reads out of bounds."""
+    tables = onnx_frontend.index_tables(prepared.onnx_model)
+    specs = []
+    for spec in prepared.inputs:
+        entry = spec.to_json()
+        if spec.name in tables and spec.dtype not in (*onnx_frontend.FLOAT_DTYPES, "bool"):
+            table, rows = tables[spec.name]
+            entry.update(index_range=[-rows, rows - 1], index_table=table)  # ONNX Gather: negatives from the end
+        specs.append(entry)
+    return specs
+
+
+def declared_outputs(module, names: list[str]) -> list[dict]:
+    """Output names, shapes and dtypes from ``main``'s return type: a symbolic dim as its
+    expression over the input ranges (``"sequence"``, ``"(height - 1) // 32 + 1"``)."""
+    returned = module["main"].ret_ty
+    fields = list(returned.fields) if hasattr(returned, "fields") else [returned]
+    specs = []
+    for name, field in zip(names, fields):
+        try:
+            shape = [int(dim) if hasattr(dim, "value") else str(dim) for dim in field.shape.values]
+        except (AttributeError, TypeError, ValueError):  # data-dependent: known only from a run
+            shape = None
+        specs.append({"name": name, "shape": shape, "dtype": str(field.dtype)})
+    return specs
+
+
+
+def bench_metadata(prepared: PreparedModel) -> dict:
+    """The metadata ``CompiledModel`` needs to run a module built in this process (no artifact):
+    inputs, ranges, output names, threads."""
+    return {"inputs": [s.to_json() for s in prepared.inputs],
+            "dims": {name: r.to_json() for name, r in ranges_of(prepared.inputs).items()},
+            "outputs": [{"name": n} for n in prepared.output_names],
+            "threads": prepared.config.threads}

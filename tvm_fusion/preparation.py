@@ -1,0 +1,159 @@
+"""Preparation: load an ONNX model, bind its input shapes, simplify it and import it into Relax.
+
+Also the checks every command makes on the shapes before heavy work (memory, one size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+
+from .config import PipelineConfig, load_config
+from .errors import ShapeError
+from .frontend import onnx as onnx_frontend
+from .frontend.dims import evaluate_dim, ranges_of, var_sizes
+
+Progress = Callable[[str], None]
+# {name: dims} (a dim: a size, or a (low, high, step) range), NAME:DIMxDIM flags, or one such flag.
+ShapeArg = dict[str, tuple] | list[str] | str | None
+
+
+def quiet(_message: str) -> None:
+    """The default ``progress``: says nothing."""
+
+
+@dataclasses.dataclass
+class PreparedModel:
+    """An ONNX model with bound input shapes, imported into Relax (before any of our passes)."""
+
+    config: PipelineConfig
+    name: str
+    onnx_model: onnx.ModelProto
+    inputs: list[onnx_frontend.TensorSpec]
+    output_names: list[str]
+    relax_module: object
+
+
+def resolve_config(config: str | Path | PipelineConfig | None) -> PipelineConfig:
+    return config if isinstance(config, PipelineConfig) else load_config(config)
+
+
+def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple]:
+    """``{name: dims}``, a list of ``NAME:DIMxDIM`` flags, or one such flag; a dim may be a
+    ``LOW..HIGH[/STEP]`` range (a ``(low, high, step)`` tuple in a dict)."""
+    if not shapes:
+        return {}
+    if isinstance(shapes, dict):
+        return {name: tuple(dims) for name, dims in shapes.items()}
+    if isinstance(shapes, str):
+        shapes = [shapes]
+    parsed: dict[str, tuple[int, ...]] = {}
+    for flag in shapes:
+        name, dims = onnx_frontend.parse_shape_flag(flag)
+        if parsed.get(name, dims) != dims:
+            given = " and ".join(f"{name}:{_dims_flag(d)}" for d in (parsed[name], dims))
+            raise ShapeError(f"--input-shape gives input {name!r} two different shapes: {given}",
+                             f"pass --input-shape once for {name}")
+        parsed[name] = dims
+    return parsed
+
+
+def _dims_flag(dims) -> str:
+    from .frontend.dims import DimRange
+
+    return "x".join(str(DimRange("", *d)) if isinstance(d, tuple) else str(d) for d in dims)
+
+
+def shapes_text(inputs: list[onnx_frontend.TensorSpec]) -> str:
+    """``input_ids:1x1..512, attention_mask:1x1..512`` for messages."""
+    return ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}" for s in inputs)
+
+
+def check_memory(inputs: list[onnx_frontend.TensorSpec], module=None) -> None:
+    """A ShapeError before any heavy work when the bound shapes cannot fit in memory.
+
+    What a compile or bench holds at least: the inputs, plus the largest tensor the model
+    computes (from the imported module's types, once there is one), at the high end of every
+    range. Without this check a mistyped dim builds the model and then dies allocating its
+    test inputs.
+    """
+    import psutil
+
+    high = {name: r.high for name, r in ranges_of(inputs).items()}
+    input_bytes = sum(_tensor_bytes(s.shape, s.dtype) for s in onnx_frontend.inputs_at(inputs, high))
+    high_vars = var_sizes(ranges_of(inputs), high)
+    largest, described = max(_computed_tensors(module, high_vars), default=(0, "")) if module is not None else (0, "")
+    available = psutil.virtual_memory().available
+    if input_bytes + largest > available:
+        shapes = shapes_text(inputs)
+        need = f"{_human_bytes(input_bytes)} for its inputs" + (
+            f" plus {_human_bytes(largest)} for its largest intermediate ({described})" if largest else "")
+        raise ShapeError(f"at {shapes} the model needs {need}, but only {_human_bytes(available)} of memory "
+                         "is available", "pass smaller --input-shape dims (the sizes you deploy with), or "
+                         "lower the config's [inputs] defaults")
+
+
+def _tensor_bytes(shape, dtype: str) -> int:
+    import tvm
+
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count * ((tvm.runtime.DataType(dtype).bits + 7) // 8)
+
+
+def _computed_tensors(module, high: dict[str, int]):
+    """(bytes, 'dtype[shape]') of every tensor bound in ``main``, symbolic dims at ``high``."""
+    from tvm import relax
+
+    def sizes(ty):
+        if isinstance(ty, relax.TupleType):
+            for field in ty.fields:
+                yield from sizes(field)
+        elif isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+            try:
+                shape = [evaluate_dim(dim, high) for dim in ty.shape.values]
+            except (TypeError, KeyError):  # a dim no input range bounds (a data-dependent size)
+                return
+            yield _tensor_bytes(shape, str(ty.dtype)), f"{ty.dtype}{shape}"
+
+    for block in getattr(module["main"].body, "blocks", []):
+        for binding in block.bindings:
+            yield from sizes(binding.var.ty)
+
+
+def _human_bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if count < 1024 or unit == "TiB":
+            return f"{count:.1f} {unit}" if unit != "B" else f"{count} B"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
+            progress: Progress = quiet) -> PreparedModel:
+    """Load, bind shapes, simplify (onnxslim) and import into Relax."""
+    cfg = resolve_config(config)
+    model = onnx_frontend.load_onnx(model_path)
+    specs = onnx_frontend.bind_input_shapes(model, parse_input_shapes(input_shapes), cfg.dim_defaults)
+    check_memory(specs)
+    progress("simplifying shape subgraphs at " + shapes_text(specs))
+    simplified = onnx_frontend.simplify(model, specs)
+    progress(f"importing {len(simplified.graph.node)} ONNX nodes into Relax")
+    module = onnx_frontend.import_model(simplified, specs)
+    check_memory(specs, module)
+    return PreparedModel(cfg, Path(model_path).stem, model, specs,
+                         onnx_frontend.output_specs(model), module)
+
+
+def at_one_size(prepared: PreparedModel, command: str) -> None:
+    """Commands that time or tune kernels run at fixed sizes: a ShapeError for a range."""
+    ranges = ranges_of(prepared.inputs)
+    if ranges:
+        listed = ", ".join(f"{name} {r}" for name, r in ranges.items())
+        raise ShapeError(f"{command} runs the model at one size, but the input shapes give ranges ({listed})",
+                         f"pass fixed sizes to {command} (e.g. the typical size "
+                         f"{', '.join(f'{n}={r.typical}' for n, r in ranges.items())})")
