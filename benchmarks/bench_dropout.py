@@ -30,7 +30,7 @@ from tvm_fusion.passes import FusePatterns  # noqa: E402
 from tvm_fusion.passes.fast_math import fast_math_legalize_map  # noqa: E402
 from tvm_fusion.passes.pipeline import lowering_passes  # noqa: E402
 from tvm_fusion.patterns import PatternReport, get_pattern  # noqa: E402
-from tvm_fusion.patterns.dropout_training import emit_dropout_training  # noqa: E402
+from tvm_fusion.kernels.dropout_training import emit_dropout_training  # noqa: E402
 from tvm_fusion.report import table, write_json  # noqa: E402
 from tvm_fusion.schedules import ApplySchedules  # noqa: E402
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from tvm_fusion import api
 from tvm_fusion.frontend import onnx as onnx_frontend
+from tvm_fusion.metadata import bench_metadata
 from tvm_fusion.native_log import captured_native_stderr
 from tvm_fusion.report import table, write_json
 from tvm_fusion.runtime import CompiledModel, set_threads
@@ -47,7 +48,7 @@ def static_flag(flag: str, sizes: dict[str, int], prepared) -> list[str]:
 def built(prepared) -> CompiledModel:
     with captured_native_stderr([]):
         module = api.optimize(prepared, tuning_log=False).module
-        return CompiledModel(api.build(module, prepared.config), api._bench_metadata(prepared))
+        return CompiledModel(api.build(module, prepared.config), bench_metadata(prepared))
 
 
 def time_interleaved(runners: dict, repeat: int, seed: int, warmup: int = 3) -> dict[str, float]:

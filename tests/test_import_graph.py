@@ -4,7 +4,8 @@ The graph is read statically: every ``import`` and ``from ... import`` in every 
 package, at top level and inside functions (a deferred import hides a circle, it does not
 remove it), with relative imports resolved. Importing ``a.b.c`` also runs the ``__init__`` of
 ``a.b``, so it counts as an edge to that package too, unless the importer lives inside it (a
-package's own modules always run after its ``__init__`` has started).
+package's own modules always run after its ``__init__`` has started). There is no allow-list:
+a circle is broken by moving what both sides need into a lower module.
 """
 
 from __future__ import annotations
@@ -13,17 +14,8 @@ import ast
 import importlib
 from pathlib import Path
 
-import pytest
-
 PACKAGE = "tvm_fusion"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
-
-# Edges left out of the cycle check, each with the reason. Only circles that the split of
-# api.py into modules removes belong here; delete an entry when the split lands (the test
-# fails on an entry whose import is gone, so a stale one cannot linger).
-ALLOWED_EDGES: dict[tuple[str, str], str] = {
-}
-
 
 def _module_files() -> dict[str, Path]:
     modules = {}
@@ -138,20 +130,9 @@ def test_every_module_imports():
 
 
 def test_no_import_cycles():
-    graph = import_graph()
-    for (source, target), _reason in ALLOWED_EDGES.items():
-        graph[source].discard(target)
-    cycles = find_cycles(graph)
+    cycles = find_cycles(import_graph())
     assert not cycles, "import cycles in tvm_fusion:\n" + "\n".join(
         "  " + " -> ".join(cycle) for cycle in cycles)
-
-
-@pytest.mark.parametrize("edge", list(ALLOWED_EDGES) or [pytest.param(None, marks=pytest.mark.skip("none"))])
-def test_allowed_edges_still_exist(edge):
-    """An allow-list entry whose import is gone must be deleted with it."""
-    source, target = edge
-    assert target in import_graph()[source], (
-        f"{source} no longer imports {target}: delete its entry from ALLOWED_EDGES")
 
 
 def test_cycle_finder_reports_the_path():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_fusion import api, cli
+from tvm_fusion import api, cli, compilation
 from tvm_fusion.errors import VerificationError
 from tvm_fusion.verify import check_outputs, compare_outputs, format_comparisons
 
@@ -86,12 +86,12 @@ def test_check_outputs_raises_with_table():
 @pytest.fixture
 def perturbed_reference(monkeypatch):
     """ONNX Runtime's outputs shifted by 0.5: the compiled module now looks wrong."""
-    real = api.reference_outputs
+    real = compilation.reference_outputs
 
     def perturbed(model, inputs, threads=1):
         return {name: value + np.float32(0.5) for name, value in real(model, inputs, threads).items()}
 
-    monkeypatch.setattr(api, "reference_outputs", perturbed)
+    monkeypatch.setattr(compilation, "reference_outputs", perturbed)
 
 
 def test_compile_refuses_a_wrong_module_and_writes_nothing(tmp_path, mlp_path, config_path, perturbed_reference):

@@ -58,9 +58,10 @@ class AblationReport:
 
 def ablate_model(model_path: str | Path, config=None, input_shapes=None, rounds: int = 30, warmup: int = 3,
                  progress: Progress = lambda _m: None) -> AblationReport:
-    from .api import at_one_size, build, kernel_calls, optimize, prepare
+    from .build import build, kernel_calls, optimize
     from .frontend import onnx as onnx_frontend
     from .native_log import captured_native_stderr
+    from .preparation import at_one_size, prepare
     from .runtime import CompiledModel, set_threads
 
     with captured_native_stderr([]):

@@ -21,7 +21,6 @@ class OptimizedModule:
     tuned: dict = dataclasses.field(default_factory=dict)
 
 
-
 def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = None,
              progress: Progress = quiet) -> OptimizedModule:
     """Run the configured tvm_fusion pipeline: canonicalize, fuse, lower, schedule.

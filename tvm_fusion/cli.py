@@ -1,16 +1,17 @@
-"""``tvm-fusion``: argument parsing only; the work is done by tvm_fusion.api."""
+"""``tvm-fusion``: argument parsing only; the work is done by tvm_fusion.api, and what each
+command prints is in tvm_fusion.cli_output."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
+from . import cli_output
 from .errors import ConfigError, TvmFusionError
 from .peers import PEERS
 
@@ -209,61 +210,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _compile(args, say) -> int:
     from .api import compile_model
-    from .report import table
-    from .verify import format_comparisons
 
     if len(args.config) > 1:
         return _compile_targets(args, say)
     result = compile_model(args.model, args.config[0] if args.config else None, args.input_shape,
                            args.output_dir, verify=not args.no_verify, progress=say,
                            tuning_log=_tuning_log_choice(args), fusion_gate=not args.no_fusion_gate)
-    meta = result.metadata
-    fused = [[name, count] for name, count in meta["fusions"].items() if "." not in name]
-    print(f"artifact: {result.artifact}")
-    print(table(["pattern", "fired"], fused) if fused else "no fusion pattern fired")
-    print(f"kernels per call: {meta['kernels']}")
-    if meta.get("fusion_gate"):
-        gate = meta["fusion_gate"]
-        print(f"fusion gate: {gate['checked']} fused instance(s) checked against their unfused nodes, "
-              f"{len(gate['undone'])} undone")
-        if gate["undone"]:
-            print(table(["undone", "ONNX nodes", "max abs error", "allowed"],
-                        [[u["variant"], ", ".join(u["onnx_nodes"] or u["bindings"]), u["max_abs_error"],
-                          u["allowed"]] for u in gate["undone"]]))
-    if meta.get("tuning"):
-        tuning = meta["tuning"]
-        tuned, hand = tuning["tuned_kernels"], tuning["hand_schedule_measured_fastest"]
-        print(f"tuning log {tuning['log']}: {len(tuned)} kernel(s) tuned{': ' + ', '.join(tuned) if tuned else ''}"
-              f"; {len(hand)} kept the hand schedule (measured fastest)")
-    if result.comparisons:
-        print(format_comparisons(result.comparisons, meta["verification"]["rtol"],
-                                 meta["verification"]["atol"]))
-    elif meta["verification"] is None:
-        print("verification: skipped (--no-verify)")
-    else:
-        print(f"verification: NOT RUN: {meta['verification']['reason']}")
+    cli_output.print_compile(result)
     return 0
 
 
 def _compile_targets(args, say) -> int:
     """Every target in one go; a failed target is reported and the exit is non-zero at the end."""
     from .api import compile_targets
-    from .report import table
 
     results = compile_targets(args.model, args.config, args.input_shape, args.output_dir,
                               verify=not args.no_verify, progress=say, tuning_log=_tuning_log_choice(args),
                               fusion_gate=not args.no_fusion_gate)
-    built = [r for r in results if r.error is None]
-    if built:
-        fused = [[name, count] for name, count in built[0].metadata["fusions"].items() if "." not in name]
-        print(table(["pattern", "fired"], fused) if fused else "no fusion pattern fired")
-    rows = [[r.target, str(r.artifact) if r.artifact else "-",
-             r.metadata.get("platform", {}).get("arch", "-") if r.metadata else "-",
-             r.verification if r.error is None else "FAILED"] for r in results]
-    print(table(["target", "artifact", "arch", "verification"], rows))
-    for result in results:
-        if result.error is not None:
-            print(f"tvm-fusion: error: target {result.target}: {result.error}", file=sys.stderr)
+    cli_output.print_compile_targets(results)
     failed = [r.error for r in results if r.error is not None]
     return failed[0].exit_code if failed else 0
 
@@ -304,109 +268,39 @@ def _run(args, say) -> int:
     outputs = model.run(given)
     if args.save:
         save_outputs(outputs, args.save)
-    for name, value in outputs.items():
-        print(f"{name}: shape {list(value.shape)} dtype {value.dtype} "
-              f"mean {float(np.mean(value)):.6g} std {float(np.std(value)):.6g}")
-    if args.repeat > 1:
-        print(f"median latency over {args.repeat} runs: {np.median(times) * 1e3:.3f} ms")
+    cli_output.print_run(outputs, times)
     return 0
 
 
 def _inspect(args, say) -> int:
     from .api import export_fused_onnx, inspect_model
-    from .report import table
 
     if args.check and not args.onnx:
         raise ConfigError("--check verifies the fused ONNX file, and no --onnx was given", "add --onnx FILE.onnx")
     result = inspect_model(args.model, args.config, args.input_shape, graph=args.graph)
     exported = (export_fused_onnx(args.model, args.config, args.input_shape, args.onnx, check=args.check)
                 if args.onnx else None)
-    if args.json:
-        print(json.dumps({**result.to_json(), **({"fused_onnx": exported.to_json()} if exported else {})},
-                         indent=2))
-        return 0
-    print(f"model: {result.model}")
-    print(f"ONNX nodes: {sum(result.onnx_ops.values())} as exported, "
-          f"{sum(result.onnx_ops_simplified.values())} after shape simplification")
-    print(f"kernels per call: tvm_fusion {result.kernels}, stock TVM FuseOps {result.stock_kernels}\n")
-    fired = sorted(result.report.fired.items())
-    rows = [[name, count] for name, count in fired if "." not in name]
-    print(table(["pattern", "fired"], rows) if rows else "no pattern fired")
-    variants = [[name, count] for name, count in fired if "." in name]
-    if variants:
-        print("\n" + table(["fused variant", "count"], variants))
-    if result.instances:
-        print("\n" + table(["fused", "ONNX nodes absorbed"],
-                           [[i.variant, ", ".join(i.nodes) or "-"] for i in result.instances]))
-    coverage = result.coverage
-    targets = sorted(coverage.targeted)
-    print(f"\ncoverage: {coverage.fused_compute_nodes} of {coverage.compute_nodes} ONNX compute nodes "
-          f"({coverage.compute_share:.0%}) run in kernels our fusions built; "
-          f"{sum(coverage.fused.values())} of {sum(coverage.targeted.values())} targeted chains fused "
-          f"({coverage.targeted_share:.0%})")
-    if targets:
-        print(table(["targeted chain", "found", "fused"],
-                    [[t, coverage.targeted[t], coverage.fused.get(t, 0)] for t in targets]))
-    if coverage.unfused:
-        print("\nchains left unfused:")
-        print(table(["chain", "ONNX nodes", "why"],
-                    [[u.target, ", ".join(u.nodes), u.reason] for u in coverage.unfused]))
-    if result.report.near_misses:
-        print("\nnear misses (matched, but the check declined):")
-        print(table(["pattern", "where", "reason"],
-                    [[m.pattern, m.where, m.reason] for m in result.report.near_misses]))
-    ops = sorted(set(result.relax_ops) | set(result.fused_ops),
-                 key=lambda op: -result.relax_ops.get(op, 0))
-    print("\n" + table(["Relax op / composite", "before", "after"],
-                       [[op, result.relax_ops.get(op, 0), result.fused_ops.get(op, 0)] for op in ops]))
-    if args.graph:
-        print(f"\nfused graph drawn: {args.graph}")
-    if exported:
-        _print_fused_onnx(exported)
+    cli_output.print_inspect(result, args.graph, exported, as_json=args.json)
     return 0
-
-
-def _print_fused_onnx(exported) -> None:
-    from .report import table
-    from .verify import format_comparisons
-
-    ops = ", ".join(f"{count} {op}" for op, count in exported.fused_ops.items()) or "no fused node"
-    print(f"\nfused ONNX graph: {exported.path} ({ops})")
-    if exported.kept:
-        print(table(["kept as ONNX nodes", "ONNX nodes", "why"],
-                    [[k.variant, ", ".join(k.nodes), k.reason] for k in exported.kept]))
-    if exported.comparisons is not None:
-        print("onnx.reference (tvm_fusion ops) vs ONNX Runtime:")
-        print(format_comparisons(exported.comparisons, exported.rtol, exported.atol))
 
 
 def _bench(args, say) -> int:
     from .api import bench_model
     from .files import check_writable
-    from .report import table, write_json
+    from .report import write_json
 
     if args.json:
         check_writable(Path(args.json).parent, "--json results", "--json")
     result = bench_model(args.model, args.config, args.input_shape, repeat=args.repeat,
                          warmup=args.warmup, include_stock=not args.no_stock,
                          tuning_log=_tuning_log_choice(args), progress=say, peers=tuple(args.peer))
-    ratios = result.ratios()
-    shapes = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in result.inputs.items())
-    print(f"model {result.model} ({shapes}), {result.threads} threads, median of {result.samples} "
-          "interleaved runs")
-    rows = [[name, result.medians_ms[name], ratios[name], result.max_abs_error.get(name, 0.0)]
-            for name in result.medians_ms]
-    print(table(["runtime", "median ms", "x ONNX Runtime", "max abs err vs ORT"], rows, "lrrr"))
-    peak = result.peak
-    print(f"this machine ({peak.target_key}): {peak.gflops:.0f} GFLOP/s FMA peak, "
-          f"{peak.gbytes_per_s:.1f} GB/s triad (probed {peak.probed_at})")
+    cli_output.print_bench(result)
     if args.json:
         write_json(args.json, result.to_json())
     return 0
 
 
 def _tune(args, say) -> int:
-    from .report import table
     from .tuning.tune import RpcSettings, tune_model
 
     rpc = None
@@ -419,55 +313,21 @@ def _tune(args, say) -> int:
                         per_task_trials=args.per_task_trials, time_limit_s=args.time_limit,
                         trials_per_iter=args.trials_per_iter, log_dir=args.tuning_log, rpc=rpc,
                         seed=args.seed, show_progress=not args.quiet, say=say)
-    for note in result.notes:
-        print(f"note: {note}", file=sys.stderr)
-    rows = [[t.name, t.weight, t.trials_before, t.trials_run, t.hand_us if t.hand_us is not None else "-",
-             t.best_us if t.best_us is not None else "-",
-             t.hand_us / t.best_us if t.hand_us and t.best_us else "-"] for t in result.tasks]
-    print(table(["kernel", "calls", "trials before", "trials now", "hand us", "best us", "speed-up"], rows,
-                "lrrrrrr"))
-    if result.excluded:
-        print("excluded (hand schedules): " + ", ".join(f"{k} ({p})" for k, p in sorted(result.excluded.items())))
-    print(f"{result.trials_run} trials in {result.wall_s:.0f} s ({result.trials_before + result.trials_run}"
-          f" of {result.budget} in the log); stopped: {result.stopped_by}")
-    print(f"tuning log: {result.store}")
+    cli_output.print_tune(result)
     return 130 if result.stopped_by == "interrupted" else 0
 
 
 def _tuning_log(args, say) -> int:
-    from .report import table
     from .tuning import logs
 
     if args.action == "show":
-        rows, notes = logs.show(args.path)
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
-        if args.json:
-            import dataclasses
-
-            print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
-            return 0
-        print(table(["store", "kernel", "models", "trials", "failed", "best us", "hand us", "status"],
-                    [[Path(r.store).name, r.kernel, ",".join(r.models), r.trials, r.failed,
-                      r.best_us if r.best_us is not None else "-", r.hand_us if r.hand_us is not None else "-",
-                      r.status] for r in rows], "lllrrrrl"))
+        cli_output.print_log_show(*logs.show(args.path), as_json=args.json)
     elif args.action == "merge":
-        report = logs.merge(args.sources, args.output, keep=args.keep)
-        for problem in report.problems:
-            print(f"note: {problem}", file=sys.stderr)
-        print(table(["store", "records kept"], [[k, v] for k, v in report.written.items()]))
-        print(f"{report.read} good records read")
+        cli_output.print_log_merge(logs.merge(args.sources, args.output, keep=args.keep))
     elif args.action == "prune":
-        for report in logs.prune(args.path, keep=args.keep):
-            dropped = ", ".join(f"{n} {why}" for why, n in report.dropped.items()) or "nothing"
-            print(f"{report.directory}: kept {report.kept}, dropped {dropped}")
+        cli_output.print_log_prune(logs.prune(args.path, keep=args.keep))
     else:
-        rows = logs.diff(args.a, args.b)
-        print(table(["kernel", "A best us", "B best us", "A/B", "A trials", "B trials"],
-                    [[r.kernel, r.best_a_us if r.best_a_us is not None else "-",
-                      r.best_b_us if r.best_b_us is not None else "-",
-                      r.speedup if r.speedup is not None else "-", r.trials_a, r.trials_b] for r in rows],
-                    "lrrrrr"))
+        cli_output.print_log_diff(logs.diff(args.a, args.b))
     return 0
 
 
@@ -475,7 +335,7 @@ def _profile(args, say) -> int:
     from .api import profile_model
     from .files import check_writable
     from .profile_plot import check_plot_path, plot_profile
-    from .report import table, write_json
+    from .report import write_json
 
     if args.plot:
         check_plot_path(args.plot)
@@ -483,23 +343,7 @@ def _profile(args, say) -> int:
         check_writable(Path(args.json).resolve().parent, f"the JSON file {args.json}", "--json")
     result = profile_model(args.model, args.config, args.input_shape, rounds=args.rounds, mine=args.mine,
                            progress=say, tuning_log=_tuning_log_choice(args))
-    peak = result.peak
-    print(f"model: {result.model}, {result.threads} threads; this machine ({peak.target_key}): "
-          f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B")
-    rows = [[k.name[:48], k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",
-             k.flops / 1e6, k.bytes / 1e6, k.gflops, k.gbytes_per_s, f"{k.bound} {k.roof_percent:.0f}%",
-             ", ".join(k.onnx_nodes[-2:]) + (f" (+{len(k.onnx_nodes) - 2})" if len(k.onnx_nodes) > 2 else "")]
-            for k in result.kernels[:args.top]]
-    print(table(["kernel", "pattern", "rule", "calls", "us/call", "us in model", "%", "MFLOP", "MB",
-                 "GFLOP/s", "GB/s", "bound, % of roof", "ONNX nodes (last 2)"], rows, align="lllrrrrrrrrll"))
-    if len(result.kernels) > args.top:
-        print(f"... {len(result.kernels) - args.top} more kernels (--top, --json)")
-    print(result.gap.line())
-    if result.chains is not None:
-        print("\nunfused chains of adjacent kernels (candidates for the next pattern):")
-        print(table(["chain", "us", "DRAM bytes saved", "est. gain us", "kernels"],
-                    [[c.label, c.us, c.saved_bytes, c.gain_us, " -> ".join(n[:40] for n in c.kernels)]
-                     for c in result.chains], align="lrrrl") if result.chains else "none")
+    cli_output.print_profile(result, args.top)
     if args.json:
         write_json(args.json, result.to_json())
     if args.plot:
@@ -511,18 +355,12 @@ def _profile(args, say) -> int:
 def _ablate(args, say) -> int:
     from .api import ablate_model
     from .files import check_writable
-    from .report import table, write_json
+    from .report import write_json
 
     if args.json:
         check_writable(Path(args.json).resolve().parent, f"the JSON file {args.json}", "--json")
     result = ablate_model(args.model, args.config, args.input_shape, rounds=args.rounds, progress=say)
-    full = result.full.median_ms
-    print(table(["variant", "kernels", "median ms", "vs all patterns"],
-                [[v.name, v.kernels, v.median_ms, "-" if v is result.full else f"{v.worth(full):+.0f} %"]
-                 for v in result.variants], align="lrrr"))
-    print("\n".join(result.lines()))
-    if result.not_fired:
-        print(f"did not fire on this model: {', '.join(result.not_fired)}")
+    cli_output.print_ablate(result)
     if args.json:
         write_json(args.json, result.to_json())
     return 0

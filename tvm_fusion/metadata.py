@@ -58,7 +58,6 @@ def tuning_metadata(records) -> dict | None:
             "details": {name: dataclasses.asdict(k) for name, k in sorted(records.applied.items())}}
 
 
-
 def input_metadata(prepared: PreparedModel) -> list[dict]:
     """Names, shapes, dtypes; for an input that indexes a table (token ids), the valid range,
     which ``CompiledModel.prepare`` checks: TVM's gather does not, and reads out of bounds."""
@@ -86,7 +85,6 @@ def declared_outputs(module, names: list[str]) -> list[dict]:
             shape = None
         specs.append({"name": name, "shape": shape, "dtype": str(field.dtype)})
     return specs
-
 
 
 def bench_metadata(prepared: PreparedModel) -> dict:

@@ -134,7 +134,7 @@ def build_profiled(prepared, progress: Progress = lambda _m: None, tuning_log=No
     """The configured pipeline on the node-named import, phase by phase, kernels traced."""
     import tvm
 
-    from .api import load_tuning
+    from .build import load_tuning
     from .frontend import onnx as onnx_frontend
     from .passes import GRAPH_PHASES, fusion_pipeline
     from .passes.pipeline import lowering_passes
@@ -375,9 +375,9 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
     unfused kernel chains worth a pattern."""
     import tvm
 
-    from .api import at_one_size, prepare
     from .frontend import onnx as onnx_frontend
     from .native_log import captured_native_stderr
+    from .preparation import at_one_size, prepare
     from .runtime import set_threads
 
     with captured_native_stderr([]):

@@ -16,10 +16,10 @@ from tvm import relax
 
 from tvm_fusion import api
 from tvm_fusion.config import parse_config
+from tvm_fusion.kernels.dropout_training import emit_dropout_training
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.passes.fast_math import fast_math_legalize_map
 from tvm_fusion.patterns import PatternReport, get_pattern
-from tvm_fusion.patterns.dropout_training import emit_dropout_training
 from tvm_fusion.runtime import CompiledModel
 from tvm_fusion.schedules import ApplySchedules
 

@@ -12,9 +12,9 @@ from tvm import relax
 from tvm_fusion import api
 from tvm_fusion.config import parse_config
 from tvm_fusion.errors import ModelError
+from tvm_fusion.kernels.eye_like import emit_eye_like
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.patterns import PatternReport, get_pattern
-from tvm_fusion.patterns.eye_like_add import emit_eye_like
 from tvm_fusion.runtime import CompiledModel
 
 
@@ -153,3 +153,14 @@ def test_onnx_eye_like_on_a_3d_input_is_a_model_error_naming_the_node(tmp_path):
     onnx.save(model, str(path))
     with pytest.raises(ModelError, match="EyeLike node 'eye_like': its input has rank 3"):
         api.prepare(path, parse_config({"target": {"kind": "llvm"}, "pipeline": {}}, name="test"))
+
+
+def test_must_not_fuse_a_kernel_that_only_shares_the_eye_like_name():
+    """Recognized by our tvm_fusion.kernel attribute, not by the function's name."""
+    before = relax_eye_like_add((4, 4))
+    (gvar,) = [gv for gv, f in before.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    before[gvar] = before[gvar].without_attr("tvm_fusion.kernel")
+    after, report = fuse(before)
+    tvm.ir.assert_structural_equal(after, before)
+    assert [m.reason for m in report.near_misses] == [
+        f"kernel {gvar.name_hint!r} is not our eye_like kernel (its tvm_fusion.kernel attribute is not 'eye_like')"]

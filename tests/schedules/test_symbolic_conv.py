@@ -13,7 +13,8 @@ from conftest import TARGET, _run
 from tvm.tirx import ForKind
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.patterns import PatternReport, get_pattern
-from tvm_fusion.schedules.cpu import Conv2dNCHW, Conv2dTranspose, DepthwiseConv2d, Pooling, Resize
+from tvm_fusion.schedules.cpu import (Conv2dNCHW, Conv2dNCHWc, Conv2dTranspose, DepthwiseConv2d, Pooling,
+                                      Resize)
 from tvm_fusion.schedules.cpu.symbolic_width import width_tiles
 
 # 1-wide, smaller than any vector, not a multiple of any tile, and a large map.
@@ -248,6 +249,42 @@ def test_resize_with_symbolic_channels_is_declined():
     mod = relax.get_pipeline("zero")(bb.get())
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
     assert Resize().apply(func, TARGET, False) is None
+
+
+@pytest.mark.parametrize("strides", [1, 2])
+def test_blocked_conv_bias_relu(lanes, strides):
+    """NCHW[lanes]c (passes/blocked_layout.py): tiles of pixels, unrolled, the channel block on
+    the vector; one copy per tile width."""
+    from tvm_fusion.passes.blocked_layout import blocked_conv2d_legalize
+    from tvm_fusion.schedules.cpu.conv2d_nchwc import _MAX_ROW_TILE
+
+    height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
+    x = relax.Var("x", relax.TensorType((1, 2, height, width, lanes), "float32"))
+    w = relax.Var("w", relax.TensorType((2, 2, 3, 3, lanes, lanes), "float32"))
+    b = relax.Var("b", relax.TensorType((1, 2, 1, 1, lanes), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            conv = nn.conv2d(x, w, strides=strides, padding=1, data_layout=f"NCHW{lanes}c",
+                             kernel_layout=f"OIHW{lanes}i{lanes}o", out_layout=f"NCHW{lanes}c")
+            out = bb.emit_output(nn.relu(add(conv, b)))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps({"relax.nn.conv2d": blocked_conv2d_legalize})(bb.get())
+    mod = relax.get_pipeline("zero")(mod)
+    scheduled = _schedule_with(Conv2dNCHWc(), mod)
+    (func,) = [f for f in scheduled.functions.values()
+               if isinstance(f, tirx.PrimFunc) and "tirx.is_scheduled" in (f.attrs or {})]
+    tiles = width_tiles(_MAX_ROW_TILE, lanes)
+    assert width_copies(func) == tiles[:-1]
+    loops = loop_kinds(func)
+    assert len(loops.parallel) == 2 * len(tiles)  # rows and the pad pass, in every copy
+    for tile in tiles[:-1]:
+        assert tile in loops.unrolled
+    rng = np.random.default_rng(3)
+    for h, w_ in [(1, 1), (3, 13), (37, 1), (130, 130)]:
+        inputs = [rng.standard_normal(shape).astype("float32")
+                  for shape in ((1, 2, h, w_, lanes), (2, 2, 3, 3, lanes, lanes), (1, 2, 1, 1, lanes))]
+        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_symbolic_channels_are_declined():

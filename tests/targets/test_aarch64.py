@@ -1,6 +1,6 @@
 """aarch64: cross-compiled artifacts, checked as ELF files and executed under qemu-user.
 
-The runner is tvm_fusion/vm_runner.cc, cross-compiled against libtvm_runtime.so from PyPI's
+The runner is tvm_fusion/targets/vm_runner.cc, cross-compiled against libtvm_runtime.so from PyPI's
 aarch64 wheel of the same TVM version (scripts/setup_targets.sh), and run by qemu-aarch64.
 """
 
@@ -90,7 +90,9 @@ def test_missing_cross_compiler_names_the_package(tmp_path, mlp_path, monkeypatc
     """The aarch64 target fails with the package to install; the x86 target still builds."""
     from tvm_fusion.targets import ToolchainError, Tool
 
-    monkeypatch.setattr(targets, "AARCH64_GCC", Tool("no-such-aarch64-gcc", "gcc-aarch64-linux-gnu", "links"))
+    # platform_of (targets.platforms) picks the linker.
+    monkeypatch.setattr(targets.platforms, "AARCH64_GCC",
+                        Tool("no-such-aarch64-gcc", "gcc-aarch64-linux-gnu", "links"))
     results = api.compile_targets(mlp_path, [config("aarch64"), config("x86_64-avx2")], [MLP_SHAPE], tmp_path)
     assert isinstance(results[0].error, ToolchainError) and results[0].artifact is None
     assert "apt-get install -y gcc-aarch64-linux-gnu" in str(results[0].error)

@@ -130,7 +130,8 @@ def test_unscheduled_cuda_build_fails_and_other_targets_build(tmp_path, mlp_path
 def test_missing_nvcc_names_the_package(tmp_path, mlp_path, monkeypatch):
     from tvm_fusion.targets import Tool, ToolchainError
 
-    monkeypatch.setattr(targets, "NVCC", Tool("no-such-nvcc", "pip:nvidia-cuda-nvcc", "compiles kernels"))
+    # platform_of (targets.platforms) picks the device compiler.
+    monkeypatch.setattr(targets.platforms, "NVCC", Tool("no-such-nvcc", "pip:nvidia-cuda-nvcc", "compiles kernels"))
     results = api.compile_targets(mlp_path, [config("cuda-sm80"), config("x86_64-avx2")], [MLP_SHAPE], tmp_path,
                                   verify=False)
     assert isinstance(results[0].error, ToolchainError)

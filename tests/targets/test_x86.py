@@ -78,10 +78,10 @@ def test_loaded_artifacts_match_onnxruntime_on_new_inputs(x86_build, mlp_path):
 
 
 def test_import_and_fusion_run_once_for_all_targets(tmp_path, mlp_path, monkeypatch):
-    from tvm_fusion import passes
+    from tvm_fusion import compilation, passes
 
     calls = {"prepare": 0, "phases": []}
-    real_prepare, real_pipeline = api.prepare, passes.fusion_pipeline
+    real_prepare, real_pipeline = compilation.prepare, passes.fusion_pipeline
 
     def counting_prepare(*args, **kwargs):
         calls["prepare"] += 1
@@ -91,7 +91,7 @@ def test_import_and_fusion_run_once_for_all_targets(tmp_path, mlp_path, monkeypa
         calls["phases"].append(tuple(phases))
         return real_pipeline(cfg, report, phases=phases, **kwargs)
 
-    monkeypatch.setattr(api, "prepare", counting_prepare)
+    monkeypatch.setattr(compilation, "prepare", counting_prepare)
     monkeypatch.setattr(passes, "fusion_pipeline", recording_pipeline)
     results = api.compile_targets(mlp_path, [config(n) for n in X86], [MLP_SHAPE], tmp_path, verify=False)
     assert [r.error for r in results] == [None, None]
@@ -109,7 +109,7 @@ def test_avx512_artifact_on_a_cpu_without_it_is_an_error(x86_build, monkeypatch)
     """Instead of an illegal-instruction crash: a message naming the missing CPU features."""
     import tvm_fusion
 
-    monkeypatch.setattr(targets, "host_cpu_flags", lambda: {"avx2", "fma", "sse4_2"})
+    monkeypatch.setattr(targets.host, "host_cpu_flags", lambda: {"avx2", "fma", "sse4_2"})
     with pytest.raises(ArtifactError) as info:
         tvm_fusion.load(x86_build["x86_64-avx512"].artifact)
     assert "avx512f" in str(info.value) and "cannot run on this machine" in str(info.value)

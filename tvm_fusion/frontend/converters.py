@@ -6,7 +6,7 @@
   ``dropout`` pattern removes it) with a boolean mask, as ONNX specifies.
 * EyeLike: TVM rejects a ``dtype`` attribute that differs from the input's (ONNX allows it),
   names no node when the input is not 2-D, and its ``eye_like`` is constant-folded into a
-  stored n x m tensor. Ours is a kernel on the input (see ``patterns/eye_like_add.py``).
+  stored n x m tensor. Ours is a kernel on the input (``kernels/eye_like.py``).
 * Upsample (opsets 7-9, written by older exporters for FPN/YOLO necks): TVM rounds the
   nearest source pixel (ONNX says floor: its output differs from ONNX Runtime's) and fails to
   import opset 9, where the scales are an input. Ours is ``resize2d`` with Upsample's
@@ -20,6 +20,7 @@
   ours gives it ``2 * h``, which is the same size (ONNX floors ``h * scale``).
 * Expand to a constant shape of a tensor with symbolic dims (GPT-2's causal mask): TVM's
   converter reads every input dim as a number and fails; ours broadcasts by ONNX's rules.
+* Clip: TVM's converter, with its maximum and minimum kernels marked for the ``clip`` pattern.
 
 Everything else goes to TVM's own converters.
 """
@@ -30,16 +31,17 @@ import numpy as np
 import onnx
 import tvm
 from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, get_constant, get_type
 
 from ..errors import ModelError
-from ..patterns.dropout_training import emit_dropout_training
-from ..patterns.eye_like_add import emit_eye_like
+from ..kernels import CLIP_KERNELS, kernel_attrs
+from ..kernels.dropout_training import emit_dropout_training
+from ..kernels.eye_like import emit_eye_like
+from .op_support import unsupported_ops, unsupported_ops_message
 from .recurrent import convert_gru, convert_lstm
 
 _DEFAULT_RATIO = 0.5
-# Ops converted only here: TVM's importer (and its unsupported-op check) does not know them.
-OWN_OPS = frozenset({"LSTM", "GRU"})
 
 
 class Importer(ONNXGraphImporter):
@@ -53,7 +55,7 @@ class Importer(ONNXGraphImporter):
         convert = {"Dropout": self._dropout, "EyeLike": self._eye_like,
                    "Upsample": self._upsample, "LSTM": self._recurrent(convert_lstm),
                    "GRU": self._recurrent(convert_gru), "Range": self._range,
-                   "Expand": self._expand, "Resize": self._resize}.get(op_name)
+                   "Expand": self._expand, "Resize": self._resize, "Clip": self._clip}.get(op_name)
         converted = convert(inputs, attrs, opset) if convert is not None else None
         if converted is None:
             return super()._convert_operator(op_name, inputs, attrs, opset)
@@ -61,11 +63,14 @@ class Importer(ONNXGraphImporter):
 
     def _check_for_unsupported_ops(self, graph):
         """TVM's check would refuse the ops only we convert; ours counts them."""
-        from .onnx import unsupported_ops, unsupported_ops_message
-
         missing = unsupported_ops(graph)
         if missing:
             raise ModelError(*unsupported_ops_message(missing))
+
+    def _clip(self, inputs, attrs, opset):
+        """TVM's Clip, its maximum and minimum kernels marked (``CLIP_KERNELS``) for the clip pattern."""
+        convert = onnx_frontend.Clip.get_converter(opset)
+        return convert(_MarkingBuilder(self.bb), inputs, attrs, [self._nodes, self._params])
 
     def _recurrent(self, convert):
         def run(inputs, attrs, _opset):
@@ -190,6 +195,22 @@ class Importer(ONNXGraphImporter):
         return relax.op.image.resize2d(x, size, layout="NCHW", method=method,
                                        coordinate_transformation_mode="asymmetric",
                                        rounding_method="floor")
+
+
+class _MarkingBuilder:
+    """The importer's BlockBuilder, but ``emit_te`` of a Clip bound kernel marks it as ours."""
+
+    def __init__(self, bb: relax.BlockBuilder):
+        self._bb = bb
+
+    def __getattr__(self, name):
+        return getattr(self._bb, name)
+
+    def emit_te(self, func, *args, **kwargs):
+        kind = CLIP_KERNELS.get(getattr(func, "__name__", ""))
+        if kind is not None:
+            kwargs["primfunc_attrs"] = kernel_attrs(kind)
+        return self._bb.emit_te(func, *args, **kwargs)
 
 
 def from_onnx(model: onnx.ModelProto, shape_dict: dict[str, list], dtype_dict: dict[str, str]):

@@ -19,6 +19,7 @@ import onnx
 
 from ..errors import ModelError, ShapeError
 from .dims import DimRange, Range, is_dynamic, parse_dim
+from .op_support import unsupported_ops, unsupported_ops_message
 
 ONNX_DTYPES = {
     onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
@@ -317,32 +318,6 @@ def _with_inputs_of(simplified: onnx.ModelProto, model: onnx.ModelProto) -> onnx
     del simplified.graph.input[:]
     simplified.graph.input.extend(inputs)
     return simplified
-
-
-def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[str]]:
-    """Op type -> node names, for every node neither TVM's importer nor ours can convert."""
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-    from .converters import OWN_OPS
-
-    supported = set(_get_convert_map()) | OWN_OPS
-    missing: dict[str, list[str]] = collections.defaultdict(list)
-    graph = model.graph if isinstance(model, onnx.ModelProto) else model
-    for index, node in enumerate(graph.node):
-        default_domain = node.domain in ("", "ai.onnx")
-        if node.op_type not in supported or not default_domain:
-            # A custom-domain op is named with its domain: "com.microsoft.Gelu", not "Gelu".
-            op = node.op_type if default_domain else f"{node.domain}.{node.op_type}"
-            missing[op].append(node.name or f"#{index}")
-    return dict(missing)
-
-
-def unsupported_ops_message(missing: dict[str, list[str]]) -> tuple[str, str]:
-    """The error (message, fix) for ``unsupported_ops``' answer: each op with its first nodes."""
-    listing = "; ".join(f"{op} (nodes: {', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''})"
-                        for op, nodes in sorted(missing.items()))
-    return (f"the model uses ONNX ops TVM cannot import: {listing}",
-            "replace these ops in the exporter (or export at another opset)")
 
 
 def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):

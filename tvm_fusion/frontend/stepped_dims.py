@@ -51,16 +51,17 @@ def expose_input_dims(module, ranges: dict[str, DimRange]):
                              for var in steps.ty.values])
     module = tvm.IRModule({gv: f for gv, f in module.functions_items() if gv.name_hint != "main"},
                           attrs=module.attrs)
-    callee = relax.GlobalVar(STEPPED_MAIN)
-    module[callee] = inner.with_attr("global_symbol", STEPPED_MAIN)
+    # A BlockBuilder types the callee's GlobalVar and the call (a bare GlobalVar and Call have
+    # none, and relax.Function and Normalize refuse them).
+    builder = relax.BlockBuilder(module)
+    callee = builder.add_func(inner.with_attr("global_symbol", STEPPED_MAIN), STEPPED_MAIN)
     bounds = {r.name: (r.low, r.high) for r in stepped.values()}
-    call = relax.Call(callee, [count, *outer_params])
-    outer = relax.Function(outer_params, call, attrs=tvm_attrs({
-        "global_symbol": "main", "num_input": len(outer_params),
-        "tir_var_lower_bound": {n: lo for n, (lo, _) in bounds.items()},
-        "tir_var_upper_bound": {n: hi for n, (_, hi) in bounds.items()}}))
-    module["main"] = outer
-    return relax.transform.Normalize()(module)
+    with builder.function("main", outer_params, attrs={
+            "num_input": len(outer_params),
+            "tir_var_lower_bound": {n: lo for n, (lo, _) in bounds.items()},
+            "tir_var_upper_bound": {n: hi for n, (_, hi) in bounds.items()}}):
+        builder.emit_func_output(builder.emit(relax.Call(callee, [count, *outer_params])))
+    return builder.get()
 
 
 def _shape_vars(ty) -> list:

@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import CallPattern, OrPattern, rewrite_call
 
-from ..patterns.base import NearMiss, PatternInstance, PatternReport, RewriteRule
+from ..patterns.base import NearMiss, PatternInstance, PatternReport, RewriteRule, kernel_reason
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApplyRewriteRules")
@@ -24,18 +24,19 @@ class ApplyRewriteRules:
                 continue
             for rule in self.rules:
                 for root, named in rule.variants():
-                    func = rewrite_call(root, self._rewriter(rule, named, BindingUses(func)), func)
+                    func = rewrite_call(root, self._rewriter(rule, named, BindingUses(func), mod), func)
             mod[gvar] = func
         return mod
 
-    def _rewriter(self, rule: RewriteRule, named, uses: BindingUses):
+    def _rewriter(self, rule: RewriteRule, named, uses: BindingUses, mod: tvm.IRModule):
         def rewrite(original, matchings):
             matched = {name: matchings[pattern] for name, pattern in named.items() if pattern in matchings}
             # The variables of the matched calls; what a wildcard matched is an input, not absorbed.
             chain = {uses.var_of.get(expr) for pattern, expr in matchings.items()
                      if isinstance(pattern, CallPattern)} - {None}
             output = uses.bound_var(original)
-            reason = rule.check(matched) or uses.leak_reason(rule.exclusive, named, matched, chain, output)
+            reason = (kernel_reason(rule.kernels, matched, mod) or rule.check(matched)
+                      or uses.leak_reason(rule.exclusive, named, matched, chain, output))
             output_name = output.name if output is not None else "<expr>"
             if reason is not None:
                 where = getattr(matched.get("x"), "name", "<expr>")

@@ -10,7 +10,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.tirx.analysis import undefined_vars
 
 from .absorb_elementwise_tails import SUFFIX, absorb_elementwise_tails
-from ..patterns.base import FusionRule, NearMiss, PatternInstance, PatternReport, binding_name
+from ..patterns.base import FusionRule, NearMiss, PatternInstance, PatternReport, binding_name, kernel_reason
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.FusePatterns")
@@ -29,7 +29,8 @@ class FusePatterns:
         original = _OriginalVars(mod)
         patterns = [
             relax.transform.FusionPattern(f"{rule.name}.{variant}", root, annotations,
-                                          self._check(rule, declined, accepted, variant, self.excluded, original))
+                                          self._check(rule, declined, accepted, variant, self.excluded, original,
+                                                      mod))
             for rule in self.rules
             for variant, root, annotations in rule.variants()
         ]
@@ -70,10 +71,11 @@ class FusePatterns:
 
     @staticmethod
     def _check(rule: FusionRule, declined: dict[str, NearMiss], accepted: list, variant: str,
-               excluded: frozenset[str], original: _OriginalVars):
+               excluded: frozenset[str], original: _OriginalVars, mod: tvm.IRModule):
         def check(context: relax.transform.PatternCheckContext) -> bool:
             undone = excluded and not excluded.isdisjoint(v.name for v in context.matched_bindings.keys())
-            reason = "undone by the numeric gate" if undone else rule.check(context)
+            reason = ("undone by the numeric gate" if undone else
+                      kernel_reason(rule.kernels, context.annotated_expr, mod) or rule.check(context))
             if reason is None:
                 output = context.value_to_bound_var.get(context.matched_expr)
                 accepted.append((rule.name, variant, output,

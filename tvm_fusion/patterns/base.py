@@ -23,6 +23,8 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern
 from tvm.sym.analyzer import Analyzer
 
+from ..kernels import KERNEL_ATTR, kernel_kind
+
 
 @dataclasses.dataclass
 class NearMiss:
@@ -69,6 +71,9 @@ class RewriteRule:
     # Named intermediates that must have no consumer outside the match: rewriting the chain
     # would leave them computed anyway (declined as "... is also used outside the chain").
     exclusive: tuple[str, ...] = ()
+    # Named callees (a call_tir's PrimFunc) that must carry this ``tvm_fusion.kernel`` attribute
+    # (kernels.KERNEL_ATTR): the rule accepts only the kernels we emitted, whatever their name.
+    kernels: Mapping[str, str] = {}
 
     def variants(self) -> list[tuple[DFPattern, dict[str, DFPattern]]]:
         raise NotImplementedError
@@ -94,6 +99,8 @@ class FusionRule:
     # Epilogue fusions: element-wise ops after the match (constants, one residual) join the
     # composite too (passes/absorb_elementwise_tails.py).
     absorbs_elementwise_tail: bool = False
+    # As RewriteRule.kernels: named callees that must be our kernels of these kinds.
+    kernels: Mapping[str, str] = {}
 
     def variants(self) -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
         raise NotImplementedError
@@ -253,3 +260,12 @@ def binding_name(context: relax.transform.PatternCheckContext, expr: relax.Expr)
 
 
 CheckFn = Callable[[relax.transform.PatternCheckContext], bool]
+
+
+def kernel_reason(kernels: Mapping[str, str], matched: Mapping[str, relax.Expr], mod) -> str | None:
+    """Why a matched callee is not the kernel ``kernels`` (role -> kind) names for it, or None."""
+    for role, kind in kernels.items():
+        if role in matched and kernel_kind(mod, matched[role]) != kind:
+            name = getattr(matched[role], "name_hint", "<expr>")
+            return f"kernel {name!r} is not our {kind} kernel (its {KERNEL_ATTR} attribute is not {kind!r})"
+    return None

@@ -2,7 +2,7 @@
 
 TVM imports EyeLike as ``R.eye_like``, which constant-folding turns into an n x m tensor baked
 into the library and streamed from memory by the add. The frontend instead emits
-``call_tir(eye_like, (x,))`` from ``eye_like_kernel`` below (a kernel on its input, as ONNX
+``call_tir(eye_like, (x,))`` from ``kernels/eye_like.py`` (a kernel on its input, as ONNX
 Runtime runs it). This fusion groups it with the Add into one kernel, in which the identity is
 ``Select(j - i == k, 1, 0)``: the ``Injective`` schedule inlines it into the add's vectorized
 loop, one read and one write per element (the seed's worked example).
@@ -10,31 +10,18 @@ loop, one read and one write per element (the seed's worked example).
 
 from __future__ import annotations
 
-from tvm import relax, te, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
+from ..kernels.eye_like import KERNEL_NAME
 from .base import FusionRule, dims_text, same_dims, shape_dims
-
-KERNEL_NAME = "eye_like"
-
-
-def eye_like_kernel(x: te.Tensor, k: int, dtype: str) -> te.Tensor:
-    """ONNX EyeLike: ones where column - row == k, zeros elsewhere, in ``dtype``, shaped like x."""
-    return te.compute(
-        x.shape,
-        lambda i, j: tirx.Select(j - i == k, tirx.const(1, dtype), tirx.const(0, dtype)),
-        name="eye_like")
-
-
-def emit_eye_like(bb: relax.BlockBuilder, x: relax.Expr, k: int, dtype: str) -> relax.Expr:
-    """``call_tir(eye_like, (x,))``; x is an argument so that it is not folded into a constant."""
-    return bb.call_te(eye_like_kernel, x, k, dtype, primfunc_name_hint=KERNEL_NAME)
 
 
 class EyeLikeAdd(FusionRule):
     name = "eye_like_add"
     description = "EyeLike + Add (operand of the identity's shape) -> one kernel"
+
+    kernels = {"kernel": KERNEL_NAME}  # our kernel, told by its tvm_fusion.kernel attribute
 
     def variants(self):
         kernel, x, other = wildcard(), wildcard(), wildcard()
@@ -47,9 +34,6 @@ class EyeLikeAdd(FusionRule):
 
     def check(self, context):
         found = context.annotated_expr
-        kernel = getattr(found["kernel"], "name_hint", "")
-        if not kernel.startswith(KERNEL_NAME):
-            return f"kernel {kernel!r} is not an EyeLike"
         # The identity is computed from the indices, so its dims may be symbolic; the add must
         # not broadcast (the other operand has the identity's very shape: ``n`` with ``n``).
         eye_shape, other_shape = shape_dims(found["eye"]), shape_dims(found["other"])

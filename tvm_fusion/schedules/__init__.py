@@ -39,15 +39,22 @@ class ApplySchedules:
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
             target = func.attrs.get("target", self.target) if func.attrs else self.target
-            for rule in schedule_rules(target):
-                sch = _first_schedule(rule.apply(func, target, False))
-                if sch is not None:
-                    updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-                    self.applied[gvar.name_hint] = type(rule).__name__
-                    break
+            rule, sch = hand_schedule(func, target)
+            if sch is not None:
+                updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                self.applied[gvar.name_hint] = rule
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
+
+
+def hand_schedule(func: tirx.PrimFunc, target: Target) -> tuple[str | None, s_tir.Schedule | None]:
+    """What ApplySchedules does with ``func``: (first answering rule, its schedule), or (None, None)."""
+    for rule in schedule_rules(target):
+        sch = _first_schedule(rule.apply(func, target, False))
+        if sch is not None:
+            return type(rule).__name__, sch
+    return None, None
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -19,8 +19,8 @@ from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
+from ..schedules import hand_schedule
 from .store import StoreContents, read_store, store_dirs, target_key, usable_database, workload_id
-from .tasks import hand_schedule
 
 _normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
 

@@ -15,7 +15,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..patterns import PatternReport
-from ..schedules import _first_schedule, schedule_rules
+from ..schedules import hand_schedule
 
 
 @dataclasses.dataclass
@@ -36,15 +36,6 @@ def lowered_module(prepared) -> tvm.IRModule:
 
     phases = (*GRAPH_PHASES, "lower")
     return fusion_pipeline(prepared.config, PatternReport(), phases=phases)(prepared.relax_module)
-
-
-def hand_schedule(func: tvm.tirx.PrimFunc, target: Target) -> tuple[str | None, Schedule | None]:
-    """What ApplySchedules would do with ``func``: (rule name, schedule), or (None, None)."""
-    for rule in schedule_rules(target):
-        sch = _first_schedule(rule.apply(func, target, False))
-        if sch is not None:
-            return type(rule).__name__, sch
-    return None, None
 
 
 def kernel_tasks(module: tvm.IRModule, target: Target, exclude: tuple[str, ...] = ()) -> list[KernelTask]:

@@ -299,13 +299,13 @@ def tune_model(model_path: str | Path, config=None, input_shapes=None, *, trials
     Arguments left None come from the config's ``[tuning]`` section. Budgets count trials
     already in the store: the result says how many were there and how many this run added.
     """
-    from .. import api
+    from ..preparation import at_one_size, prepare
 
     started = time.monotonic()
-    prepared = api.prepare(model_path, config, input_shapes, say)
+    prepared = prepare(model_path, config, input_shapes, say)
     # MetaSchedule in TVM 0.27 tunes static loop nests only (its DisallowDynamicLoop postproc);
     # kernels of a model compiled for a range get the hand schedules.
-    api.at_one_size(prepared, "tune")
+    at_one_size(prepared, "tune")
     cfg = prepared.config
     settings = cfg.tuning
     trials = settings.trials if trials is None else trials

@@ -8,10 +8,10 @@ import tvm
 from loop_structure import largest_divisor, loop_kinds, whole_vectors
 from tvm import relax
 
+from tvm_fusion.kernels.dropout_training import emit_dropout_training
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.passes.pipeline import lowering_passes
 from tvm_fusion.patterns import PatternReport, get_pattern
-from tvm_fusion.patterns.dropout_training import emit_dropout_training
 from tvm_fusion.schedules.cpu import MatmulMultiOutput
 
 

@@ -1,6 +1,6 @@
 // Runs an exported tvm_fusion artifact with nothing but the TVM runtime (no Python): the way a
 // deployment host without Python would, and the way tvm_fusion runs an aarch64 artifact under
-// qemu-user on an x86 machine (tvm_fusion.targets builds this file with the cross compiler).
+// qemu-user on an x86 machine (tvm_fusion.targets.emulation builds this file with the cross compiler).
 //
 //   vm_runner LIBRARY OUTDIR INPUT...      INPUT = DTYPE:SHAPE:FILE, e.g. float32:1x128:x.bin
 //

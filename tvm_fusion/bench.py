@@ -1,0 +1,126 @@
+"""``bench``: median latency of ONNX Runtime, stock TVM and tvm_fusion (and peers), timed in
+interleaved rounds in one process, beside this machine's FMA and bandwidth peaks."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .build import build, build_stock, optimize
+from .frontend import onnx as onnx_frontend
+from .frontend.dims import ranges_of
+from .machine_peak import MachinePeak, machine_peak
+from .metadata import bench_metadata
+from .native_log import captured_native_stderr, summarize
+from .preparation import Progress, ShapeArg, prepare, quiet
+from .runtime import CompiledModel, set_threads
+
+
+@dataclasses.dataclass
+class BenchReport:
+    model: str
+    threads: int
+    inputs: dict[str, list[int]]
+    medians_ms: dict[str, float]
+    samples: int
+    max_abs_error: dict[str, float]
+    peak: MachinePeak | None = None  # this machine's FMA and bandwidth roofs, probed beside the runs
+
+    def ratios(self, baseline: str = "onnxruntime") -> dict[str, float]:
+        base = self.medians_ms[baseline]
+        return {name: value / base for name, value in self.medians_ms.items()}
+
+    def to_json(self) -> dict:
+        data = {**dataclasses.asdict(self), "ratio_to_onnxruntime": self.ratios()}
+        if self.peak is not None:
+            data["peak"]["ridge_flop_per_byte"] = self.peak.ridge
+        return data
+
+
+def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
+                repeat: int = 30, warmup: int = 3, include_stock: bool = True,
+                tuning_log: str | Path | bool | None = None,
+                progress: Progress = quiet, sizes: dict[str, int] | None = None,
+                peers: tuple[str, ...] = ()) -> BenchReport:
+    """Median latency of ONNX Runtime, stock TVM and tvm_fusion, interleaved in one process.
+
+    A model compiled for ranges runs at ``sizes`` (dim name -> size; default each range's
+    typical size).
+
+    Rounds interleave the runners, in a new random order each round, so that drift in machine
+    load and the order they run in affect all of them alike; all use the config's thread count. When tuning records apply, tvm_fusion
+    with hand schedules only runs beside it as ``tvm_fusion_untuned``. ``peers`` adds other engines
+    (``"openvino"``: see tvm_fusion.peers) to the same rounds. The report carries this machine's
+    peaks (tvm_fusion.machine_peak), probed once per machine class.
+    """
+    from .peers import OpenVinoRunner, check_peers
+    from .verify import onnxruntime_feeds, onnxruntime_session, run_onnxruntime
+
+    peers = check_peers(peers)  # a missing package fails now, not after the builds
+    native: list[str] = []
+    with captured_native_stderr(native):
+        prepared = prepare(model_path, config, input_shapes, progress)
+        cfg = prepared.config
+        set_threads(cfg.threads)
+        progress("building tvm_fusion")
+        optimized = optimize(prepared, tuning_log, progress)
+        models = {"tvm_fusion": CompiledModel(build(optimized.module, cfg), bench_metadata(prepared))}
+        if optimized.tuned:
+            models["tvm_fusion_untuned"] = CompiledModel(build(optimize(prepared, False).module, cfg),
+                                                         bench_metadata(prepared))
+        if include_stock:
+            progress("building stock TVM")
+            models["stock_tvm"] = CompiledModel(build_stock(prepared), bench_metadata(prepared))
+    for message in summarize(native):
+        progress(f"tvm: {message}")
+    ranges = ranges_of(prepared.inputs)
+    at = {name: r.typical for name, r in ranges.items()} | (sizes or {})
+    run_specs = onnx_frontend.inputs_at(prepared.inputs, at)
+    inputs = onnx_frontend.random_inputs(prepared.onnx_model, run_specs, cfg.seed)
+    session = onnxruntime_session(prepared.onnx_model, cfg.threads)
+    feeds = onnxruntime_feeds(inputs)  # converted once, as the TVM runners' tensors are
+    runners = {"onnxruntime": lambda: run_onnxruntime(session, feeds)}
+    reference = runners["onnxruntime"]()
+    errors = {}
+
+    def max_abs_error(produced: dict) -> float:
+        # As float64: a bool output (a mask) has no subtraction of its own.
+        return max(float(np.abs(produced[k].astype(np.float64) - reference[k].astype(np.float64)).max(
+            initial=0.0)) for k in reference)
+
+    for name, model in models.items():
+        tensors = model.prepare(inputs)
+        runners[name] = (lambda m, t: lambda: m.run_prepared(t))(model, tensors)
+        errors[name] = max_abs_error(model.run(inputs))
+    if "openvino" in peers:
+        progress("compiling OpenVINO (f32, latency mode)")
+        openvino = OpenVinoRunner(model_path, inputs, cfg.threads)
+        runners["openvino"] = openvino.run
+        openvino.run()
+        errors["openvino"] = max_abs_error(openvino.outputs(reference))
+    progress("probing this machine's peaks (cached per machine class)")
+    peak = machine_peak(cfg)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    order, shuffler = list(runners), random.Random(cfg.seed)
+    for round_index in range(warmup + repeat):
+        # A new order each round: whichever runs right after another pays for its leftover
+        # threads and cache state, so no runtime may always follow the same one.
+        shuffler.shuffle(order)
+        for name in order:
+            run = runners[name]
+            start = time.perf_counter()
+            run()
+            elapsed = time.perf_counter() - start
+            if round_index >= warmup:
+                times[name].append(elapsed)
+        if round_index == warmup:
+            progress(f"timing {repeat} interleaved rounds")
+    return BenchReport(
+        model=prepared.name, threads=cfg.threads,
+        inputs={s.name: list(s.shape) for s in run_specs},
+        medians_ms={name: float(np.median(values)) * 1e3 for name, values in times.items()},
+        samples=repeat, max_abs_error=errors, peak=peak)
