@@ -219,7 +219,7 @@ def test_run_bad_input(capsys, tmp_path, mlp_artifact, case):
     else:
         argv = []
     expected = {
-        "shape": "input 'x' has shape [2, 16], the model was built for [4, 16]",
+        "shape": "input 'x' has shape [2, 16], the model was built for 4x16",
         "dtype": "input 'x' has dtype float64, expected float32",
         "unknown": "unknown ['z']",
         "missing_file": f"cannot read --input x={tmp_path / 'absent.npy'}",
