@@ -57,9 +57,16 @@ def load_tuning(config: PipelineConfig, tuning_log: str | Path | bool | None = N
 
 
 def build(module, config: PipelineConfig):
+    """``tvm.compile`` with Relax's default pipeline, then the VM's shape functions marked
+    noalias (see ``passes/mark_shape_functions_noalias.py``: without it a symbolic-shape
+    module's kernels keep their accumulators in memory)."""
     import tvm
+    from tvm import relax
 
-    return tvm.compile(module, target=config.tvm_target())
+    from .passes.mark_shape_functions_noalias import MarkShapeFunctionsNoAlias
+
+    pipeline = tvm.transform.Sequential([relax.get_pipeline("default"), MarkShapeFunctionsNoAlias()])
+    return tvm.compile(module, target=config.tvm_target(), relax_pipeline=pipeline)
 
 
 def callable_module(module, prepared: PreparedModel):

@@ -299,3 +299,71 @@ def test_symbolic_channels_are_declined():
     mod = relax.get_pipeline("zero")(bb.get())
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
     assert Conv2dNCHW().apply(func, TARGET, False) is None
+
+
+def divisors_mentioning(func, name: str) -> list:
+    """Divisors of the integer divisions and modulos in ``func`` that depend on the variable
+    ``name`` (a division by a run-time extent costs tens of cycles)."""
+    found = []
+
+    def visit(node):
+        divisor = node.b
+        if not isinstance(divisor, tirx.IntImm):
+            names = []
+            tvm_ffi.structural_walk(divisor, (tirx.Var, lambda v: names.append(v.name)))
+            if name in names:
+                found.append(divisor)
+
+    tvm_ffi.structural_walk(func.body, [(tirx.FloorDiv, visit), (tirx.FloorMod, visit)])
+    return found
+
+
+@pytest.mark.parametrize("strides", [1, 2])
+def test_blocked_conv_pad_divides_once_per_row(lanes, strides):
+    """The pad pass of a symbolic blocked conv runs rows across cores with the columns inside:
+    fused down to the pixel it divided by the run-time row length per pixel (2-3x the conv)."""
+    from tvm_fusion.passes.blocked_layout import blocked_conv2d_legalize
+
+    height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
+    x = relax.Var("x", relax.TensorType((1, 2, height, width, lanes), "float32"))
+    w = relax.Var("w", relax.TensorType((2, 2, 3, 3, lanes, lanes), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(nn.conv2d(x, w, strides=strides, padding=1, data_layout=f"NCHW{lanes}c",
+                                           kernel_layout=f"OIHW{lanes}i{lanes}o", out_layout=f"NCHW{lanes}c"))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps({"relax.nn.conv2d": blocked_conv2d_legalize})(bb.get())
+    mod = relax.get_pipeline("zero")(mod)
+    scheduled = _schedule_with(Conv2dNCHWc(), mod)
+    (func,) = [f for f in scheduled.functions.values()
+               if isinstance(f, tirx.PrimFunc) and "tirx.is_scheduled" in (f.attrs or {})]
+    assert divisors_mentioning(func, "width") == []
+    rng = np.random.default_rng(5)
+    for h, w_ in [(1, 1), (5, 37), (64, 9)]:
+        inputs = [rng.standard_normal(shape).astype("float32")
+                  for shape in ((1, 2, h, w_, lanes), (2, 2, 3, 3, lanes, lanes))]
+        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_layout_transform_divides_once_per_row():
+    """NCHW -> NCHW8c over a symbolic map (the blocked layout's entry): rows across cores,
+    columns and the channel block inside, no division by the run-time width."""
+    from tvm_fusion.schedules.cpu import Injective
+
+    height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
+    x = relax.Var("x", relax.TensorType((1, 16, height, width), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 8, h, w, c % 8)))
+        bb.emit_func_output(out)
+    mod = relax.get_pipeline("zero")(bb.get())
+    scheduled = _schedule_with(Injective(), mod)
+    (func,) = [f for f in scheduled.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert divisors_mentioning(func, "width") == []
+    assert loop_kinds(func).parallel
+    rng = np.random.default_rng(6)
+    for h, w_ in [(1, 1), (3, 13), (40, 7)]:
+        inputs = [rng.standard_normal((1, 16, h, w_)).astype("float32")]
+        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=0, atol=0)

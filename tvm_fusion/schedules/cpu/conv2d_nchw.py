@@ -120,10 +120,16 @@ def extent(sch: s_tir.Schedule, loop) -> int:
 
 def schedule_pad(sch: s_tir.Schedule, pad_blocks: list) -> None:
     """Padding copies run as their own pass: rows across cores (a select per element is not
-    worth vectorizing, and padding inside the conv would put that select in the FMA loop)."""
+    worth vectorizing, and padding inside the conv would put that select in the FMA loop).
+
+    With a symbolic image size only the loops down to the row are fused: recovering a column
+    from a fused index divides by the symbolic row length, a real division per pixel that cost
+    more than the copy (2-3x a blocked conv's time at 224x224)."""
     for block in pad_blocks:
         loops = sch.get_loops(block)
-        sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 1 else loops[0])
+        symbolic = [i for i, loop in enumerate(loops) if not is_static(sch.get(loop).extent)]
+        rows = symbolic[-1] if len(symbolic) >= 2 else len(loops) - 1
+        sch.parallel(sch.fuse(*loops[:rows]) if rows > 1 else loops[0])
 
 
 def store_tile_epilogue(sch: s_tir.Schedule, conv, epilogue: list, at_loop) -> object:
