@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.op import add, concat, image, multiply, nn
 
-from conftest import TARGET, _run
+from conftest import TARGET
 from tvm.tirx import ForKind
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.patterns import PatternReport, get_pattern
@@ -62,16 +62,23 @@ class loop_kinds:
         tvm_ffi.structural_walk(func.body, (tirx.For, visit))
 
 
+def runner(mod: tvm.IRModule):
+    """``inputs -> output`` of ``mod`` built once: a symbolic module runs at every size."""
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
+    return lambda inputs: vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+
+
 def assert_symbolic_matches(rule, fn, channels, sizes=SIZES, **params):
     """Schedule with ``rule``, compare against the unscheduled module at every size (square and
     not), return the scheduled PrimFuncs."""
     mod = lower_symbolic(fn, channels, **params)
     scheduled = _schedule_with(rule, mod)
     rng = np.random.default_rng(0)
+    run_scheduled, run_unscheduled = runner(scheduled), runner(mod)
     for height, width in [(s, s) for s in sizes] + [(sizes[-1], sizes[0]), (sizes[0], sizes[-1])]:
         inputs = [rng.standard_normal((1, channels, height, width)).astype("float32")]
         inputs += [rng.standard_normal(shape).astype("float32") for shape in params.values()]
-        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(run_scheduled(inputs), run_unscheduled(inputs), rtol=1e-4, atol=1e-4)
     return [f for f in scheduled.functions.values() if isinstance(f, tirx.PrimFunc)]
 
 
@@ -132,10 +139,11 @@ def test_dense_conv_with_residual_and_input_scale():
     mod = relax.get_pipeline("zero")(bb.get())
     scheduled = _schedule_with(Conv2dNCHW(), mod)  # the conv kernel (the scale is its own here)
     rng = np.random.default_rng(1)
+    run_scheduled, run_unscheduled = runner(scheduled), runner(mod)
     for size in (1, 11, 40):
         inputs = [rng.standard_normal(s).astype("float32") for s in
                   ((1, 8, size, size), (1, 16, size, size), (16, 8, 3, 3), (1, 16, 1, 1), (1, 8, 1, 1))]
-        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(run_scheduled(inputs), run_unscheduled(inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_depthwise_conv(lanes):
@@ -232,10 +240,11 @@ def test_resize_merge(lanes, method, merge):
     assert len(loops.parallel) == len(tiles)  # (n, c, y) rows across cores in every copy
     assert sorted(loops.vectorized, reverse=True) == tiles[:-1]
     rng = np.random.default_rng(2)
+    run_scheduled, run_unscheduled = runner(scheduled), runner(mod)
     for h, w in [(1, 1), (3, 3), (13, 13), (37, 37), (130, 130), (130, 1), (1, 130)]:
         inputs = [rng.standard_normal((1, 8, h, w)).astype("float32"),
                   rng.standard_normal((1, 8, 2 * h, 2 * w)).astype("float32")]
-        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(run_scheduled(inputs), run_unscheduled(inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_resize_with_symbolic_channels_is_declined():
@@ -281,10 +290,11 @@ def test_blocked_conv_bias_relu(lanes, strides):
     for tile in tiles[:-1]:
         assert tile in loops.unrolled
     rng = np.random.default_rng(3)
+    run_scheduled, run_unscheduled = runner(scheduled), runner(mod)
     for h, w_ in [(1, 1), (3, 13), (37, 1), (130, 130)]:
         inputs = [rng.standard_normal(shape).astype("float32")
                   for shape in ((1, 2, h, w_, lanes), (2, 2, 3, 3, lanes, lanes), (1, 2, 1, 1, lanes))]
-        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(run_scheduled(inputs), run_unscheduled(inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_symbolic_channels_are_declined():
@@ -340,10 +350,11 @@ def test_blocked_conv_pad_divides_once_per_row(lanes, strides):
                if isinstance(f, tirx.PrimFunc) and "tirx.is_scheduled" in (f.attrs or {})]
     assert divisors_mentioning(func, "width") == []
     rng = np.random.default_rng(5)
+    run_scheduled, run_unscheduled = runner(scheduled), runner(mod)
     for h, w_ in [(1, 1), (5, 37), (64, 9)]:
         inputs = [rng.standard_normal(shape).astype("float32")
                   for shape in ((1, 2, h, w_, lanes), (2, 2, 3, 3, lanes, lanes))]
-        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(run_scheduled(inputs), run_unscheduled(inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_symbolic_layout_transform_divides_once_per_row():
@@ -364,6 +375,7 @@ def test_symbolic_layout_transform_divides_once_per_row():
     assert divisors_mentioning(func, "width") == []
     assert loop_kinds(func).parallel
     rng = np.random.default_rng(6)
+    run_scheduled, run_unscheduled = runner(scheduled), runner(mod)
     for h, w_ in [(1, 1), (3, 13), (40, 7)]:
         inputs = [rng.standard_normal((1, 16, h, w_)).astype("float32")]
-        np.testing.assert_allclose(_run(scheduled, inputs), _run(mod, inputs), rtol=0, atol=0)
+        np.testing.assert_allclose(run_scheduled(inputs), run_unscheduled(inputs), rtol=0, atol=0)
