@@ -15,6 +15,7 @@ import numpy as np
 from .errors import ArtifactError
 from .files import (check_writable, describe, hint_for, missing_folders, remove_empty, remove_stale_staging,
                     staging_path)
+from .frontend.dims import DimRange
 from .native_log import captured_native_stderr, summarize
 
 LIBRARY_NAME = "model.so"
@@ -43,7 +44,9 @@ class CompiledModel:
 
         self.metadata = metadata
         self.inputs = metadata["inputs"]
-        self.dims = metadata.get("dims", {})  # name -> {"min", "max"}: the ranges it was compiled for
+        # The ranges it was compiled for, by dim name.
+        self.dims = {name: DimRange(name, r["min"], r["max"], r.get("step", 1))
+                     for name, r in metadata.get("dims", {}).items()}
         self.outputs = metadata["outputs"]
         set_threads(metadata.get("threads", 1))
         # Kernels of a CUDA artifact run on the GPU; the VM adds the CPU for shape code itself.
@@ -85,7 +88,7 @@ class CompiledModel:
         for flag in flags:
             name, _, size = flag.partition("=")
             if name not in self.dims or not size.isdigit():
-                known = ", ".join(f"{d}={r['min']}..{r['max']}" for d, r in self.dims.items()) or "none"
+                known = ", ".join(f"{d}={r}" for d, r in self.dims.items()) or "none"
                 raise ArtifactError(f"--dim {flag!r} does not name a ranged dim of the model as NAME=SIZE",
                                     f"the model's ranged dims: {known}")
             sizes[name] = int(size)
@@ -96,7 +99,7 @@ class CompiledModel:
                         sizes.setdefault(dim, size)
         for name, dim in self.dims.items():
             if name not in sizes:
-                raise ArtifactError(f"dim {name!r} takes any size in {dim['min']}..{dim['max']}, and neither "
+                raise ArtifactError(f"dim {name!r} takes any size in {dim}, and neither "
                                     "--dim nor a given input says which to generate",
                                     f"pass --dim {name}=SIZE (or --input for an input that has it)")
         return sizes
@@ -105,8 +108,7 @@ class CompiledModel:
         """Static dims must match; a named dim must be inside its range and the same size in
         every input that has it (the model says they are one size)."""
         name, built = spec["name"], spec["shape"]
-        described = "x".join(str(d) if isinstance(d, int) else f"{self.dims[d]['min']}..{self.dims[d]['max']}"
-                             + (f"/{self.dims[d]['step']}" if self.dims[d].get("step", 1) > 1 else "") for d in built)
+        described = "x".join(str(d) if isinstance(d, int) else str(self.dims[d]) for d in built)
         if len(shape) != len(built) or any(isinstance(d, int) and d != size for d, size in zip(built, shape)):
             raise ArtifactError(
                 f"input {name!r} has shape {shape}, the model was built for {described}",
@@ -115,9 +117,9 @@ class CompiledModel:
         for axis, (dim, size) in enumerate(zip(built, shape)):
             if isinstance(dim, int):
                 continue
-            low, high, step = self.dims[dim]["min"], self.dims[dim]["max"], self.dims[dim].get("step", 1)
-            compiled = f"{low}..{high}" + (f"/{step}" if step > 1 else "")
-            if not low <= size <= high:
+            compiled = self.dims[dim]
+            step = compiled.step
+            if not compiled.low <= size <= compiled.high:
                 raise ArtifactError(
                     f"input {name!r} dim {axis} ({dim!r}) is {size}, outside the range {compiled} "
                     "the model was compiled for",
