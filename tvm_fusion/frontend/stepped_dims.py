@@ -13,7 +13,9 @@ the ``main`` users call, ``main(input: R.Tensor((1, 3, height, width)))``, which
 
 from __future__ import annotations
 
+import tvm
 from tvm import relax, tirx
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from .dims import DimRange
 
@@ -32,7 +34,7 @@ def add_steps_param(module, ranges: dict[str, DimRange]):
     if "num_input" in attrs:
         attrs["num_input"] = int(attrs["num_input"]) + 1
     module["main"] = relax.Function([steps, *main.params], main.body, main.ret_ty, main.is_pure,
-                                    tvm_attrs(attrs))
+                                    tvm.ir.DictAttrs(attrs))
     return module
 
 
@@ -41,7 +43,6 @@ def expose_input_dims(module, ranges: dict[str, DimRange]):
     stepped = {r.var_name: r for r in ranges.values() if r.step > 1}
     if not stepped:
         return module
-    import tvm
 
     inner = module["main"]
     steps, *params = inner.params
@@ -65,8 +66,6 @@ def expose_input_dims(module, ranges: dict[str, DimRange]):
 
 
 def _shape_vars(ty) -> list:
-    from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
-
     shape = getattr(ty, "shape", None)
     values = getattr(shape, "values", None) or []
     return [var for dim in values for var in collect_vars_used_in_prim_expr(dim)]
@@ -76,12 +75,6 @@ def _with_plain_dims(ty, plain: dict, stepped: dict):
     """``R.Tensor((1, 3, 32 * h, 32 * w))`` -> ``R.Tensor((1, 3, height, width))``."""
     dims = []
     for dim in ty.shape.values:
-        names = [var.name for var in _shape_vars(relax.TensorType([dim], "int64"))]
+        names = [var.name for var in collect_vars_used_in_prim_expr(dim)]
         dims.append(plain[names[0]] if len(names) == 1 and names[0] in stepped else dim)
     return relax.TensorType(dims, ty.dtype)
-
-
-def tvm_attrs(attrs: dict):
-    import tvm
-
-    return tvm.ir.DictAttrs(attrs)
