@@ -18,7 +18,7 @@ from tvm_fusion import api
 from tvm_fusion.config import load_config
 from tvm_fusion.errors import VerificationError
 from tvm_fusion.passes import pipeline
-from tvm_fusion.patterns import PATTERNS, FusionRule
+from tvm_fusion.patterns import FusionRule, pattern_registry
 
 WIDTH = 64
 
@@ -64,7 +64,7 @@ def corrupt_add_relu(mod, _ctx):
 
 @pytest.fixture
 def wrong_fusion(monkeypatch, tmp_path):
-    monkeypatch.setitem(PATTERNS, AddRelu.name, AddRelu())
+    monkeypatch.setitem(pattern_registry(), AddRelu.name, AddRelu())
     lowering = pipeline.lowering_passes
     monkeypatch.setattr(pipeline, "lowering_passes", lambda fast_math=True: [corrupt_add_relu, *lowering(fast_math)])
     path = tmp_path / "two_add_relus.onnx"

@@ -6,6 +6,7 @@ from tvm import relax
 from tvm.relax.op import add, divide, matmul, nn, permute_dims, reshape
 
 from tvm_fusion.schedules import ApplySchedules, schedule_rules
+from tvm_fusion.schedules.registry import builtin_cpu_rules
 
 SEQ, HIDDEN, HEADS, FFN = 32, 64, 4, 128
 
@@ -79,9 +80,16 @@ def test_skips_functions_already_scheduled(target, lowered, prim_funcs):
 
 
 def test_rule_lists_per_target_family():
-    cpu = [type(r).__name__ for r in schedule_rules(tvm.target.Target({"kind": "llvm"}))]
-    assert cpu == ["Attention", "MatmulMultiOutput", "MatmulEpilogue", "Conv2dNCHWc", "Conv2dNCHW",
-                   "DepthwiseConv2d", "SqueezeExcitation", "Conv2dTranspose", "Pooling", "SkipNorm",
-                   "Softmax", "Reduction", "Resize", "Injective", "Fallback"]
+    cpu = schedule_rules(tvm.target.Target({"kind": "llvm"}))
+    names = [type(r).__name__ for r in cpu]
+    # Every rule class in schedules/cpu/ is found, each once; the general rules come last.
+    assert sorted(names) == sorted({cls.__name__ for cls in map(type, builtin_cpu_rules())})
+    assert names[-3:] == ["Reduction", "Injective", "Fallback"]
+    for index, rule in enumerate(cpu):
+        for later in getattr(rule, "runs_before", ()):
+            assert names.index(later) > index, (names[index], later)
+    assert names.index("Attention") < names.index("Softmax")
+    assert names.index("MatmulMultiOutput") < names.index("MatmulEpilogue")
+    assert names.index("SqueezeExcitation") < names.index("Pooling")
     cuda = schedule_rules(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
     assert type(cuda[0]).__name__ == "Matmul" and type(cuda[-1]).__name__ == "Fallback"

@@ -26,3 +26,8 @@ ACTIVATIONS = {
     "hardsigmoid": hardsigmoid_pattern,
     "hardswish": lambda x: is_op("relax.multiply")(x, hardsigmoid_pattern(x)),
 }
+
+
+def activation_patterns(names: tuple[str, ...]) -> dict:
+    """The shared patterns of ``names`` only, in that order (what one fusion's kernel supports)."""
+    return {name: ACTIVATIONS[name] for name in names}

@@ -22,6 +22,7 @@ from tvm.relax.dpl import is_op, is_tuple_get_item, wildcard
 
 from .base import (FLOAT_DTYPES, FusionRule, dims_text, dtype_of, same_dim, same_dims, same_size, scalar_constant,
                    shape_dims, symbolic_dim_reason)
+from .softmax import masked_softmax
 
 # permute_dims axes that turn a [batch, seq, heads, dim] view into the matmul operands.
 HEADS_FIRST = (0, 2, 1, 3)          # Q, V: [batch, heads, seq, dim]; also the head merge
@@ -107,17 +108,7 @@ def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections", 
         found["k_scale"] = wildcard()
         k_transposed = found["k_scaled"] = is_op("relax.multiply")(k_transposed, found["k_scale"])
     scores = found["scores"] = is_op("relax.matmul")(q, k_transposed)
-    logits = scores
-    if scale_at == "scores":
-        scale = found["scale"] = wildcard()
-        logits = found["scaled"] = is_op("relax.divide")(scores, scale) | is_op("relax.multiply")(scores, scale)
-    if causal:
-        found["causal_cond"], found["causal_fill"] = wildcard(), wildcard()
-        logits = found["causal"] = is_op("relax.where")(found["causal_cond"], logits, found["causal_fill"])
-    if masked:
-        found["mask"] = wildcard()
-        logits = found["masked"] = is_op("relax.add")(logits, found["mask"])
-    probs = found["probs"] = is_op("relax.nn.softmax")(logits)
+    probs = masked_softmax(found, scores, scale_at == "scores", causal, masked)
     if nan_guard:  # where(isnan(p), 0, p): torch's SDPA zeroes the rows a mask left all -inf
         found["nan_fill"] = wildcard()
         probs = found["guarded"] = is_op("relax.where")(is_op("relax.isnan")(probs), found["nan_fill"], probs)
@@ -129,6 +120,7 @@ def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections", 
 
 class Attention(FusionRule):
     name = "attention"
+    runs_before = ("softmax", "gemm_epilogue")
     description = ("head split (per projection, of a packed QKV, or Q/K already per head) + Q·Kᵀ + scale "
                    "(Mul/Div) + causal Where + additive mask + softmax + ·V + head merge -> one kernel, "
                    "scores in a cache-resident tile")

@@ -68,6 +68,9 @@ class RewriteRule:
 
     name: str = ""
     description: str = ""
+    # Declared order among the rewrites (names of other patterns); the registry sorts by it.
+    runs_before: tuple[str, ...] = ()
+    runs_after: tuple[str, ...] = ()
     # Named intermediates that must have no consumer outside the match: rewriting the chain
     # would leave them computed anyway (declined as "... is also used outside the chain").
     exclusive: tuple[str, ...] = ()
@@ -96,6 +99,9 @@ class FusionRule:
 
     name: str = ""
     description: str = ""
+    # Declared order among the fusions: where two match at one place, the earlier one takes it.
+    runs_before: tuple[str, ...] = ()
+    runs_after: tuple[str, ...] = ()
     # Epilogue fusions: element-wise ops after the match (constants, one residual) join the
     # composite too (passes/absorb_elementwise_tails.py).
     absorbs_elementwise_tail: bool = False
@@ -224,6 +230,21 @@ def dtype_of(expr: relax.Expr) -> str | None:
 
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def constants_reason(matched: Mapping[str, relax.Expr], expected: Mapping[str, tuple[float, str]]) -> str | None:
+    """The message of the first named scalar constant not close to its expected value, or None.
+    ``expected``: name -> (value, message), checked in order."""
+    for name, (value, message) in expected.items():
+        if not close_to(scalar_constant(matched[name]), value):
+            return message
+    return None
+
+
+def unsupported_dtype_reason(expr: relax.Expr) -> str | None:
+    """The decline reason of a kernel that computes in float types only, else None."""
+    dtype = dtype_of(expr)
+    return None if dtype in FLOAT_DTYPES else f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
 
 
 def non_float_reason(expr: relax.Expr) -> str | None:

@@ -15,7 +15,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .base import FLOAT_DTYPES, RewriteRule, dtype_of
+from .base import RewriteRule, dtype_of, non_float_reason
 
 
 def _per_channel(value: np.ndarray, channels: int) -> np.ndarray | None:
@@ -27,8 +27,15 @@ def _per_channel(value: np.ndarray, channels: int) -> np.ndarray | None:
     return None
 
 
+def _with_constant(named: dict, op: str, value, role: str):
+    """``op(value, c)`` for a new constant ``c`` named ``role``."""
+    named[role] = is_const()
+    return is_op(op)(value, named[role])
+
+
 class ConvAffineFold(RewriteRule):
     name = "conv_affine_fold"
+    runs_after = ("conv_bn_fold",)
     description = "Conv [+ bias] * per-channel scale [+ per-channel shift] -> the conv with folded weights + bias"
     exclusive = ("conv", "biased")
 
@@ -39,21 +46,18 @@ class ConvAffineFold(RewriteRule):
             named = {"x": x, "weight": weight}
             out = named["conv"] = is_op("relax.nn.conv2d")(x, weight)
             if with_bias:
-                named["bias"] = is_const()
-                out = named["biased"] = is_op("relax.add")(out, named["bias"])
-            named["scale"] = is_const()
-            out = named["scaled"] = is_op("relax.multiply")(out, named["scale"])
+                out = named["biased"] = _with_constant(named, "relax.add", out, "bias")
+            out = named["scaled"] = _with_constant(named, "relax.multiply", out, "scale")
             if with_shift:
-                named["shift"] = is_const()
-                out = is_op("relax.add")(out, named["shift"])
+                out = _with_constant(named, "relax.add", out, "shift")
             variants.append((out, named))
         return variants
 
     def check(self, matched):
         conv = matched["conv"].attrs
+        if reason := non_float_reason(matched["conv"]):
+            return reason
         dtype = dtype_of(matched["conv"])
-        if dtype not in FLOAT_DTYPES:
-            return f"dtype {dtype} is not a float type"
         if (conv.data_layout, conv.kernel_layout, conv.out_layout) != ("NCHW", "OIHW", "NCHW"):
             return f"conv layout {conv.data_layout}/{conv.kernel_layout} is not NCHW/OIHW"
         if conv.out_dtype and str(conv.out_dtype) not in ("", dtype):

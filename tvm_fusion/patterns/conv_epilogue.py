@@ -23,14 +23,13 @@ import re
 
 from tvm.relax.dpl import is_op, wildcard
 
-from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
-from .base import (FLOAT_DTYPES, FusionRule, dims_text, dtype_of, residual_or_leak_reason, shape_dims,
-                   static_shape, symbolic_dim_reason)
+from .activations import activation_patterns
+from .base import (FusionRule, dims_text, dtype_of, residual_or_leak_reason, shape_dims,
+                   static_shape, symbolic_dim_reason, unsupported_dtype_reason)
 from .resize_merge import resize_reason
 
 
-CONV_ACTIVATIONS = ("relu", "clip", "leakyrelu", "sigmoid", "silu", "hardsigmoid", "hardswish")
-ACTIVATIONS = {name: SHARED_ACTIVATIONS[name] for name in CONV_ACTIVATIONS}
+CONV_ACTIVATIONS = activation_patterns(("relu", "clip", "leakyrelu", "sigmoid", "silu", "hardsigmoid", "hardswish"))
 # After a residual add, exporters only put plain activations.
 POST_RESIDUAL = ("relu", "clip", "hardswish")
 # Residual kinds: none, any tensor, or an upsampled map computed inside the kernel.
@@ -50,7 +49,7 @@ def conv_epilogue_pattern(conv_op: str, scaled: bool, bias: bool, activation: st
         annotations["bias"] = wildcard()
         out = annotations["bias_add"] = is_op("relax.add")(out, annotations["bias"])
     if activation:
-        out = annotations["activation"] = ACTIVATIONS[activation](out)
+        out = annotations["activation"] = CONV_ACTIVATIONS[activation](out)
     if residual == UPSAMPLED:
         annotations["top"] = wildcard()
         annotations["residual"] = annotations["resize"] = is_op("relax.image.resize2d")(
@@ -60,7 +59,7 @@ def conv_epilogue_pattern(conv_op: str, scaled: bool, bias: bool, activation: st
     if residual:
         out = annotations["residual_add"] = is_op("relax.add")(out, annotations["residual"])
         if post_activation:
-            out = annotations["post_activation"] = ACTIVATIONS[post_activation](out)
+            out = annotations["post_activation"] = CONV_ACTIVATIONS[post_activation](out)
     return out, annotations
 
 
@@ -78,7 +77,7 @@ def epilogue_variants(conv_op: str, prefix: str, with_input_scale: bool,
     the biggest chain whose check passes wins."""
     variants = []
     for scaled, bias, activation, residual in itertools.product(
-            (True, False) if with_input_scale else (False,), (True, False), (*ACTIVATIONS, None),
+            (True, False) if with_input_scale else (False,), (True, False), (*CONV_ACTIVATIONS, None),
             residuals):
         for post in ((*POST_RESIDUAL, None) if residual else (None,)):
             choice = (scaled, bias, activation, residual, post)
@@ -101,6 +100,8 @@ def bias_reason(found: dict, out_shape: tuple) -> str | None:
 
 class ConvEpilogue(FusionRule):
     name = "conv_epilogue"
+    operator = "conv"  # as near misses name it
+    runs_before = ("resize_merge",)
     absorbs_elementwise_tail = True
     description = ("conv2d (strided/dilated/grouped/depthwise) + bias + activation (relu, clip, "
                    "leakyrelu, sigmoid, silu, hardsigmoid, hardswish) + residual add + activation, "
@@ -116,26 +117,24 @@ class ConvEpilogue(FusionRule):
     def check(self, context):
         found = context.annotated_expr
         conv = found["conv"]
-        attrs = conv.attrs
-        dtype = dtype_of(conv)
-        if dtype not in FLOAT_DTYPES:
-            return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
+        out_shape = shape_dims(conv)
+        return (unsupported_dtype_reason(conv) or self.layout_reason(conv.attrs)
+                or static_batch_channels_reason(self.operator, out_shape) or bias_reason(found, out_shape)
+                or self.input_reason(found) or residual_or_leak_reason(context, dtype_of(conv)))
+
+    def layout_reason(self, attrs) -> str | None:
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
         if layouts != ("NCHW", "OIHW", "NCHW") and not is_blocked_conv_layout(*layouts):
             return f"conv layout {attrs.data_layout}/{attrs.kernel_layout} is not NCHW/OIHW or NCHW[x]c"
-        out_shape = shape_dims(conv)
-        reason = static_batch_channels_reason("conv", out_shape) or bias_reason(found, out_shape)
-        if reason:
+        return None
+
+    def input_reason(self, found) -> str | None:
+        """The upsampled residual and the SE input scale, when the variant has them."""
+        if "resize" in found and (reason := resize_reason(found["resize"])):
             return reason
-        if "resize" in found:
-            reason = resize_reason(found["resize"])
-            if reason:
-                return reason
         if "gate" in found:
-            reason = _check_channel_scale(found["data"], found["gate"])
-            if reason:
-                return reason
-        return residual_or_leak_reason(context, dtype)
+            return _check_channel_scale(found["data"], found["gate"])
+        return None
 
 
 def is_blocked_conv_layout(data_layout: str, kernel_layout: str, out_layout: str) -> bool:

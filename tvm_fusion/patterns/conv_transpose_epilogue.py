@@ -11,13 +11,15 @@ Output rows and columns may be symbolic; batch and channels must be static.
 
 from __future__ import annotations
 
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, residual_or_leak_reason, shape_dims
-from .conv_epilogue import bias_reason, epilogue_variants, static_batch_channels_reason
+from .conv_epilogue import ConvEpilogue, epilogue_variants
 
 
-class ConvTransposeEpilogue(FusionRule):
+class ConvTransposeEpilogue(ConvEpilogue):
+    """The conv epilogue's checks and kernel shape, for conv2d_transpose (no SE input scale)."""
+
     name = "conv_transpose_epilogue"
-    absorbs_elementwise_tail = True
+    operator = "conv_transpose"
+    runs_before = ("resize_merge",)
     description = ("conv2d_transpose (strided/padded/grouped, output_padding) + bias + activation "
                    "(relu, clip, leakyrelu, sigmoid, silu, hardsigmoid, hardswish) + residual add "
                    "+ activation")
@@ -25,19 +27,8 @@ class ConvTransposeEpilogue(FusionRule):
     def variants(self):
         return epilogue_variants("relax.nn.conv2d_transpose", "conv_transpose", with_input_scale=False)
 
-    def anchor(self, context):
-        return context.annotated_expr["conv"]
-
-    def check(self, context):
-        found = context.annotated_expr
-        conv = found["conv"]
-        attrs = conv.attrs
-        dtype = dtype_of(conv)
-        if dtype not in FLOAT_DTYPES:
-            return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
+    def layout_reason(self, attrs) -> str | None:
         if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "IOHW", "NCHW"):
             return (f"conv_transpose layout {attrs.data_layout}/{attrs.kernel_layout}/"
                     f"{attrs.out_layout} is not NCHW/IOHW/NCHW (the only one TOPI lowers)")
-        out_shape = shape_dims(conv)
-        return (static_batch_channels_reason("conv_transpose", out_shape) or bias_reason(found, out_shape)
-                or residual_or_leak_reason(context, dtype))
+        return None

@@ -18,13 +18,15 @@ from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from ..kernels.dropout_training import KERNEL_NAME
 from .base import scalar_constant
-from .gemm_epilogue import ACTIVATIONS, GemmEpilogue, gemm_epilogue_pattern, variant_name
+from .activations import ACTIVATIONS
+from .gemm_epilogue import GemmEpilogue, gemm_epilogue_pattern, variant_name
 
 
 class DropoutTraining(GemmEpilogue):
     """A GEMM epilogue whose last step is a training-mode dropout (checks: its own, then the epilogue's)."""
 
     name = "dropout_training"
+    runs_before = ("gemm_epilogue",)
     description = ("matmul [+ bias] [+ activation] + training-mode Dropout -> one kernel "
                    "(values and mask from a counter-based generator in the epilogue)")
 

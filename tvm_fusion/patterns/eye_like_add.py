@@ -19,6 +19,7 @@ from .base import FusionRule, dims_text, same_dims, shape_dims
 
 class EyeLikeAdd(FusionRule):
     name = "eye_like_add"
+    runs_before = ("gemm_epilogue",)
     description = "EyeLike + Add (operand of the identity's shape) -> one kernel"
 
     kernels = {"kernel": KERNEL_NAME}  # our kernel, told by its tvm_fusion.kernel attribute

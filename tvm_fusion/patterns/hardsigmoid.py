@@ -63,6 +63,7 @@ def canonical_hardsigmoid(x: relax.Expr, alpha: float = 1.0 / 6.0, beta: float =
 
 class HardSigmoid(RewriteRule):
     name = "hardsigmoid"
+    runs_after = ("clip",)
     description = "Clip(x+3, 0, 6)/6 (or *1/6) -> clip(x/6 + 0.5, 0, 1), the importer's HardSigmoid"
 
     def variants(self):

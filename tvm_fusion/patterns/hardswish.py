@@ -17,6 +17,8 @@ from .hardsigmoid import canonical_hardsigmoid, check_relu6_over_6, divided_by_6
 
 class HardSwish(RewriteRule):
     name = "hardswish"
+    runs_after = ("clip",)
+    runs_before = ("hardsigmoid",)
     description = "x * Clip(x+3, 0, 6) / 6 in any association -> x * clip(x/6 + 0.5, 0, 1)"
 
     def variants(self):

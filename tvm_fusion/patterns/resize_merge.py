@@ -26,11 +26,10 @@ from tvm.sym.analyzer import Analyzer
 from tvm.tirx.analysis import undefined_vars
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
-from .activations import ACTIVATIONS as SHARED_ACTIVATIONS
+from .activations import activation_patterns
 from .base import FLOAT_DTYPES, FusionRule, dims_text, dtype_of, same_dims, shape_dims, symbolic_dim_reason
 
-MERGE_ACTIVATIONS = ("relu", "clip", "leakyrelu", "silu", "hardswish")
-ACTIVATIONS = {name: SHARED_ACTIVATIONS[name] for name in MERGE_ACTIVATIONS}
+MERGE_ACTIVATIONS = activation_patterns(("relu", "clip", "leakyrelu", "silu", "hardswish"))
 # FPN/PAN necks concatenate 2-5 levels; a few more keeps wider heads covered.
 MAX_CONCAT_INPUTS = 8
 
@@ -47,7 +46,7 @@ def merge_add_pattern(activation: str | None):
     out = add = is_op("relax.add")(lateral, resize)
     annotations = {"top": top, "resize": resize, "lateral": lateral, "add": add}
     if activation:
-        out = annotations["activation"] = ACTIVATIONS[activation](add)
+        out = annotations["activation"] = MERGE_ACTIVATIONS[activation](add)
     return out, annotations
 
 
@@ -77,7 +76,7 @@ class ResizeMerge(FusionRule):
                    "hardswish), and resize2d outputs concatenated along channels (FPN necks)")
 
     def variants(self):
-        variants = [(f"add_{activation}", *merge_add_pattern(activation)) for activation in ACTIVATIONS]
+        variants = [(f"add_{activation}", *merge_add_pattern(activation)) for activation in MERGE_ACTIVATIONS]
         variants.append(("add", *merge_add_pattern(None)))
         # A tuple pattern has a fixed length: one set of variants per concat arity.
         for inputs in range(2, MAX_CONCAT_INPUTS + 1):

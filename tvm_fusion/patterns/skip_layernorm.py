@@ -87,6 +87,7 @@ def leaks(context: relax.transform.PatternCheckContext, expr: relax.Expr) -> boo
 
 class SkipLayerNorm(FusionRule):
     name = "skip_layernorm"
+    runs_before = ("gemm_epilogue",)
     description = ("residual add (+ bias add) + layer_norm -> one row-wise kernel "
                    "(also writes the sum when a later op reads it)")
 

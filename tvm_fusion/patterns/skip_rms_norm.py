@@ -8,20 +8,15 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import FusionRule
-from .skip_layernorm import skip_norm_check, skip_norm_variants
+from .skip_layernorm import SkipLayerNorm, skip_norm_variants
 
 
-class SkipRmsNorm(FusionRule):
+class SkipRmsNorm(SkipLayerNorm):
+    """``SkipLayerNorm``'s checks and kernel, around ``rms_norm``."""
+
     name = "skip_rms_norm"
     description = ("residual add (+ bias add) + rms_norm -> one row-wise kernel "
                    "(also writes the sum when a later op reads it)")
 
     def variants(self):
         return skip_norm_variants(lambda summed: is_op("relax.nn.rms_norm")(summed, wildcard()))
-
-    def anchor(self, context):
-        return context.annotated_expr["norm"]
-
-    def check(self, context):
-        return skip_norm_check(context)

@@ -26,7 +26,16 @@ EPILOGUES = {
 def softmax_pattern(scale: bool, causal: bool, mask: bool, epilogue: str | None):
     """``[epilogue](softmax([mask +] [where(cond, ] [x * s | x / s] [, fill)]))`` and its annotations."""
     found = {"x": wildcard()}
-    logits = found["x"]
+    out = masked_softmax(found, found["x"], scale, causal, mask)
+    if epilogue:
+        found["epilogue_operand"] = wildcard()
+        out = found["epilogue"] = EPILOGUES[epilogue](out, found["epilogue_operand"])
+    return out, found
+
+
+def masked_softmax(found: dict, logits, scale: bool, causal: bool, mask: bool):
+    """``softmax([mask +] [where(cond, ] [logits * s | logits / s] [, fill)]))``, the prologue
+    steps exporters put before a softmax (in attention too), named in ``found``."""
     if scale:
         found["scale"] = wildcard()
         logits = found["scaled"] = (is_op("relax.divide")(logits, found["scale"])
@@ -37,11 +46,8 @@ def softmax_pattern(scale: bool, causal: bool, mask: bool, epilogue: str | None)
     if mask:
         found["mask"] = wildcard()
         logits = found["masked"] = is_op("relax.add")(logits, found["mask"])
-    out = found["probs"] = is_op("relax.nn.softmax")(logits)
-    if epilogue:
-        found["epilogue_operand"] = wildcard()
-        out = found["epilogue"] = EPILOGUES[epilogue](out, found["epilogue_operand"])
-    return out, found
+    probs = found["probs"] = is_op("relax.nn.softmax")(logits)
+    return probs
 
 
 def variant_name(scale: bool, causal: bool, mask: bool, epilogue: str | None) -> str:

@@ -18,7 +18,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
 from .base import FLOAT_DTYPES, FusionRule, dims_text, dtype_of, shape_dims, static_shape, symbolic_dim_reason
-from .conv_epilogue import ACTIVATIONS
+from .activations import ACTIVATIONS
 
 SQUEEZE_ACTIVATIONS = ("relu", "hardswish", "silu")
 GATES = ("hardsigmoid", "sigmoid")
@@ -39,6 +39,7 @@ def squeeze_excitation_pattern(activation: str, gate: str):
 
 class SqueezeExcitation(FusionRule):
     name = "squeeze_excitation"
+    runs_before = ("conv_epilogue",)
     description = "GlobalAveragePool -> 1x1 conv + bias -> act -> 1x1 conv + bias -> (hard)sigmoid: one kernel"
 
     def variants(self):

@@ -2,23 +2,17 @@
 
 import tvm
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from . import cpu
+from .registry import rule_name, rules_for_kind
 
 
 def schedule_rules(target: Target) -> list:
-    """The rules for `target`'s family, most specific first, a fallback that always answers last."""
-    if target.kind.name == "llvm":
-        return [cpu.Attention(), cpu.MatmulMultiOutput(), cpu.MatmulEpilogue(), cpu.Conv2dNCHWc(),
-                cpu.Conv2dNCHW(), cpu.DepthwiseConv2d(), cpu.SqueezeExcitation(), cpu.Conv2dTranspose(),
-                cpu.Pooling(), cpu.SkipNorm(), cpu.Softmax(), cpu.Reduction(), cpu.Resize(),
-                cpu.Injective(), cpu.Fallback()]
-    if target.kind.name == "cuda":
-        return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-                dl.gpu.Fallback()]
-    raise ValueError(f"no default schedules for target kind {target.kind.name!r}")
+    """The rules for ``target``'s kind in the order they are asked (``registry``); the last answers always."""
+    rules = list(rules_for_kind(target.kind.name))
+    if not rules:
+        raise ValueError(f"no default schedules for target kind {target.kind.name!r}")
+    return rules
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApplySchedules")
@@ -31,6 +25,7 @@ class ApplySchedules:
 
     def __init__(self, target: Target, log: dict[str, str] | None = None):
         self.target = target
+        schedule_rules(target)  # a plugin that fails to load fails here, not inside the pass
         self.applied: dict[str, str] = log if log is not None else {}
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -53,7 +48,7 @@ def hand_schedule(func: tirx.PrimFunc, target: Target) -> tuple[str | None, s_ti
     for rule in schedule_rules(target):
         sch = _first_schedule(rule.apply(func, target, False))
         if sch is not None:
-            return type(rule).__name__, sch
+            return rule_name(rule), sch
     return None, None
 
 

@@ -38,8 +38,9 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import is_spatial
-from .matmul_epilogue import _largest_divisor, _match_matmul, _tile
+from .helpers import (among, compute_epilogue_at, cpu_schedule, extent, is_spatial, largest_divisor, tile_factor,
+                      vectorized_init)
+from .matchers import match_matmul
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
 from .target_info import vector_lanes
 
@@ -69,11 +70,11 @@ class _Parts:
 class Attention(ScheduleRule):
     """Q·Kᵀ -> element-wise -> row max -> exp -> row sum -> probs -> probs·V [-> head merge]."""
 
+    runs_before = ("MatmulEpilogue", "Softmax")
+
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        parts = _find_parts(sch)
+        sch = cpu_schedule(func, target)
+        parts = None if sch is None else _find_parts(sch)
         if parts is None:
             return None
         dtype = sch.get(parts.context).writes[0].source.dtype
@@ -101,7 +102,7 @@ def _find_parts(sch: s_tir.Schedule) -> _Parts | None:
         return None
     i_scores, i_max, i_sum, i_context = reductions
     scores, context = stmts[i_scores], stmts[i_context]
-    if _match_matmul(scores) is None or _match_matmul(context) is None:
+    if match_matmul(scores) is None or match_matmul(context) is None:
         return None
     if not isinstance(context.iter_vars[-2].dom.extent, tirx.IntImm):
         return None  # a symbolic head dim: the probs·V tile is vectors of it
@@ -183,7 +184,7 @@ def _row_tile(rows, keys, lanes: int) -> int:
     static row count, the largest divisor of it up to that (no remainder tile)."""
     budget = max(_TILE_BUDGET_BYTES // (4 * 4 * (keys if isinstance(keys, int) else _ASSUMED_KEYS)), 1)
     limit = min(2 * lanes, budget)
-    return _largest_divisor(rows, limit) if isinstance(rows, int) else limit
+    return largest_divisor(rows, limit) if isinstance(rows, int) else limit
 
 
 def _rewritten(sch: s_tir.Schedule, parts: _Parts, func: tirx.PrimFunc) -> tuple[s_tir.Schedule, _Parts]:
@@ -247,19 +248,19 @@ def _pad_axis(sch: s_tir.Schedule, targets: list, extent: tirx.Expr, tile: int) 
     tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, find_loops))
 
     def is_padded(buffer) -> bool:
-        return _among(buffer, old_buffers) or _among(buffer, new_buffers)
+        return among(buffer, old_buffers) or among(buffer, new_buffers)
 
     def clamp_load(load: TensorLoad) -> TensorLoad:
         if is_padded(load.source):
             return load
-        return tirx.BufferLoad(load.source, [tirx.min(i, last) if _among(i, iters) else i
+        return tirx.BufferLoad(load.source, [tirx.min(i, last) if among(i, iters) else i
                                              for i in load.indices])
 
     def clamp_region(region: TensorRegion) -> TensorRegion:
         if is_padded(region.source):
             return region
         return tirx.BufferRegion(region.source, [
-            ir.Range.from_min_extent(tirx.min(r.min, last), r.extent) if _among(r.min, iters) else r
+            ir.Range.from_min_extent(tirx.min(r.min, last), r.extent) if among(r.min, iters) else r
             for r in region.region])
 
     def block(stmt: s_tir.SBlock) -> s_tir.SBlock:
@@ -271,22 +272,18 @@ def _pad_axis(sch: s_tir.Schedule, targets: list, extent: tirx.Expr, tile: int) 
         return next((new for old, new in zip(old_buffers, new_buffers) if buf.same_as(old)), buf)
 
     def iter_var(iv: tirx.IterVar) -> tirx.IterVar:
-        if not _among(iv.var, iters):
+        if not among(iv.var, iters):
             return iv
         return tirx.IterVar(ir.Range.from_min_extent(0, padded), iv.var, iv.iter_type)
 
     def loop(stmt: tirx.For) -> tirx.For:
-        if not _among(stmt.loop_var, loops):
+        if not among(stmt.loop_var, loops):
             return stmt
         return tirx.For(stmt.loop_var, stmt.min, padded, stmt.kind, stmt.body, stmt.thread_binding,
                         stmt.annotations)
 
     return tvm_ffi.structural_map(func, [(s_tir.SBlock, block), (tirx.Buffer, buffer),
                                          (tirx.IterVar, iter_var), (tirx.For, loop)])
-
-
-def _among(obj, objs) -> bool:
-    return any(obj.same_as(other) for other in objs)
 
 
 def _schedule(sch: s_tir.Schedule, parts: _Parts, row_tile: int, lanes: int) -> None:
@@ -351,18 +348,13 @@ def _scores_kernel(sch: s_tir.Schedule, block, logits) -> None:
     """scoresᵀ[key, rows] += K[key, d] * Qᵀ[d, rows] on a register tile of keys x row vectors;
     the scale and masks (``logits``) are applied to the tile before it is stored."""
     rows, keys, depth = sch.get_loops(block)[-3:]
-    key_outer, key_inner = sch.split(keys, [None, _tile(sch.get(keys).extent, _TILE_KEYS)])
+    key_outer, key_inner = sch.split(keys, [None, tile_factor(sch.get(keys).extent, _TILE_KEYS)])
     sch.reorder(key_outer, depth, key_inner, rows)
     sch.unroll(key_inner)
     sch.vectorize(rows)
-    epilogue = sch.cache_write(block, 0, "local")
-    if logits is not None:
-        sch.compute_inline(epilogue)
-        epilogue = logits
-    sch.reverse_compute_at(epilogue, key_outer, preserve_unit_loops=True)
+    epilogue = compute_epilogue_at(sch, block, [] if logits is None else [logits], key_outer)
     _key_major_elementwise(sch, epilogue)
-    init = sch.decompose_reduction(block, depth)
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorized_init(sch, block, depth)
 
 
 def _key_major_elementwise(sch: s_tir.Schedule, block) -> None:
@@ -373,34 +365,23 @@ def _key_major_elementwise(sch: s_tir.Schedule, block) -> None:
 
 def _key_major_reduction(sch: s_tir.Schedule, block) -> None:
     """Row max/sum as element-wise max/add of row vectors over the keys."""
-    rows, keys = sch.get_loops(block)[-2:]
-    sch.reorder(keys, rows)
-    sch.vectorize(rows)
-    init = sch.decompose_reduction(block, keys)
-    sch.vectorize(sch.get_loops(init)[-1])
+    keys = sch.get_loops(block)[-1]
+    _key_major_elementwise(sch, block)
+    vectorized_init(sch, block, keys)
 
 
 def _context_kernel(sch: s_tir.Schedule, block, merge, lanes: int) -> None:
     """context[rows, d] += probs[rows, key] * V[key, d] on a register tile of rows x head-dim
     vectors, stored by the head merge (``merge``) straight into the [batch, seq, heads*dim] output."""
     rows, dim, keys = sch.get_loops(block)[-3:]
-    row_outer, row_inner = sch.split(rows, [None, _tile(sch.get(rows).extent, _TILE_ROWS)])
-    dim_extent = _extent(sch, dim)
+    row_outer, row_inner = sch.split(rows, [None, tile_factor(sch.get(rows).extent, _TILE_ROWS)])
+    dim_extent = extent(sch, dim)
     dim_tile = next((v * lanes for v in (2, 1) if dim_extent % (v * lanes) == 0),
-                    _tile(sch.get(dim).extent, 2 * lanes))
+                    tile_factor(sch.get(dim).extent, 2 * lanes))
     dim_outer, dim_inner = sch.split(dim, [None, dim_tile])
     sch.reorder(row_outer, dim_outer, keys, row_inner, dim_inner)
     sch.unroll(row_inner)
     sch.vectorize(dim_inner)
-    store = sch.cache_write(block, 0, "local")
-    if merge is not None:
-        sch.compute_inline(store)
-        store = merge
-    sch.reverse_compute_at(store, dim_outer, preserve_unit_loops=True)
+    store = compute_epilogue_at(sch, block, [] if merge is None else [merge], dim_outer)
     sch.vectorize(sch.get_loops(store)[-1])
-    init = sch.decompose_reduction(block, keys)
-    sch.vectorize(sch.get_loops(init)[-1])
-
-
-def _extent(sch: s_tir.Schedule, loop) -> int:
-    return int(sch.get(loop).extent)
+    vectorized_init(sch, block, keys)

@@ -15,8 +15,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .conv2d_nchw import extent, largest_divisor, schedule_pad, store_tile_epilogue
-from .inline import is_spatial, iter_kinds, one_reduction_kernel, only_reduction
+from .helpers import (extent, iter_kinds, largest_divisor, one_reduction_kernel, only_reduction, schedule_pad,
+                      store_tile_epilogue, vectorized_init)
 from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes, vector_registers
 
@@ -30,20 +30,14 @@ class Conv2dNCHWc(ScheduleRule):
     """``[pad] -> conv2d_nchwc (S S S S S R R R R) -> elementwise..``."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        found = one_reduction_kernel(func, target)
-        if found is None:
+        kernel = one_reduction_kernel(func, target)
+        if kernel is None or iter_kinds(kernel.stmt) != "SSSSSRRRR" or not static_except(kernel.stmt, (2, 3)):
             return None
-        sch, blocks, index = found
-        conv = blocks[index]
-        stmt = sch.get(conv)
-        if iter_kinds(stmt) != "SSSSSRRRR" or not static_except(stmt, (2, 3)):
-            return None
+        sch, stmt = kernel.sch, kernel.stmt
         if any(len(read.source.shape) not in (5, 6) for read in stmt.reads) or len(stmt.reads) != 2:
             return None  # one 5-D map and one 6-D blocked weight
-        if any(not is_spatial(sch.get(b)) for b in blocks[:index] + blocks[index + 1:]):
-            return None
         lanes = vector_lanes(target, stmt.writes[0].source.dtype)
-        loops = sch.get_loops(conv)
+        loops = sch.get_loops(kernel.block)
         if extent(sch, loops[4]) > lanes or lanes % extent(sch, loops[4]):
             return None  # the channel block must fit one vector register
         registers = vector_registers(target)
@@ -58,20 +52,19 @@ class Conv2dNCHWc(ScheduleRule):
     @staticmethod
     def _schedule(sch: s_tir.Schedule, registers: int, ow_tile: int):
         """Tiles of ``ow_tile`` pixels x ``oc_tile`` channel blocks; returns the pixel-tile loop."""
-        blocks, index = only_reduction(sch)
-        conv = blocks[index]
+        kernel = only_reduction(sch)
+        conv = kernel.block
         n, oc, y, x, ob, ic, ky, kx, ib = sch.get_loops(conv)
-        schedule_pad(sch, list(blocks[:index]))
+        schedule_pad(sch, kernel.prologue)
         # 16-register ISAs (AVX2) get half the tile: one channel block.
         oc_tile = 2 if extent(sch, oc) % 2 == 0 and 2 * ow_tile <= registers // 2 else 1
         oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
         sch.reorder(n, oc_outer, y, x_outer, ic, ky, kx, ib, oc_inner, x_inner, ob)
-        store_tile_epilogue(sch, conv, list(blocks[index + 1:]), x_outer)
+        store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
         sch.parallel(sch.fuse(n, oc_outer, y))
         sch.unroll(oc_inner)
         sch.unroll(x_inner)
         sch.vectorize(ob)
-        init = sch.decompose_reduction(conv, ic)
-        sch.vectorize(sch.get_loops(init)[-1])
+        vectorized_init(sch, conv, ic)
         return x_outer

@@ -31,8 +31,8 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .conv2d_nchw import extent, largest_divisor, row_tile, schedule_pad, store_tile_epilogue
-from .inline import inline_cheap_blocks, is_spatial, iter_kinds, only_reduction
+from .helpers import (cpu_schedule, extent, inline_cheap_blocks, iter_kinds, largest_divisor,
+                      only_reduction, row_tile, schedule_pad, store_tile_epilogue, vectorized_init)
 from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes
 
@@ -52,9 +52,8 @@ class Conv2dTranspose(ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        prepared = _prepare(func)
+        sch = cpu_schedule(func, target)
+        prepared = None if sch is None else _prepare(sch)
         if prepared is None:
             return None
         sch = s_tir.Schedule(prepared)
@@ -81,10 +80,9 @@ class Conv2dTranspose(ScheduleRule):
                                  lambda copy, tile: _schedule_dilated(copy, *_match(copy), lanes, tile))
 
 
-def _prepare(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+def _prepare(sch: s_tir.Schedule) -> tirx.PrimFunc | None:
     """The kernel with the dilation inlined into the pad (one select for both) and cheap
     blocks inlined; None when it is not a transposed conv this rule takes."""
-    sch = s_tir.Schedule(func)
     names = {sch.get(block).name_hint for block in sch.get_child_blocks(get_root_block(sch))}
     if not {"data_dilate", "data_pad", "kernel_transform"} <= names:
         return None
@@ -93,23 +91,19 @@ def _prepare(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     # phase makes the second part false folds to zero however the first part turns out.
     sch = s_tir.Schedule(_merge_nested_selects(sch.mod["main"]))
     inline_cheap_blocks(sch)
-    found = only_reduction(sch)
-    if found is None:
+    kernel = only_reduction(sch)
+    if kernel is None:
         return None
-    blocks, index = found
-    conv, pad = blocks[index], blocks[:index]
-    stmt = sch.get(conv)
-    if (iter_kinds(stmt) != "SSSSRRR" or len(pad) != 1
-            or not all(is_spatial(sch.get(b)) for b in blocks if not b.same_as(conv))
-            or not static_except(stmt, (2, 3))):
+    stmt = kernel.stmt
+    if iter_kinds(stmt) != "SSSSRRR" or len(kernel.prologue) != 1 or not static_except(stmt, (2, 3)):
         return None
     return sch.mod["main"]
 
 
 def _match(sch: s_tir.Schedule) -> tuple[list, object, list]:
     """(pad blocks, the conv, its epilogue) of a ``_prepare``d kernel."""
-    blocks, index = only_reduction(sch)
-    return blocks[:index], blocks[index], blocks[index + 1:]
+    kernel = only_reduction(sch)
+    return kernel.prologue, kernel.block, kernel.epilogue
 
 
 def _merge_nested_selects(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -177,8 +171,7 @@ def _schedule_dilated(sch, pad, conv, epilogue, lanes, ow_tile: int | None = Non
     sch.parallel(sch.fuse(n, f_outer, y))
     sch.unroll(f_inner)
     sch.vectorize(x_inner)
-    init = sch.decompose_reduction(conv, rc)
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorized_init(sch, conv, rc)
     return x_outer
 
 
@@ -209,8 +202,7 @@ def _schedule_polyphase(sch, pad, conv, epilogue, lanes, cols: int | None = None
     sch.parallel(sch.fuse(n, f_outer, y_outer))
     sch.unroll(f_inner)
     sch.vectorize(x_inner)
-    init = sch.decompose_reduction(conv, rc)
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorized_init(sch, conv, rc)
     _partition_phases_and_taps(sch, conv)
     return x_tile
 

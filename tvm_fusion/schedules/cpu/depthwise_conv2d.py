@@ -13,9 +13,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .conv2d_nchw import ConvBlocks, extent, match_conv, row_tile, schedule_pad, store_tile_epilogue
-from .symbolic_width import is_static, schedule_by_width, width_tiles
-from .target_info import vector_lanes
+from .helpers import extent, schedule_pad, store_tile_epilogue, vectorized_init
+from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles
 
 _MAX_VECTORS = 4
 
@@ -24,21 +23,11 @@ _MAX_UNROLLED_TAPS = 49
 
 
 class DepthwiseConv2d(ScheduleRule):
+    """Depthwise NCHW conv2d (``groups == channels``, one input channel per filter) + epilogue."""
+
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        blocks = match_conv(sch)
-        if blocks is None or not blocks.depthwise:
-            return None
-        dtype = sch.get(blocks.conv).writes[0].source.dtype
-        lanes = vector_lanes(target, dtype)
-        width = sch.get(sch.get_loops(blocks.conv)[3]).extent
-        if is_static(width):
-            self._schedule(sch, blocks, row_tile(int(width), lanes, _MAX_VECTORS))
-            return sch
-        return schedule_by_width(func, width, width_tiles(_MAX_VECTORS * lanes, lanes),
-                                 lambda copy, tile: self._schedule(copy, match_conv(copy), tile))
+        found = conv_kernel(func, target, depthwise=True)
+        return None if found is None else schedule_conv_tiles(func, *found, _MAX_VECTORS, self._schedule)
 
     @staticmethod
     def _schedule(sch: s_tir.Schedule, blocks: ConvBlocks, ow_tile: int):
@@ -53,6 +42,5 @@ class DepthwiseConv2d(ScheduleRule):
             sch.unroll(ry)
             sch.unroll(rx)
         sch.vectorize(x_inner)
-        init = sch.decompose_reduction(blocks.conv, rc)
-        sch.vectorize(sch.get_loops(init)[-1])
+        vectorized_init(sch, blocks.conv, rc)
         return x_outer

@@ -16,6 +16,8 @@ class Fallback(ScheduleRule):
     no such loop is left as written, which is slow but correct.
     """
 
+    runs_after = ("*",)
+
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None

@@ -5,7 +5,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import inline_cheap_blocks, is_spatial
+from .helpers import cpu_schedule, inline_cheap_blocks, is_spatial
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
 
@@ -13,11 +13,12 @@ from .target_info import vector_lanes
 class Injective(ScheduleRule):
     """Fuse each output's loops into one, run vectors innermost and chunks of them across cores."""
 
+    runs_after = ("*",)
+    runs_before = ("Fallback",)
+
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        if not all(is_spatial(sch.get(b)) for b in sch.get_child_blocks(get_root_block(sch))):
+        sch = cpu_schedule(func, target)
+        if sch is None or not all(is_spatial(sch.get(b)) for b in sch.get_child_blocks(get_root_block(sch))):
             return None
         inline_cheap_blocks(sch)
         for block in sch.get_child_blocks(get_root_block(sch)):

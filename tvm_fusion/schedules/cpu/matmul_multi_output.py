@@ -5,8 +5,8 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import has_static_extents, is_spatial
-from .matmul_epilogue import _K_UNROLL, _MAX_TILE_ROWS, _largest_divisor, _match_matmul, _tile_columns
+from .helpers import cpu_schedule, extent, has_static_extents, is_spatial, largest_divisor, vectorized_init
+from .matchers import MATMUL_K_UNROLL, MATMUL_TILE_ROWS, match_matmul, matmul_tile_columns
 from .target_info import vector_lanes
 
 
@@ -20,16 +20,18 @@ class MatmulMultiOutput(ScheduleRule):
     tile, then writes the mask and the values of that tile while the accumulators are live.
     """
 
+    runs_before = ("MatmulEpilogue",)
+
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        sch = cpu_schedule(func, target)
+        if sch is None:
             return None
-        sch = s_tir.Schedule(func)
         root = get_root_block(sch)
         blocks = sch.get_child_blocks(root)
         if not blocks or any(not is_spatial(sch.get(block)) for block in blocks[1:]):
             return None
         matmul = blocks[0]
-        axes = _match_matmul(sch.get(matmul))
+        axes = match_matmul(sch.get(matmul))
         outputs = sch.get_output_blocks(root)
         output_names = {sch.get(block).name_hint for block in outputs}  # inlining rewrites the blocks
         if axes is None or len(outputs) < 2 or sch.get(matmul).name_hint in output_names:
@@ -37,7 +39,7 @@ class MatmulMultiOutput(ScheduleRule):
         if not has_static_extents(sch.get(matmul)):
             return None  # symbolic rows: its only source (training dropout) is built for static shapes
         out_extents = [int(iv.dom.extent) for iv in sch.get(matmul).iter_vars[:-1]]
-        if any(_extents(sch, block) != out_extents for block in outputs):
+        if any([extent(sch, loop) for loop in sch.get_loops(block)] != out_extents for block in outputs):
             return None  # an output of another shape: tiles would not line up
 
         lanes = vector_lanes(target, sch.get(matmul).writes[0].source.dtype)
@@ -46,8 +48,8 @@ class MatmulMultiOutput(ScheduleRule):
             if sch.get(block).name_hint not in output_names:
                 sch.compute_inline(block)
 
-        rows = _largest_divisor(out_extents[-2], _MAX_TILE_ROWS)
-        cols = _tile_columns(out_extents[-1], lanes)
+        rows = largest_divisor(out_extents[-2], MATMUL_TILE_ROWS)
+        cols = matmul_tile_columns(out_extents[-1], lanes)
         tiles = []
         for block in outputs:
             *batch, i, j = sch.get_loops(block)
@@ -61,17 +63,10 @@ class MatmulMultiOutput(ScheduleRule):
         sch.parallel(tile)
 
         i, j, k = sch.get_loops(matmul)[-3:]
-        k_outer, k_inner = sch.split(k, [None, _largest_divisor(int(sch.get(k).extent), _K_UNROLL)])
+        k_outer, k_inner = sch.split(k, [None, largest_divisor(extent(sch, k), MATMUL_K_UNROLL)])
         sch.reorder(k_outer, k_inner, i, j)
         sch.unroll(k_inner)
         sch.unroll(i)
         sch.vectorize(j)
-        init = sch.decompose_reduction(matmul, k_outer)
-        sch.vectorize(sch.get_loops(init)[-1])
+        vectorized_init(sch, matmul, k_outer)
         return sch
-
-
-def _extents(sch: s_tir.Schedule, block) -> list:
-    """The block's loop extents, outermost first (ints where static)."""
-    return [int(e) if isinstance(e, tirx.IntImm) else e
-            for e in (sch.get(loop).extent for loop in sch.get_loops(block))]

@@ -17,8 +17,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .conv2d_nchw import extent, row_tile, schedule_pad, store_tile_epilogue
-from .inline import inline_cheap_blocks, iter_kinds, one_reduction_kernel, only_reduction
+from .helpers import (OneReduction, extent, inline_cheap_blocks, iter_kinds, one_reduction_kernel, only_reduction,
+                      row_tile, schedule_pad, store_tile_epilogue, vectorized_init)
 from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes
 from .vector_sum import vectorize_reduction
@@ -32,12 +32,10 @@ class Pooling(ScheduleRule):
     in 1-D, 2-D and 3-D, and global pools."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        found = one_reduction_kernel(func, target)
-        if found is None:
+        kernel = one_reduction_kernel(func, target)
+        if kernel is None:
             return None
-        sch, blocks, index = found
-        pool = blocks[index]
-        stmt = sch.get(pool)
+        sch, pool, stmt = kernel.sch, kernel.block, kernel.stmt
         kinds = iter_kinds(stmt)
         spatial = len(kinds) - len(kinds.lstrip("S"))
         if spatial < 3 or kinds != "S" * spatial + "R" * (len(kinds) - spatial) or spatial == len(kinds):
@@ -48,45 +46,43 @@ class Pooling(ScheduleRule):
             return None  # a window reduction reads one input; two would be a conv or a product
         loops = sch.get_loops(pool)
         lanes = vector_lanes(target, stmt.writes[0].source.dtype)
-        if all(extent_is_one(sch, loop) for loop in loops[2:spatial]):
+        if all(_is_unit(sch, loop) for loop in loops[2:spatial]):
             if not static_except(stmt, ()):
                 # A symbolic map: one scalar sum per channel, channels across cores.
                 channels = sch.fuse(*loops[:2])
-                for block in blocks[index + 1:]:
+                for block in kernel.epilogue:
                     sch.reverse_compute_at(block, channels, preserve_unit_loops=True)
                 sch.parallel(channels)
                 return sch
-            return _global_pool(sch, pool, list(blocks[index + 1:]), sch.fuse(*loops[:2]), lanes)
+            return _global_pool(sch, pool, kernel.epilogue, sch.fuse(*loops[:2]), lanes)
         if not static_except(stmt, (spatial - 2, spatial - 1)):
             return None  # the window must be static; output rows and columns may not
         width = sch.get(loops[spatial - 1]).extent
         if is_static(width):
-            _window_pool(sch, list(blocks[:index]), pool, list(blocks[index + 1:]), spatial,
-                         row_tile(int(width), lanes, max_vectors=4))
+            _window_pool(kernel, spatial, row_tile(int(width), lanes, max_vectors=4))
             return sch
 
         def schedule_copy(copy, tile):
             inline_cheap_blocks(copy)
-            copy_blocks, copy_index = only_reduction(copy)
-            return _window_pool(copy, list(copy_blocks[:copy_index]), copy_blocks[copy_index],
-                                list(copy_blocks[copy_index + 1:]), spatial, tile)
+            return _window_pool(only_reduction(copy), spatial, tile)
 
         return schedule_by_width(func, width, width_tiles(4 * lanes, lanes), schedule_copy)
 
 
-def extent_is_one(sch: s_tir.Schedule, loop) -> bool:
+def _is_unit(sch: s_tir.Schedule, loop) -> bool:
     loop_extent = sch.get(loop).extent
     return is_static(loop_extent) and int(loop_extent) == 1
 
 
-def _window_pool(sch: s_tir.Schedule, pad: list, pool, epilogue: list, spatial: int, tile: int):
+def _window_pool(kernel: OneReduction, spatial: int, tile: int):
     """Window loops outside a tile of ``tile`` output columns; returns the column-tile loop."""
+    sch, pool = kernel.sch, kernel.block
     loops = sch.get_loops(pool)
     outer, x, window = loops[:spatial - 1], loops[spatial - 1], loops[spatial:]
-    schedule_pad(sch, pad)
+    schedule_pad(sch, kernel.prologue)
     x_outer, x_inner = sch.split(x, [None, tile])
     sch.reorder(*outer, x_outer, *window, x_inner)
-    store_tile_epilogue(sch, pool, epilogue, x_outer)
+    store_tile_epilogue(sch, pool, kernel.epilogue, x_outer)
     sch.parallel(sch.fuse(*outer))
     taps = 1
     for loop in window:
@@ -95,8 +91,7 @@ def _window_pool(sch: s_tir.Schedule, pad: list, pool, epilogue: list, spatial: 
         for loop in window:
             sch.unroll(loop)
     sch.vectorize(x_inner)
-    init = sch.decompose_reduction(pool, window[0])
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorized_init(sch, pool, window[0])
     return x_outer
 
 

@@ -18,8 +18,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .conv2d_nchw import extent, row_tile
-from .inline import inline_cheap_blocks, is_spatial
+from .helpers import cpu_schedule, extent, inline_cheap_blocks, is_spatial, row_tile
 from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes
 
@@ -34,9 +33,9 @@ class Resize(ScheduleRule):
     channels."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        sch = cpu_schedule(func, target)
+        if sch is None:
             return None
-        sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(get_root_block(sch))
         if not all(is_spatial(sch.get(b)) for b in blocks):
             return None

@@ -5,8 +5,8 @@ from tvm.s_tir.dlight.analysis import get_root_block, normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import _has_call, is_spatial
-from .reduction import _is_row_shaped, _leading_spatial, _same_rows, _vectorize_innermost
+from .helpers import (cpu_schedule, has_call, is_row_shaped, is_spatial, leading_spatial, same_rows,
+                      vectorize_innermost, vectorized_init)
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
 
@@ -25,25 +25,23 @@ class SkipNorm(ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        summed = _residual_sum(sch)
+        sch = cpu_schedule(func, target)
+        summed = None if sch is None else _residual_sum(sch)
         if summed is None:
             return None
         for block in sch.get_child_blocks(get_root_block(sch)):
             stmt = sch.get(block)
-            if stmt.same_as(sch.get(summed)) or not is_spatial(stmt) or _has_call(stmt.body):
+            if stmt.same_as(sch.get(summed)) or not is_spatial(stmt) or has_call(stmt.body):
                 continue
             try:
                 sch.compute_inline(block)  # the bias add into the sum, the mean into its users
             except s_tir.ScheduleError:
                 continue
         blocks = normalize_prim_func(sch)
-        if blocks is None or len(blocks) < 3 or any(not _is_row_shaped(b) for b in blocks):
+        if blocks is None or len(blocks) < 3 or any(not is_row_shaped(b) for b in blocks):
             return None
-        row_axes = min(_leading_spatial(block) for block in blocks)
-        if row_axes == 0 or not _same_rows(blocks, row_axes):
+        row_axes = min(leading_spatial(block) for block in blocks)
+        if row_axes == 0 or not same_rows(blocks, row_axes):
             return None
         lanes = vector_lanes(target, sch.get(blocks[-1].block_rv).writes[0].source.dtype)
         try:
@@ -77,7 +75,7 @@ def _schedule_rows(sch: s_tir.Schedule, blocks: list, row_axes: int, lanes: int)
     for block in order:
         stmt = sch.get(block)
         if is_spatial(stmt):
-            _vectorize_innermost(sch, block, row, lanes)
+            vectorize_innermost(sch, block, row, lanes)
         elif any(stmt.same_as(sch.get(p)) for p in partials):
             _vectorize_lanes(sch, block, row_axes)
     return sch
@@ -117,5 +115,4 @@ def _vectorize_lanes(sch: s_tir.Schedule, partial, row_axes: int) -> None:
     lane, reduction = loops[-(row_axes + 2)], loops[-1]
     sch.reorder(reduction, lane)
     sch.vectorize(lane)  # before decompose_reduction: the update alone is no reduction block
-    init = sch.decompose_reduction(partial, reduction)
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorized_init(sch, partial, reduction)

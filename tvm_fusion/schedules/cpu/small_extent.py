@@ -23,6 +23,8 @@ from tvm.tirx import ForKind
 from tvm.tirx.buffer import is_buffer_var
 from tvm_ffi.structural import DefRegionKind
 
+from .helpers import among
+
 # Below this many scalar block iterations (elements of an element-wise kernel, rows x row length
 # of a norm) a thread launch costs more than the loop: the threshold the static Injective rule uses.
 MIN_PARALLEL_ELEMENTS = 4096
@@ -59,7 +61,7 @@ def serial_when_small(sch: s_tir.Schedule, min_work: int) -> s_tir.Schedule:
             body.append(stmt)
             continue
         elsewhere = _buffers_in(stmts[:i] + stmts[i + 1:])
-        private = [buf for buf in root.alloc_buffers if not _among(buf, elsewhere)]
+        private = [buf for buf in root.alloc_buffers if not among(buf, elsewhere)]
         serial, fresh = _serial_copy(stmt, private)
         scratch.extend(fresh)
         body.append(tirx.IfThenElse(work < tirx.IntImm("int64", min_work), serial, stmt))
@@ -108,7 +110,7 @@ def _serial_copy(loop: tirx.For, private: list) -> tuple[tirx.For, list]:
     defined = []
 
     def collect(var, kind):
-        if kind != DefRegionKind.NONE and not _among(var, defined):
+        if kind != DefRegionKind.NONE and not among(var, defined):
             defined.append(var)
 
     tvm_ffi.structural_walk(holder, with_def_region_kind=((tirx.Var,), collect))
@@ -135,7 +137,3 @@ def _buffers_in(stmts: list) -> list:
     for stmt in stmts:
         tvm_ffi.structural_walk(stmt, (tirx.Var, visit))
     return found
-
-
-def _among(obj, objs) -> bool:
-    return any(obj.same_as(other) for other in objs)

@@ -16,7 +16,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .inline import extent_of, inline_cheap_blocks, is_spatial, same_extents
+from .helpers import cpu_schedule, extent, extent_of, inline_cheap_blocks, is_spatial, same_extents, vectorized_init
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
 
@@ -28,10 +28,8 @@ class Softmax(ScheduleRule):
     """[prologue] -> row max -> exp -> row sum -> normalize [-> epilogue], over the last axis."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        if not _is_softmax(sch):
+        sch = cpu_schedule(func, target)
+        if sch is None or not _is_softmax(sch):
             return None
         try:
             if not _schedule(sch, target):
@@ -50,7 +48,7 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     lanes = vector_lanes(target, str(sch.get(reductions[0]).writes[0].source.dtype))
     output = blocks[-1]
     *rows, columns = sch.get_loops(output)
-    if not same_extents([_extent(sch, loop) for loop in (*rows, columns)], row_domain):
+    if not same_extents([extent(sch, loop) for loop in (*rows, columns)], row_domain):
         return False
     # Symbolic rows are only a parallel loop of unknown length; a symbolic row length keeps
     # scalar reductions (a partial-sum vector would need a predicate on every lane).
@@ -100,16 +98,15 @@ def _vectorize_partial(sch: s_tir.Schedule, block) -> None:
     reduce_loop = loops[-1]
     sch.reorder(reduce_loop, lane)
     sch.vectorize(lane)
-    init = sch.decompose_reduction(block, reduce_loop)
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorized_init(sch, block, reduce_loop)
 
 
 def _vectorize_row(sch: s_tir.Schedule, block, lanes: int) -> None:
     innermost = sch.get_loops(block)[-1]
-    extent = _extent(sch, innermost)
-    if not isinstance(extent, int) or extent < 2:
+    length = extent(sch, innermost)
+    if not isinstance(length, int) or length < 2:
         return  # a symbolic row length: a predicated vector would run scalar
-    if extent > lanes and extent % lanes == 0:
+    if length > lanes and length % lanes == 0:
         innermost = sch.split(innermost, [None, lanes])[1]
     sch.vectorize(innermost)
 
@@ -120,7 +117,3 @@ def _power_of_two_divisor(extent: int, limit: int) -> int:
     while width * 2 <= limit and extent % (width * 2) == 0:
         width *= 2
     return width
-
-
-def _extent(sch: s_tir.Schedule, loop) -> int | tirx.Expr:
-    return extent_of(sch.get(loop).extent)

@@ -16,8 +16,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .conv2d_nchw import extent
-from .inline import has_static_extents, inline_cheap_blocks, is_spatial, iter_kinds
+from .helpers import cpu_schedule, extent, has_static_extents, is_spatial, iter_kinds
 from .symbolic_width import static_except
 from .target_info import vector_lanes
 from .vector_sum import vectorize_reduction
@@ -30,11 +29,12 @@ class SqueezeExcitation(ScheduleRule):
     """``mean over H, W`` (S S S S R R, output N x C x 1 x 1) followed by reductions that work
     on the pooled vector only (no spatial extent beyond N x C)."""
 
+    runs_before = ("Pooling",)
+
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        sch = cpu_schedule(func, target, inline_cheap=True)
+        if sch is None:
             return None
-        sch = s_tir.Schedule(func)
-        inline_cheap_blocks(sch)
         blocks = sch.get_child_blocks(get_root_block(sch))
         reductions = [b for b in blocks if not is_spatial(sch.get(b))]
         if len(reductions) < 2 or not blocks[0].same_as(reductions[0]):

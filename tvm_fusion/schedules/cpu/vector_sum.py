@@ -2,8 +2,7 @@
 
 from tvm import s_tir
 
-from .conv2d_nchw import extent
-from .inline import iter_kinds
+from .helpers import extent, iter_kinds, vectorized_init
 
 
 def vectorize_reduction(sch: s_tir.Schedule, block, lanes: int) -> bool:
@@ -31,6 +30,5 @@ def vectorize_reduction(sch: s_tir.Schedule, block, lanes: int) -> bool:
     partial = sch.rfactor(lane, factor_axis=spatial)
     *_, partial_outer, partial_lane = sch.get_loops(partial)
     sch.vectorize(partial_lane)
-    init = sch.decompose_reduction(partial, partial_outer)
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorized_init(sch, partial, partial_outer)
     return True

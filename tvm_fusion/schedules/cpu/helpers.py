@@ -1,0 +1,238 @@
+"""What the CPU schedule rules share: the guard each rule starts with, reading blocks and loop
+extents, tile sizes, and the schedule steps several rules take alike (an epilogue computed on
+the accumulator tile, a reduction's vectorized init, the rows of a row reduction).
+
+Rule modules import shared helpers from here, or from the helper modules built on it
+(``matchers``: the blocks of a matmul and a conv) and beside it (``target_info``,
+``small_extent``, ``symbolic_width``, ``vector_sum``), never from another rule's module
+(tests/schedules/test_rule_modules.py). A helper only one rule uses stays in that rule's module.
+No ScheduleRule is defined here: the registry takes every one defined in a module of cpu/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir.expr import Call
+from tvm.s_tir.dlight.analysis import SBlockInfo, get_root_block
+from tvm.target import Target
+
+from .symbolic_width import is_static
+
+# -- The guard ---------------------------------------------------------------------------------
+
+
+def cpu_schedule(func, target: Target, inline_cheap: bool = False) -> s_tir.Schedule | None:
+    """A schedule of ``func`` when it is a PrimFunc compiled for a CPU (LLVM) target, else None;
+    with ``inline_cheap``, its cheap element-wise blocks already inlined (``inline_cheap_blocks``)."""
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    sch = s_tir.Schedule(func)
+    if inline_cheap:
+        inline_cheap_blocks(sch)
+    return sch
+
+
+# -- Blocks ------------------------------------------------------------------------------------
+
+
+def is_spatial(block: s_tir.SBlock) -> bool:
+    """True if every axis of the block is data-parallel (no reduction)."""
+    return all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
+
+
+def iter_kinds(block: s_tir.SBlock) -> str:
+    """The block's axes as a string, "S" per spatial and "R" per reduction axis."""
+    return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
+
+
+def has_call(stmt) -> bool:
+    """True if ``stmt`` calls anything (exp, erf, rsqrt, a select...)."""
+    calls = []
+    tvm_ffi.structural_walk(stmt, (Call, calls.append))
+    return bool(calls)
+
+
+def inline_cheap_blocks(sch: s_tir.Schedule) -> None:
+    """Inline every spatial block without math calls (casts, copies, reshapes, arithmetic) into
+    its consumers.
+
+    Blocks that call exp, erf, rsqrt... are kept, because inlining them into several
+    consumers or a larger loop nest would recompute the call per use.
+    """
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        stmt = sch.get(block)
+        if not is_spatial(stmt) or has_call(stmt.body):
+            continue
+        try:
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            continue  # an output block, or one whose consumers cannot take it
+
+
+@dataclass
+class OneReduction:
+    """A kernel's schedule and its root blocks around its only reduction block (a conv, a pool,
+    a matmul); all the others are spatial."""
+
+    sch: s_tir.Schedule
+    prologue: list
+    block: object
+    epilogue: list
+
+    @property
+    def stmt(self) -> s_tir.SBlock:
+        return self.sch.get(self.block)
+
+
+def only_reduction(sch: s_tir.Schedule) -> OneReduction | None:
+    """The root's blocks around its one reduction block; None unless there is exactly one."""
+    blocks = list(sch.get_child_blocks(get_root_block(sch)))
+    reductions = [i for i, block in enumerate(blocks) if not is_spatial(sch.get(block))]
+    if len(reductions) != 1:
+        return None
+    (index,) = reductions
+    return OneReduction(sch, blocks[:index], blocks[index], blocks[index + 1:])
+
+
+def one_reduction_kernel(func, target: Target) -> OneReduction | None:
+    """For a CPU PrimFunc: a schedule with the cheap blocks inlined, and its blocks around its
+    one reduction block (a conv, a pool); None for other targets and kernels."""
+    sch = cpu_schedule(func, target, inline_cheap=True)
+    return None if sch is None else only_reduction(sch)
+
+
+def has_static_extents(*blocks: s_tir.SBlock) -> bool:
+    """True if every axis of every block has a constant extent (tile factors can be chosen)."""
+    return all(isinstance(iv.dom.extent, tirx.IntImm) for block in blocks for iv in block.iter_vars)
+
+
+def among(obj, objs) -> bool:
+    """True if ``obj`` is the same object as one of ``objs``."""
+    return any(obj.same_as(other) for other in objs)
+
+
+# -- Extents and tiles -------------------------------------------------------------------------
+
+
+def extent_of(extent: tirx.Expr) -> int | tirx.Expr:
+    """An extent as an int when it is constant, else the symbolic expression (``n``, ``n * 4``)."""
+    return int(extent) if isinstance(extent, tirx.IntImm) else extent
+
+
+def extent(sch: s_tir.Schedule, loop) -> int | tirx.Expr:
+    """The loop's extent: an int when static, else the symbolic expression."""
+    return extent_of(sch.get(loop).extent)
+
+
+def same_extents(a: list, b: list) -> bool:
+    """True if two lists of extents (ints or symbolic expressions) are equal element-wise."""
+    return len(a) == len(b) and all(
+        x == y if isinstance(x, int) and isinstance(y, int) else tvm_ffi.structural_equal(x, y)
+        for x, y in zip(a, b)
+    )
+
+
+def largest_divisor(extent: int, limit: int) -> int:
+    return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
+
+
+def tile_factor(extent: tirx.Expr, limit: int) -> int:
+    """A static extent's largest divisor up to ``limit`` (no remainder); ``limit`` itself for a
+    symbolic extent, whose last tile is then predicated."""
+    return largest_divisor(int(extent), limit) if isinstance(extent, tirx.IntImm) else limit
+
+
+def row_tile(width: int, lanes: int, max_vectors: int) -> int:
+    """Columns per tile: whole vectors when they divide the row, else the largest divisor."""
+    for vectors in range(max_vectors, 0, -1):
+        if width % (vectors * lanes) == 0:
+            return vectors * lanes
+    return largest_divisor(width, lanes)
+
+
+# -- Schedule steps ----------------------------------------------------------------------------
+
+
+def compute_epilogue_at(sch: s_tir.Schedule, block, epilogue: list, at_loop):
+    """Accumulate ``block`` in a local tile, inline all but the last of ``epilogue`` into the
+    last, and compute the last (the tile's own store when ``epilogue`` is empty) at ``at_loop``;
+    returns the block that stores the tile."""
+    writeback = sch.cache_write(block, 0, "local")
+    chain = [writeback, *epilogue]
+    for inlined in chain[:-1]:
+        sch.compute_inline(inlined)
+    output = chain[-1]
+    sch.reverse_compute_at(output, at_loop, preserve_unit_loops=True)
+    return output
+
+
+def store_tile_epilogue(sch: s_tir.Schedule, block, epilogue: list, at_loop):
+    """``compute_epilogue_at`` with the tile's store vectorized (its innermost loop, when
+    longer than 1); returns the block that stores the tile."""
+    output = compute_epilogue_at(sch, block, epilogue, at_loop)
+    innermost = sch.get_loops(output)[-1]
+    if extent(sch, innermost) > 1:
+        sch.vectorize(innermost)
+    return output
+
+
+def vectorized_init(sch: s_tir.Schedule, block, loop) -> None:
+    """Split the reduction's init out above ``loop`` and run the init's innermost loop on vectors."""
+    init = sch.decompose_reduction(block, loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def schedule_pad(sch: s_tir.Schedule, pad_blocks: list) -> None:
+    """Padding copies run as their own pass: rows across cores (a select per element is not
+    worth vectorizing, and padding inside the conv would put that select in the FMA loop).
+
+    With a symbolic image size only the loops down to the row are fused: recovering a column
+    from a fused index divides by the symbolic row length, a real division per pixel that cost
+    more than the copy (2-3x a blocked conv's time at 224x224)."""
+    for block in pad_blocks:
+        loops = sch.get_loops(block)
+        symbolic = [i for i, loop in enumerate(loops) if not is_static(sch.get(loop).extent)]
+        rows = symbolic[-1] if len(symbolic) >= 2 else len(loops) - 1
+        sch.parallel(sch.fuse(*loops[:rows]) if rows > 1 else loops[0])
+
+
+# -- Row reductions (softmax, layer norm, RMS norm) --------------------------------------------
+
+
+def leading_spatial(block: SBlockInfo) -> int:
+    kinds = block.dom_kind()
+    return len(kinds) - len(kinds.lstrip("S"))
+
+
+def is_row_shaped(block: SBlockInfo) -> bool:
+    """Spatial axes first, then only reduction axes: S..S R..R."""
+    kinds = block.dom_kind()
+    return bool(kinds) and kinds.rstrip("R") == kinds[: leading_spatial(block)]
+
+
+def same_rows(blocks: list[SBlockInfo], row_axes: int) -> bool:
+    """True if every block has the same leading row extents (ints, or symbolic row counts)."""
+    rows = [[extent_of(e) for e in block.dom()[:row_axes]] for block in blocks]
+    return all(same_extents(other, rows[0]) for other in rows[1:])
+
+
+def vectorize_innermost(sch: s_tir.Schedule, block, row, lanes: int) -> None:
+    """Vectorize an element-wise loop inside the row; leave reduction loops scalar.
+
+    A block with no loop of its own below the row (a global mean's divide) is left alone:
+    splitting the row loop would put the row's reductions inside a vector loop.
+    """
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    if stmt.iter_vars[-1].iter_type != tirx.IterVar.DataPar or sch.get(loops[-1]).same_as(sch.get(row)):
+        return
+    innermost = loops[-1]
+    length = sch.get(innermost).extent
+    if not isinstance(length, tirx.IntImm) or int(length) < 2:
+        return
+    if int(length) > lanes and int(length) % lanes == 0:
+        innermost = sch.split(innermost, [None, lanes])[1]
+    sch.vectorize(innermost)

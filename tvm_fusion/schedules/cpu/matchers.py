@@ -1,0 +1,194 @@
+"""The blocks of a matmul and of a direct conv as the rules that schedule them read them, and
+what those rules choose alike: the matmul's register tile, the conv's tiles by output width.
+
+A helper module like ``helpers``: rules import from it, it defines no ScheduleRule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
+from tvm.sym import detect_linear_equation
+from tvm.target import Target
+
+from .helpers import cpu_schedule, inline_cheap_blocks, iter_kinds, largest_divisor, only_reduction, row_tile
+from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
+from .target_info import vector_lanes
+
+# -- Matmul ------------------------------------------------------------------------------------
+
+# Rows of the register tile: 8 rows x 2 vectors of columns keeps 16 accumulators in
+# AVX-512's 32 registers, with room for the B vectors and the broadcast A value.
+MATMUL_TILE_ROWS = 8
+MATMUL_K_UNROLL = 4
+_TILE_VECTORS = 2
+
+
+@dataclass
+class MatmulAxes:
+    """Positions of the matmul block's loops: batch loops, then i, j, k."""
+
+    num_batch: int
+    m: int
+    n: int
+    k: int
+
+
+def match_matmul(block: s_tir.SBlock) -> MatmulAxes | None:
+    """Axes of `C[b.., i, j] = C[b.., i, j] + A[.., i, k] * B[.., k, j]`, or None."""
+    iter_vars = [iv.var for iv in block.iter_vars]
+    kinds = [iv.iter_type for iv in block.iter_vars]
+    if len(iter_vars) < 3 or kinds[-1] != tirx.IterVar.CommReduce:
+        return None
+    if any(kind != tirx.IterVar.DataPar for kind in kinds[:-1]):
+        return None
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
+        return None
+    *batch, i, j, k = iter_vars
+    if not _indices_are(store.indices, [*batch, i, j]):
+        return None
+    acc, product = store.value.a, store.value.b
+    if not (isinstance(acc, TensorLoad) and acc.source.same_as(store.buffer)):
+        return None
+    if not isinstance(product, tirx.Mul):
+        return None
+    lhs, rhs = _strip_cast(product.a), _strip_cast(product.b)
+    if not (isinstance(lhs, TensorLoad) and isinstance(rhs, TensorLoad)):
+        return None
+    if not (_reads_as(lhs, batch, i, k) and _reads_as(rhs, batch, k, j)):
+        return None
+    return MatmulAxes(num_batch=len(batch), m=len(batch), n=len(batch) + 1, k=len(batch) + 2)
+
+
+def matmul_tile_columns(extent: int, lanes: int) -> int:
+    """Columns per tile: whole vectors when they divide the extent, else the largest divisor."""
+    for vectors in (_TILE_VECTORS, 1):
+        if extent % (vectors * lanes) == 0:
+            return vectors * lanes
+    return largest_divisor(extent, _TILE_VECTORS * lanes)
+
+
+def _strip_cast(expr: tirx.Expr) -> tirx.Expr:
+    return expr.value if isinstance(expr, tirx.Cast) else expr
+
+
+def _indices_are(indices, variables) -> bool:
+    return len(indices) == len(variables) and all(
+        index.same_as(var) for index, var in zip(indices, variables)
+    )
+
+
+def _reads_as(load: TensorLoad, batch, row, col) -> bool:
+    """True if `load` reads [batch.., row, col], its batch dims indexed or broadcast (constant)."""
+    if len(load.indices) < 2:  # a vector operand (ONNX MatMul with a 1-D side): not a GEMM
+        return False
+    *load_batch, load_row, load_col = load.indices
+    if not (load_row.same_as(row) and load_col.same_as(col)):
+        return False
+    if len(load_batch) > len(batch):
+        return False
+    aligned = batch[len(batch) - len(load_batch):]
+    return all(
+        index.same_as(var) or isinstance(index, tirx.IntImm)
+        for index, var in zip(load_batch, aligned)
+    )
+
+
+# -- Direct conv -------------------------------------------------------------------------------
+
+
+@dataclass
+class ConvBlocks:
+    """The blocks of a legalized conv kernel, in order: prologue pad, the conv, its epilogue."""
+
+    pad: list
+    conv: object
+    epilogue: list
+    depthwise: bool
+    column_stride: int  # input columns between adjacent output columns
+
+
+def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
+    """Blocks of ``[pad] -> conv2d_nchw (SSSSRRR) -> elementwise..``, or None.
+
+    Cheap spatial prologue blocks (an SE scale) are inlined into the pad/conv first. Output
+    rows and columns may be symbolic; batch, channels and the kernel window must be static.
+    """
+    inline_cheap_blocks(sch)
+    kernel = only_reduction(sch)
+    if kernel is None:
+        return None
+    stmt = kernel.stmt
+    if iter_kinds(stmt) != "SSSSRRR" or not static_except(stmt, (2, 3)):
+        return None
+    store = stmt.body
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
+        return None
+    if not isinstance(store.value.b, tirx.Mul):
+        return None
+    n, f, y, x, rc, ry, rx = (iv.var for iv in stmt.iter_vars)
+    if not all(a.same_as(b) for a, b in zip(store.indices, (n, f, y, x))):
+        return None
+    product = store.value.b
+    weight_is_b = _loads_at(product.b, (f, rc, ry, rx))
+    if not (weight_is_b or _loads_at(product.a, (f, rc, ry, rx))):
+        return None
+    # The data side may carry an inlined prologue (an SE scale): the feature map is its
+    # largest 4-D input.
+    data_side = product.a if weight_is_b else product.b
+    maps = [ld for ld in _loads(data_side) if len(ld.indices) == 4 and is_static(ld.source.shape[1])]
+    if not maps:
+        return None
+    feature_map = max(maps, key=lambda load: _size(load.source))
+    channels_in = int(feature_map.source.shape[1])
+    stride, _ = detect_linear_equation(feature_map.indices[3], [x]) or (1, None)
+    channels_out = int(stmt.iter_vars[1].dom.extent)
+    depthwise = int(stmt.iter_vars[4].dom.extent) == 1 and channels_in == channels_out > 1
+    return ConvBlocks(kernel.prologue, kernel.block, kernel.epilogue, depthwise, int(stride))
+
+
+def conv_kernel(func, target: Target, depthwise: bool) -> tuple[s_tir.Schedule, ConvBlocks, int] | None:
+    """For a CPU PrimFunc that is a conv (``match_conv``), depthwise or not as asked: a schedule
+    of it, its blocks and the vector lanes of its dtype; None otherwise."""
+    sch = cpu_schedule(func, target)
+    blocks = None if sch is None else match_conv(sch)
+    if blocks is None or blocks.depthwise != depthwise:
+        return None
+    return sch, blocks, vector_lanes(target, sch.get(blocks.conv).writes[0].source.dtype)
+
+
+def schedule_conv_tiles(func: tirx.PrimFunc, sch: s_tir.Schedule, blocks: ConvBlocks, lanes: int,
+                        max_vectors: int, schedule: Callable) -> s_tir.Schedule | None:
+    """The conv scheduled by ``schedule(sch, blocks, ow_tile)``, which tiles the output columns
+    and returns the column-tile loop: at a static width once, ``row_tile`` columns a tile; at a
+    symbolic width once per tile width on copies of ``func`` (``symbolic_width.py``)."""
+    width = sch.get(sch.get_loops(blocks.conv)[3]).extent
+    if is_static(width):
+        schedule(sch, blocks, row_tile(int(width), lanes, max_vectors))
+        return sch
+    return schedule_by_width(func, width, width_tiles(max_vectors * lanes, lanes),
+                             lambda copy, tile: schedule(copy, match_conv(copy), tile))
+
+
+def _loads_at(expr, variables) -> bool:
+    return isinstance(expr, TensorLoad) and _indices_are(expr.indices, variables)
+
+
+def _loads(expr) -> list:
+    found = []
+    tvm_ffi.structural_walk(expr, (TensorLoad, found.append))
+    return found
+
+
+def _size(buffer) -> int:
+    """Elements of ``buffer``, a symbolic dim counting as larger than any static one (the
+    feature map of a model compiled for a range of sizes, next to a static gate)."""
+    size = 1
+    for dim in buffer.shape:
+        size *= int(dim) if is_static(dim) else 1 << 40
+    return size

@@ -1,0 +1,54 @@
+"""The schedule rule registry: the rules in ``cpu/`` plus the ``tvm_fusion.schedules`` entry points
+of installed plugins, per target kind, in the order they declare.
+
+A rule is found by its module alone (a ``ScheduleRule`` subclass defined in a module of
+``cpu/``), so adding one touches no list. ``runs_before``/``runs_after`` (class names) set the
+order in which rules are asked; the first to answer schedules the kernel, so a specific rule
+runs before a general one, and the general ones (``Reduction``, ``Injective``, ``Fallback``)
+declare ``runs_after = ("*", ...)``. A plugin rule says which target kinds it serves in
+``target_kinds`` (``("llvm",)`` for CPUs).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import pkgutil
+
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.base import ScheduleRule
+
+from ..ordering import declared_order
+from ..plugins import plugin_rules
+from . import cpu
+
+ENTRY_POINT_GROUP = "tvm_fusion.schedules"
+
+
+def rule_name(rule: ScheduleRule) -> str:
+    return type(rule).__name__
+
+
+@functools.cache
+def rules_for_kind(kind: str) -> tuple[ScheduleRule, ...]:
+    """The ordered rules for targets of ``kind`` (``llvm``, ``cuda``), built-in and plugged in."""
+    plugged = [rule for rule in plugin_rules(ENTRY_POINT_GROUP, (ScheduleRule,), rule_name)
+               if kind in getattr(rule, "target_kinds", ())]
+    if kind == "llvm":
+        return tuple(declared_order([*builtin_cpu_rules(), *plugged], "schedule rule", rule_name))
+    if kind == "cuda":  # dlight's GPU rules, after any plugin rule for CUDA
+        return (*declared_order(plugged, "schedule rule", rule_name),
+                dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    return tuple(declared_order(plugged, "schedule rule", rule_name))
+
+
+def builtin_cpu_rules() -> list[ScheduleRule]:
+    """One instance of each ScheduleRule subclass defined in a module of ``cpu/``."""
+    rules = []
+    for module_info in pkgutil.iter_modules(cpu.__path__):
+        module = importlib.import_module(f"{cpu.__name__}.{module_info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and issubclass(cls, ScheduleRule):
+                rules.append(cls())
+    return rules
