@@ -13,7 +13,7 @@ sequence no pattern recognized, so a new exporter spelling shows up as work to d
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import onnx
@@ -143,18 +143,21 @@ class _Graph:
 
     def walk_back(self, index: int, through: frozenset, depth: int) -> Iterable[int]:
         """Ancestors reached through ops in ``through``, up to ``depth`` steps."""
-        frontier = [index]
-        for _ in range(depth):
-            frontier = [p for i in frontier for p in self.parents(i)]
-            yield from frontier
-            frontier = [p for p in frontier if self.op(p) in through]
+        return self._walk(index, self.parents, through, depth)
 
     def walk_forward(self, index: int, through: frozenset, depth: int) -> Iterable[int]:
+        """Descendants reached through ops in ``through``, up to ``depth`` steps."""
+        return self._walk(index, self.children, through, depth)
+
+    def _walk(self, index: int, step: Callable[[int], list[int]], through: frozenset,
+              depth: int) -> Iterable[int]:
+        """Every node ``step`` reaches from ``index`` in up to ``depth`` steps, going on only
+        from nodes whose op is in ``through``."""
         frontier = [index]
         for _ in range(depth):
-            frontier = [c for i in frontier for c in self.children(i)]
+            frontier = [n for i in frontier for n in step(i)]
             yield from frontier
-            frontier = [c for c in frontier if self.op(c) in through]
+            frontier = [n for n in frontier if self.op(n) in through]
 
 
 def find_chains(model: onnx.ModelProto) -> list[Chain]:

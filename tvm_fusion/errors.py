@@ -1,6 +1,8 @@
 """Errors a user can act on: each names the culprit and says how to fix it.
 
 The CLI prints ``str(error)`` and exits with ``error.exit_code``; anything else is a bug.
+Each kind of error declares its exit code on its class line (``exit_code=N``), so the codes
+read as one table; README's exit-code table has a row for each.
 """
 
 
@@ -9,49 +11,44 @@ class TvmFusionError(Exception):
 
     exit_code = 1
 
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:  # a refinement of a kind (verify's ReferenceUnavailable) keeps its code
+            cls.exit_code = exit_code
+
     def __init__(self, message: str, hint: str | None = None):
         self.message = message
         self.hint = hint
         super().__init__(message if hint is None else f"{message}\n  fix: {hint}")
 
 
-class ConfigError(TvmFusionError):
+class ConfigError(TvmFusionError, exit_code=2):
     """A pipeline config file is missing, unreadable, or has a bad key or value."""
 
-    exit_code = 2
 
-
-class ModelError(TvmFusionError):
+class ModelError(TvmFusionError, exit_code=3):
     """The model file is missing, not ONNX, invalid, or uses ops TVM cannot import."""
 
-    exit_code = 3
 
-
-class ShapeError(TvmFusionError):
+class ShapeError(TvmFusionError, exit_code=4):
     """An input shape is unbound, malformed, or does not fit the model."""
 
-    exit_code = 4
 
-
-class VerificationError(TvmFusionError):
+class VerificationError(TvmFusionError, exit_code=5):
     """The compiled module disagrees with ONNX Runtime beyond the configured tolerance."""
 
-    exit_code = 5
 
-
-class ArtifactError(TvmFusionError):
+class ArtifactError(TvmFusionError, exit_code=6):
     """A build artifact is missing, damaged, or was given inputs that do not match it."""
 
-    exit_code = 6
 
-
-class ToolchainError(TvmFusionError):
+class ToolchainError(TvmFusionError, exit_code=7):
     """A compiler or emulator the target needs is not installed; the message names the package."""
 
-    exit_code = 7
 
-
-class TuningLogError(TvmFusionError):
+class TuningLogError(TvmFusionError, exit_code=8):
     """A tuning log cannot be read or written, or was asked something it cannot answer."""
 
-    exit_code = 8
+
+class PluginError(TvmFusionError, exit_code=9):
+    """A pattern or schedule rule (built in or from a plugin) cannot be loaded or ordered."""

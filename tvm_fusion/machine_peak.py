@@ -55,7 +55,7 @@ _IN_PROCESS: dict[tuple[str, int], MachinePeak] = {}
 
 def machine_peak(config: PipelineConfig, refresh: bool = False) -> MachinePeak:
     """The cached peaks for the config's target (probing and caching them the first time)."""
-    from .tuning.store import target_key
+    from .tuning.store_contents import target_key
 
     key = target_key(config.tvm_target())
     if not refresh and (key, config.threads) in _IN_PROCESS:

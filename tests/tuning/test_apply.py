@@ -12,7 +12,7 @@ from machine import other_target
 from tuning_helpers import ADD, GELU, add_record, other_schedule
 
 from tvm_fusion import api
-from tvm_fusion.tuning.store import RECORD_FILE, WORKLOAD_FILE, target_key
+from tvm_fusion.tuning.store_contents import RECORD_FILE, WORKLOAD_FILE, target_key
 
 OTHER_MACHINE = other_target()
 

@@ -8,7 +8,8 @@ from tuning_helpers import ADD, GELU, add_record, other_schedule
 from tvm_fusion import cli
 from tvm_fusion.config import DEFAULT_CONFIG, load_config
 from tvm_fusion.errors import ConfigError
-from tvm_fusion.tuning.store import TuningStore, read_store, target_key, workload_id
+from tvm_fusion.tuning.store import TuningStore
+from tvm_fusion.tuning.store_contents import read_store, target_key, workload_id
 
 
 def test_bundled_config_tunes_into_the_repository_logs():

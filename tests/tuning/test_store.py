@@ -12,9 +12,10 @@ import tvm_ffi
 from machine import HOST_MCPU, OTHER_MCPU, host_target, other_target
 from tuning_helpers import ADD, GELU, add_record, other_schedule
 
+from tvm_fusion.errors import TuningLogError
 from tvm_fusion.tuning import logs
-from tvm_fusion.tuning.store import (RECORD_FILE, WORKLOAD_FILE, TuningLogError, TuningStore, read_store,
-                                     target_key, workload_id)
+from tvm_fusion.tuning.store import TuningStore
+from tvm_fusion.tuning.store_contents import RECORD_FILE, WORKLOAD_FILE, read_store, target_key, workload_id
 
 
 def test_target_key_separates_machine_classes():

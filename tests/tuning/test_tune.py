@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuning_helpers import ADD, GELU, MLP_SHAPE, tuning_config
 
-from tvm_fusion.tuning.store import RECORD_FILE, read_store
+from tvm_fusion.tuning.store_contents import RECORD_FILE, read_store
 from tvm_fusion.tuning.tune import tune_model
 
 BUDGET = 6

@@ -13,7 +13,9 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 import helpers
-from tvm_fusion.tuning.store import StoreDatabase, TuningStore, read_store, target_key
+from tvm_fusion.tuning.store import TuningStore
+from tvm_fusion.tuning.store_contents import read_store, target_key
+from tvm_fusion.tuning.store_database import StoreDatabase
 
 MLP_SHAPE = ["x:4x16"]
 ADD = "fused_relax_matmul_relax_add"

@@ -38,21 +38,9 @@ class ConvertConvsToBlockedLayout:
         self.report = report
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        symbolic = self._symbolic_conv(mod)
-        if symbolic:
-            # The channel blocks and the weight layout are fixed at compile time.
-            self.report.add_near_miss(NearMiss(
-                PATTERN_NAME, "main",
-                f"a conv input has symbolic batch or channels {symbolic}; NCHW{self.block}c needs "
-                "them static (rows and columns may be symbolic), so the model stays in NCHW"))
-            return mod
-        staying = self._convs_staying_in_nchw(mod)
-        if staying:
-            self.report.add_near_miss(NearMiss(
-                PATTERN_NAME, "main",
-                f"{len(staying)} conv(s) cannot take NCHW{self.block}c (e.g. {staying[0]}); mixing "
-                "layouts would put a layout transform between convs, so the model stays in NCHW"))
-            return mod
+        reason = self._why_stay_in_nchw(mod)
+        if reason is not None:
+            return self._stay_in_nchw(mod, reason)
         if not self._has_convertible_conv(mod):
             return mod  # nothing to block: TVM's layout inference need not see the model at all
         converted = []
@@ -70,14 +58,30 @@ class ConvertConvsToBlockedLayout:
         except Exception as err:  # noqa: BLE001 - TVM's inference fails on ops it has no rule for
             # (IndexError on a negative stack axis after an LSTM, InternalError, OpError...).
             lines = str(err).strip().splitlines()
-            reason = lines[-1] if lines else type(err).__name__
-            self.report.add_near_miss(NearMiss(PATTERN_NAME, "main", f"layout inference failed: {reason}"))
-            return mod
+            cause = lines[-1] if lines else type(err).__name__
+            return self._stay_in_nchw(mod, f"layout inference failed: {cause}")
         if converted:
             self.report.fired[f"{PATTERN_NAME}.conv2d"] += len(converted)
         # A map read by two blocked convs (a residual block's input) gets one transform each;
         # common-subexpression elimination keeps one.
         return relax.transform.EliminateCommonSubexpr()(FoldConstantsSafely()(blocked))
+
+    def _stay_in_nchw(self, mod: tvm.IRModule, reason: str) -> tvm.IRModule:
+        """Record why the model stays in NCHW as a near miss; the module, unchanged."""
+        self.report.add_near_miss(NearMiss(PATTERN_NAME, "main", reason))
+        return mod
+
+    def _why_stay_in_nchw(self, mod: tvm.IRModule) -> str | None:
+        """Why no conv may take the blocked layout (all or nothing); None when they may."""
+        symbolic = self._symbolic_conv(mod)
+        if symbolic:  # the channel blocks and the weight layout are fixed at compile time
+            return (f"a conv input has symbolic batch or channels {symbolic}; NCHW{self.block}c needs "
+                    "them static (rows and columns may be symbolic), so the model stays in NCHW")
+        staying = self._convs_staying_in_nchw(mod)
+        if staying:
+            return (f"{len(staying)} conv(s) cannot take NCHW{self.block}c (e.g. {staying[0]}); mixing "
+                    "layouts would put a layout transform between convs, so the model stays in NCHW")
+        return None
 
     def _convs_staying_in_nchw(self, mod: tvm.IRModule) -> list[str]:
         """Convs that would stay in NCHW inside the network: grouped/depthwise convs and convs

@@ -20,7 +20,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..schedules import hand_schedule
-from .store import StoreContents, read_store, store_dirs, target_key, usable_database, workload_id
+from .store_contents import StoreContents, read_store, store_dirs, target_key, workload_id
+from .store_database import usable_database
 
 _normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
 

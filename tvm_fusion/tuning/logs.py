@@ -14,8 +14,10 @@ from pathlib import Path
 import tvm
 import tvm_ffi
 
-from .store import (RecordLine, StoreContents, TuningLogError, TuningStore, WorkloadLine,
-                    best_per_workload, read_store, store_dirs, workload_id)
+from ..errors import TuningLogError
+from .store import TuningStore
+from .store_contents import (RecordLine, StoreContents, WorkloadLine, best_per_workload, read_store, store_dirs,
+                             workload_id)
 
 
 @dataclasses.dataclass
