@@ -103,6 +103,22 @@ def test_an_intermediate_no_fused_output_carries_keeps_the_original_nodes():
     assert "'h' is read outside the fusion" in result.kept[0].reason
 
 
+def test_fusions_inside_one_onnx_node_keep_that_node():
+    """TVM imports an ONNX GRU or LSTM as many ops, several of them fused: each such fusion
+    absorbed the same single node, which stays as it is."""
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="rnn")], "one_node",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "w"), numpy_helper.from_array(np.ones(3, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    instances = [instance_of(model, ["rnn"], "gemm_epilogue.matmul_bias")] * 2
+    result = fused_onnx(model, instances, {"x": np.ones((2, 4), np.float32)})
+    assert [n.op_type for n in result.model.graph.node] == ["Gemm"]
+    assert [k.reason for k in result.kept] == ["one of 2 fusions inside the ONNX Gemm node 'rnn' (its import is "
+                                               "several ops): it stays one node"] * 2
+
+
 def test_cli_writes_and_checks_the_fused_graph(capsys, tmp_path, mlp_path):
     out = tmp_path / "sub" / "mlp_fused.onnx"
     code = cli.main(["inspect", str(mlp_path), "--input-shape", "x:4x16", "--onnx", str(out), "--check"])

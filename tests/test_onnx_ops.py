@@ -222,6 +222,74 @@ def test_attention_q_k_already_in_heads():
     assert attrs(node)["qk_form"] == b"heads"
 
 
+def stacked_qkv(slice_order=(0, 1, 2)) -> list[onnx.NodeProto]:
+    """One projection viewed as [B, S, 3, H, D], stacked heads first, sliced into q, k, v_heads
+    (paddle2onnx's SVTR attention); ``slice_order``: which stack index each of them takes."""
+    nodes = [helper.make_node("Reshape", ["qkv", "stack_shape"], ["qkv_view"]),
+             helper.make_node("Transpose", ["qkv_view"], ["stack"], perm=[2, 0, 3, 1, 4])]
+    for name, index in zip(("q", "k", "v_heads"), slice_order):
+        nodes += [helper.make_node("Slice", ["stack", f"at{index}", f"at{index + 1}", "at0", "at1"], [f"{name}_s"]),
+                  helper.make_node("Squeeze", [f"{name}_s", "at0"], [name])]
+    return nodes
+
+
+STACK_CONSTANTS = {"stack_shape": np.array([B, S, 3, H, D]), **{f"at{i}": np.array([i]) for i in range(4)}}
+
+
+def test_attention_svtr_stacked_qkv_with_the_scale_on_q():
+    nodes = [*stacked_qkv(), helper.make_node("Mul", ["q", "scale"], ["q_scaled"]),
+             helper.make_node("Transpose", ["k"], ["k_t"], perm=[0, 1, 3, 2]),
+             *attention_tail([helper.make_node("MatMul", ["q_scaled", "k_t"], ["scores"])], "scores")]
+    model = model_of(nodes, {"qkv": [B, S, 3 * H * D]}, ["y"],
+                     {**ATTENTION_SHAPES, **STACK_CONSTANTS, "scale": np.float32(0.5)})
+    node = assert_fused_matches(model, "attention.qkv_stacked_unmasked_query_scaled", "Attention")
+    assert list(node.input) == ["qkv"]
+    assert attrs(node)["qk_form"] == b"stacked" and attrs(node)["qkv_shape"] == [B, S, 3, H, D]
+    assert attrs(node)["scale"] == pytest.approx(0.5)
+
+
+def test_attention_stacked_slices_out_of_order_keep_the_nodes():
+    nodes = [*stacked_qkv(slice_order=(0, 2, 1)), helper.make_node("Transpose", ["k"], ["k_t"], perm=[0, 1, 3, 2]),
+             *attention_tail([helper.make_node("MatMul", ["q", "k_t"], ["scores"])], "scores")]
+    model = model_of(nodes, {"qkv": [B, S, 3 * H * D]}, ["y"], {**ATTENTION_SHAPES, **STACK_CONSTANTS})
+    feeds = feeds_for(model)
+    type_outputs(model, feeds)
+    instance = FusedNodes("attention", "attention.qkv_stacked_unmasked_unscaled", [n.name for n in nodes],
+                          [n.op_type for n in nodes], list(range(len(nodes))))
+    result = fused_onnx(model, [instance], feeds)
+    assert [k.reason for k in result.kept] == ["k is not slice 1 of the stacked Q, K, V"]
+    assert not any(n.domain == DOMAIN for n in result.model.graph.node)
+
+
+def test_attention_dynamo_3d_key_transpose_scale_on_q_and_k_and_nan_guard():
+    """torch's dynamo exporter: Kᵀ through [B*H, S, D], sqrt(scale) on Q and on Kᵀ, and
+    Where(IsNaN(p), 0, p) zeroing the rows the mask left all -inf (batch 1 here)."""
+    nodes = [*heads("q_heads", "q", [0, 2, 1, 3]), *heads("k_heads", "k", [0, 2, 1, 3]),
+             *heads("v_heads", "v", [0, 2, 1, 3]),
+             helper.make_node("Reshape", ["k_heads", "flat_shape"], ["k_flat"]),
+             helper.make_node("Transpose", ["k_flat"], ["k_flat_t"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["k_flat_t", "kt_shape"], ["k_t"]),
+             helper.make_node("Mul", ["q_heads", "root_scale"], ["q_scaled"]),
+             helper.make_node("Mul", ["k_t", "root_scale"], ["k_scaled"]),
+             helper.make_node("MatMul", ["q_scaled", "k_scaled"], ["scores"]),
+             helper.make_node("Add", ["scores", "mask"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1), helper.make_node("IsNaN", ["p"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "p"], ["probs"]),
+             *attention_tail([], "masked")[1:]]
+    model = model_of(nodes, {"q": [B, S, H * D], "k": [B, S, H * D], "v": [B, S, H * D], "mask": [B, 1, 1, S]},
+                     ["y"], {**ATTENTION_SHAPES, "flat_shape": np.array([B * H, S, D]),
+                             "kt_shape": np.array([B, H, D, S]), "root_scale": np.float32(D ** -0.25),
+                             "zero": np.float32(0)}, opset=18)
+    feeds = feeds_for(model)
+    feeds["mask"][1] = -np.inf
+    with np.errstate(invalid="ignore"):  # the all -inf rows: NaN before the guard, in ORT too
+        node = assert_fused_matches(model, "attention.masked_qk_scaled_nan_guarded", "Attention", feeds)
+        (y,) = evaluator(fuse_whole(model, "attention.masked_qk_scaled_nan_guarded", feeds)[0]).run(None, feeds)
+    assert list(node.input) == ["q", "k", "v", "", "mask"]
+    assert attrs(node)["scale"] == pytest.approx(D ** -0.5) and attrs(node)["nan_fill"] == 0.0
+    assert not np.isnan(y).any() and (y[1] == 0).all()
+
+
 # softmax --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("epilogue", ["multiply", "cast"])
@@ -375,6 +443,23 @@ def test_conv_transpose_epilogue_bn_relu_and_output_padding_sigmoid():
     assert attrs(node)["output_padding"] == [1, 1]
 
 
+def test_conv_transpose_epilogue_bias_add_before_batch_norm_paddle_opset_12():
+    """paddle2onnx's DB head (PP-OCRv4 det): ConvTranspose, bias as an Add, then a BN carrying
+    ``momentum`` at opset 12, which onnx.reference alone would run with batch statistics."""
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["c"], strides=[2, 2]),
+             helper.make_node("Add", ["c", "b"], ["cb"]),
+             helper.make_node("BatchNormalization", ["cb", "bn_s", "bn_b", "bn_m", "bn_v"], ["n"], epsilon=1e-5,
+                              momentum=0.9),
+             helper.make_node("Relu", ["n"], ["y"])]
+    model = model_of(nodes, {"x": [1, 4, 5, 5]}, ["y"], {"w": const(4, 8, 2, 2), "b": const(1, 8, 1, 1), **BN},
+                     opset=12)
+    node = assert_fused_matches(model, "conv_transpose_epilogue.conv_transpose_bias_relu", "ConvTransposeEpilogue")
+    assert list(node.input) == ["x", "w", "b", "bn_s", "bn_b", "bn_m", "bn_v"] and attrs(node)["batch_norm"] == 1
+    feeds = feeds_for(model)
+    unfused = dict(zip(["y"], evaluator(model).run(None, feeds)))  # the standard BN, as a kept node runs
+    np.testing.assert_allclose(unfused["y"], reference_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-5)
+
+
 # element-wise tails (passes/absorb_elementwise_tails.py: variants ending in _elementwise) -------
 
 def pp_lcnet_block() -> list[onnx.NodeProto]:
@@ -459,13 +544,35 @@ def test_conv_transpose_epilogue_tail_with_clip_params():
 
 
 def test_a_tail_without_the_elementwise_variant_keeps_the_nodes():
-    """conv_bias (no tail absorbed by TVM) followed by a Mul: not the fusion TVM made."""
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Mul", ["c", "k"], ["y"])]
+    """conv_bias (no tail absorbed by TVM) followed by a Sub: not the fusion TVM made."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Sub", ["c", "k"], ["y"])]
     model = model_of(nodes, {"x": [1, 4, 5, 5]}, ["y"], {"w": const(8, 4, 1, 1), "b": const(8), "k": np.float32(2)})
     feeds = feeds_for(model)
     type_outputs(model, feeds)
+    instance = FusedNodes("conv_epilogue", "conv_epilogue.conv_bias", ["#0", "#1"], ["Conv", "Sub"], [0, 1])
+    assert "Sub after the conv's epilogue" in fused_onnx(model, [instance], feeds).kept[0].reason
+
+
+def test_conv_epilogue_takes_a_folded_per_channel_scale_and_shift():
+    """captcha CRNN's convs: a BatchNormalization exported as conv * s + t (conv_affine_fold
+    folds it, leaving conv_bias_relu), written as a BN without mean and variance."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c", "s"], ["cs"]), helper.make_node("Add", ["cs", "t"], ["ct"]),
+             helper.make_node("Relu", ["ct"], ["y"])]
+    model = model_of(nodes, {"x": [1, 4, 5, 5]}, ["y"], {"w": const(8, 4, 3, 3), "s": const(1, 8, 1, 1, low=0.5),
+                                                          "t": const(1, 8, 1, 1)})
+    node = assert_fused_matches(model, "conv_epilogue.conv_bias_relu", "ConvEpilogue")
+    assert list(node.input) == ["x", "w", "", "", "s", "t"]
+    assert attrs(node)["affine"] == 1 and attrs(node)["batch_norm"] == 0 and attrs(node)["activation"] == b"relu"
+
+
+def test_a_scale_that_is_not_per_channel_keeps_the_nodes():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    model = model_of(nodes, {"x": [1, 4, 5, 5]}, ["y"], {"w": const(8, 4, 1, 1), "s": const(5)})
+    feeds = feeds_for(model)
+    type_outputs(model, feeds)
     instance = FusedNodes("conv_epilogue", "conv_epilogue.conv_bias", ["#0", "#1"], ["Conv", "Mul"], [0, 1])
-    assert "Mul after the conv's epilogue" in fused_onnx(model, [instance], feeds).kept[0].reason
+    assert "Mul by other than a per-channel constant" in fused_onnx(model, [instance], feeds).kept[0].reason
 
 
 def test_squeeze_excitation():

@@ -5,22 +5,22 @@ op's definition (README, "The fused graph as ONNX"), so that ``ReferenceEvaluato
 new_ops=FUSED_OPS)`` runs a fused file and says whether the fused graph still computes what the
 original did. No TVM here: these define what our kernels must compute, they do not restate
 them. The standard ops a fused op is made of where numpy has no one-liner (Conv,
-ConvTranspose, Resize) run through onnx.reference's own implementations of those ops.
+ConvTranspose, Resize) run through onnx.reference's own implementations of those ops
+(``onnx_ops_standard``, which also corrects where onnx.reference departs from ONNX Runtime).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from .onnx_ops_standard import STANDARD_FIXES, resize, standard
+
 DOMAIN = "tvm_fusion"
-# The standard-op implementations used inside fused ops (Conv, ConvTranspose, Resize).
-STANDARD_OPSET = 21
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -112,37 +112,6 @@ def per_channel(value: np.ndarray | None, rank: int = 4) -> np.ndarray | None:
     return None if value is None else value.reshape((1, -1) + (1,) * (rank - 2))
 
 
-# standard ops through onnx.reference -------------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def _standard_evaluator(op_type: str, inputs: tuple[bool, ...], attributes: tuple) -> ReferenceEvaluator:
-    names = [f"in{i}" if present else "" for i, present in enumerate(inputs)]
-    node = helper.make_node(op_type, names, ["out"], **dict(attributes))
-    graph = helper.make_graph(
-        [node], op_type, [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in names if n],
-        [helper.make_tensor_value_info("out", TensorProto.UNDEFINED, None)])
-    return ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", STANDARD_OPSET)]))
-
-
-def standard(op_type: str, *inputs, **attributes) -> np.ndarray:
-    """One standard ONNX op (None for an absent optional input; None attributes left out)."""
-    kept = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                        for k, v in attributes.items() if v is not None))
-    evaluator = _standard_evaluator(op_type, tuple(i is not None for i in inputs), kept)
-    feeds = {f"in{i}": value for i, value in enumerate(inputs) if value is not None}
-    return evaluator.run(None, feeds)[0]
-
-
-RESIZE_ATTRIBUTES = ("antialias", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
-                     "extrapolation_value", "keep_aspect_ratio_policy", "mode", "nearest_mode")
-
-
-def resize(x: np.ndarray, scales, attributes: dict) -> np.ndarray:
-    """ONNX Resize of x by ``scales``; ``attributes`` holds Resize's attributes prefixed ``resize_``."""
-    options = {name: attributes.get(f"resize_{name}") for name in RESIZE_ATTRIBUTES}
-    return standard("Resize", x, None, np.asarray(scales, np.float32), **options)
-
-
 # fused ops ----------------------------------------------------------------------------------
 
 class _FusedOp(OpRun):
@@ -224,9 +193,11 @@ def conv_epilogue(op_type: str, x, w, bias, gate, bn, residual, tail_operands, a
     out = standard(op_type, x, w, None, **{name: attributes.get(name) for name in names})
     if bias is not None:
         out = out + per_channel(bias, out.ndim)
-    if bn[0] is not None:
-        scale, shift, mean, variance = (per_channel(v, out.ndim) for v in bn)
+    scale, shift, mean, variance = (per_channel(v, out.ndim) for v in bn)
+    if mean is not None:
         out = (out - mean) / np.sqrt(variance + np.float32(attributes.get("epsilon", 1e-5))) * scale + shift
+    elif scale is not None:  # affine: no mean and variance, out * scale [+ shift]
+        out = out * scale if shift is None else out * scale + shift
     out = apply_activation(out.astype(x.dtype), attributes.get("activation", ""), attributes.get("activation_params"))
     if residual is not None:
         if attributes.get("residual") == "upsampled":
@@ -239,9 +210,10 @@ def conv_epilogue(op_type: str, x, w, bias, gate, bn, residual, tail_operands, a
 
 class ConvEpilogue(_FusedOp):
     """Conv (NCHW) with an optional per-channel input scale (SE gate) in front and bias,
-    inference BatchNormalization, activation, residual add (a tensor, or ``residual =
-    "upsampled"``: the small map, resized by ``resize_scales`` first), activation after it and
-    the element-wise ``tail`` (``apply_tail``), whose operands are the inputs after the residual."""
+    inference BatchNormalization (with ``affine`` = 1, no mean and variance: ``* bn_scale [+
+    bn_bias]``), activation, residual add (a tensor, or ``residual = "upsampled"``: the small
+    map, resized by ``resize_scales`` first), activation after it and the element-wise
+    ``tail`` (``apply_tail``), whose operands are the inputs after the residual."""
 
     def _run(self, x, w, bias=None, gate=None, bn_scale=None, bn_bias=None, bn_mean=None, bn_var=None,
              residual_map=None, *tail_operands, **attributes):
@@ -292,37 +264,37 @@ class Attention(_FusedOp):
     """softmax(scale * Q·Kᵀ, causal Where, + mask)·V with heads split and merged.
 
     ``qk_form``: "projections" (query, key, value are [B, S, H*D] projections), "packed" (query
-    is one [B, S, 3*H*D] projection split by ``qkv_split`` along the last axis), "heads" (query
-    and key already [B, H, S, D]). Where ``causal_condition`` is false the score becomes
-    ``causal_fill``; ``mask`` is added. The [B, S, H, D] result is reshaped to ``output_shape``.
+    is one [B, S, 3*H*D] projection split by ``qkv_split`` along the last axis), "stacked" (query
+    is one projection viewed as ``qkv_shape`` [B, S, 3, H, D], Q, K, V its slices on axis 2),
+    "heads" (query and key already [B, H, S, D]). Where ``causal_condition`` is false the score
+    becomes ``causal_fill``; ``mask`` is added; with ``nan_fill``, NaN probabilities (rows
+    masked everywhere) become it. The [B, S, H, D] result is reshaped to ``output_shape``.
     """
 
     def _run(self, query, key=None, value=None, causal_condition=None, mask=None, num_heads=1,
-             qk_form="projections", qkv_split=None, scale=1.0, causal_fill=0.0, output_shape=None):
-        with np.errstate(over="ignore", invalid="ignore"):  # -3.4e38 masks add up to -inf, as in ORT
-            return (self._attention(query, key, value, causal_condition, mask, num_heads, qk_form, qkv_split,
-                                    scale, causal_fill, output_shape),)
-
-    @staticmethod
-    def _attention(query, key, value, causal_condition, mask, num_heads, qk_form, qkv_split, scale,
-                   causal_fill, output_shape):
-        if qk_form == "packed":
+             qk_form="projections", qkv_split=None, qkv_shape=None, scale=1.0, causal_fill=0.0, nan_fill=None,
+             output_shape=None):
+        if qk_form == "stacked":
+            query, key, value = query.reshape(qkv_shape).transpose(2, 0, 3, 1, 4)
+        elif qk_form == "packed":
             query, key, value = np.split(query, np.cumsum(qkv_split)[:-1], axis=-1)
+        if qk_form not in ("heads", "stacked"):
+            query, key = _heads(query, num_heads), _heads(key, num_heads)
+        value = value if qk_form == "stacked" else _heads(value, num_heads)
+        with np.errstate(over="ignore", invalid="ignore"):  # -3.4e38 masks add up to -inf, as in ORT
+            scores = (query @ np.swapaxes(key, -1, -2)) * np.float32(scale)
+            if causal_condition is not None:
+                scores = np.where(causal_condition, scores, np.float32(causal_fill))
+            probs = softmax(scores if mask is None else scores + mask).astype(query.dtype)
+        probs = probs if nan_fill is None else np.where(np.isnan(probs), np.float32(nan_fill), probs)
+        merged = (probs @ value).transpose(0, 2, 1, 3)
+        return (merged.reshape(output_shape) if output_shape is not None else merged,)
 
-        def heads(projection):
-            batch, sequence, width = projection.shape
-            return projection.reshape(batch, sequence, num_heads, width // num_heads).transpose(0, 2, 1, 3)
 
-        if qk_form != "heads":
-            query, key = heads(query), heads(key)
-        scores = (query @ np.swapaxes(key, -1, -2)) * np.float32(scale)
-        if causal_condition is not None:
-            scores = np.where(causal_condition, scores, np.float32(causal_fill))
-        if mask is not None:
-            scores = scores + mask
-        context = softmax(scores).astype(query.dtype) @ heads(value)
-        merged = context.transpose(0, 2, 1, 3)
-        return merged.reshape(output_shape) if output_shape is not None else merged
+def _heads(projection: np.ndarray, num_heads: int) -> np.ndarray:
+    """[B, S, H*D] -> [B, H, S, D]."""
+    batch, sequence, width = projection.shape
+    return projection.reshape(batch, sequence, num_heads, width // num_heads).transpose(0, 2, 1, 3)
 
 
 class FusedSoftmax(_FusedOp):
@@ -396,5 +368,6 @@ FUSED_OPS = [GemmEpilogue, GemmDropout, ConvEpilogue, ConvTransposeEpilogue, Squ
 
 
 def evaluator(model) -> ReferenceEvaluator:
-    """A ReferenceEvaluator for a fused model: the standard ops plus ours."""
-    return ReferenceEvaluator(model, new_ops=FUSED_OPS)
+    """A ReferenceEvaluator for a fused model: the standard ops (``STANDARD_FIXES`` where
+    onnx.reference departs from ONNX Runtime) plus ours."""
+    return ReferenceEvaluator(model, new_ops=FUSED_OPS + STANDARD_FIXES)
