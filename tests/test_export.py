@@ -136,7 +136,9 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
                     "library_sha256": meta["library_sha256"]}  # exactly what compile_model wrote
     assert set(meta) == {"model", "model_sha256", "inputs", "outputs", "target", "config", "pipeline",
                          "schedule", "fusions", "kernels", "threads", "versions", "verification",
-                         "library", "library_sha256", "platform", "toolchain", "tuning", "fusion_gate", "dims"}
+                         "library", "library_sha256", "platform", "toolchain", "tuning", "fusion_gate", "dims",
+                         "built_from"}
+    assert pathlib.Path(meta["built_from"]["model_path"]).resolve() == mlp_path.resolve()
     assert meta["dims"] == {}  # static shapes: no ranges
     assert meta["fusion_gate"]["checked"] >= 2 and meta["fusion_gate"]["undone"] == []
     assert artifact.name == f"mlp.{cfg.name}"

@@ -1,18 +1,27 @@
-"""profile --mine and ablate on small graphs whose answers are known (structure, never timings)."""
+"""profile --mine and ablate on small graphs whose answers are known (structure, never timings), and
+profile of an artifact: its own kernels, or a clear refusal when they cannot be rebuilt."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion import api
+from tvm_fusion import api, cli
 from tvm_fusion.config import load_config
-from tvm_fusion.profile import KernelCall, KernelProfile, build_profiled, kernel_graph, mine_chains
+from tvm_fusion.errors import ArtifactError, ModelError, ShapeError, TvmFusionError
+from tvm_fusion.profile_build import build_profiled
+from tvm_fusion.profile_mining import KernelCall, kernel_graph, mine_chains
+from tvm_fusion.profile_report import KernelProfile
 
-from helpers import mlp_model
+from helpers import mlp_model, read_metadata, save
 
 
 def _kernel(name: str, kind: str, us: float) -> KernelProfile:
@@ -83,3 +92,97 @@ def test_ablation_builds_each_fired_pattern_off_in_turn(tmp_path):
     assert all(v.median_ms > 0 for v in result.variants)
     assert result.lines()[0].startswith("gelu_erf: ") and result.lines()[0].endswith("% of the latency on this model")
     assert set(result.to_json()) == {"model", "threads", "rounds", "not_fired", "variants", "summary"}
+
+
+# profile ARTIFACT: the kernels an artifact runs, rebuilt from what its metadata names ----------
+
+RESNET = Path(__file__).resolve().parents[1] / "examples" / "models" / "resnet_tiny.onnx"
+
+
+@pytest.fixture(scope="module")
+def resnet_artifact(tmp_path_factory, config_factory) -> Path:
+    folder = tmp_path_factory.mktemp("resnet")
+    model = folder / "resnet_tiny.onnx"
+    shutil.copyfile(RESNET, model)
+    return api.compile_model(model, config_factory(), ["input:1x3x32x32"], output_dir=folder).artifact
+
+
+def test_profile_of_an_artifact_times_its_own_library(resnet_artifact, tmp_path, capsys):
+    report = tmp_path / "profile.json"
+    code = cli.main(["-q", "profile", str(resnet_artifact), "--rounds", "2", "--top", "3", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith(f"artifact: {resnet_artifact}") and "model: resnet_tiny" in out and "gap: end to end" in out
+    result = json.loads(report.read_text())
+    assert result["artifact"] == str(resnet_artifact) and result["model"] == "resnet_tiny"
+    metadata = read_metadata(resnet_artifact)
+    library = tvm.runtime.load_module(str(resnet_artifact / "model.so"))
+    assert all(library.implements_function(k["name"], True) for k in result["kernels"])
+    assert {k["pattern"] for k in result["kernels"]} >= {"conv_epilogue.conv_bias_relu", "gemm_epilogue.matmul_bias"}
+    assert len(result["kernels"]) <= metadata["kernels"] and result["gap"]["end_to_end_ms"] > 0
+
+
+def edited_artifact(copy_artifact, edit) -> Path:
+    """A copy of the compiled MLP with ``edit(metadata)`` applied to its metadata.json."""
+    artifact = copy_artifact()
+    metadata = read_metadata(artifact)
+    edit(metadata)
+    (artifact / "metadata.json").write_text(json.dumps(metadata))
+    return artifact
+
+
+def test_profile_of_an_artifact_whose_model_file_is_gone(copy_artifact, tmp_path, capsys):
+    gone = tmp_path / "moved" / "mlp.onnx"
+    artifact = edited_artifact(copy_artifact, lambda m: m["built_from"].update(model_path=str(gone)))
+    assert cli.main(["-q", "profile", str(artifact)]) == ModelError.exit_code
+    err = capsys.readouterr().err
+    assert f"the model file {gone}, which the artifact {artifact} was built from, is missing" in err
+    assert f"put the model back at {gone}" in err and "tvm-fusion compile" in err
+
+
+def test_profile_of_an_artifact_whose_model_file_changed(copy_artifact, tmp_path, capsys):
+    changed = save(mlp_model(seed=1), tmp_path / "mlp.onnx")  # other weights under the same name
+    artifact = edited_artifact(copy_artifact, lambda m: m["built_from"].update(model_path=str(changed)))
+    assert cli.main(["-q", "profile", str(artifact)]) == ModelError.exit_code
+    err = capsys.readouterr().err
+    assert f"the model file {changed} has changed since the artifact {artifact} was built from it" in err
+    assert "restore the model" in err
+
+
+def test_profile_refuses_an_artifact_built_for_a_range_naming_the_typical_size(copy_artifact):
+    def make_ranged(metadata):
+        metadata["inputs"][0]["shape"] = ["batch", 16]
+        metadata["dims"] = {"batch": {"name": "batch", "min": 1, "max": 64, "step": 1}}
+
+    artifact = edited_artifact(copy_artifact, make_ranged)
+    with pytest.raises(ShapeError) as info:
+        api.profile_model(artifact)
+    assert "profile runs the model at one size" in info.value.message and "batch 1..64" in info.value.message
+    assert "typical size batch=8" in info.value.hint
+
+
+def test_profile_of_an_artifact_takes_no_config_shapes_or_tuning_log(mlp_artifact, config_path):
+    with pytest.raises(TvmFusionError, match="drop --config, --input-shape"):
+        api.profile_model(mlp_artifact, config_path(), ["x:4x16"])
+    with pytest.raises(TvmFusionError, match="drop --tuning-log/--no-tuning-log"):
+        api.profile_model(mlp_artifact, tuning_log=False)
+
+
+def test_profile_of_an_artifact_that_does_not_name_its_model(copy_artifact):
+    artifact = edited_artifact(copy_artifact, lambda m: m.pop("built_from"))
+    with pytest.raises(ArtifactError, match="does not say which model file and config"):
+        api.profile_model(artifact)
+
+
+def test_profile_of_an_artifact_whose_kernels_cannot_be_rebuilt(copy_artifact):
+    """The rebuilt module makes other kernel calls than the artifact (here: its metadata says so)."""
+    artifact = edited_artifact(copy_artifact, lambda m: m.update(kernels=m["kernels"] + 1))
+    with pytest.raises(ArtifactError, match="gives other kernels"):
+        api.profile_model(artifact, rounds=1)
+
+
+def test_the_config_an_artifact_records_loads_back_equal(config_path):
+    from tvm_fusion.metadata import config_from_json
+
+    config = dataclasses.replace(load_config(config_path()), dim_defaults={"batch": 1, "sequence": (1, 512, 1)})
+    assert config_from_json(json.loads(json.dumps(dataclasses.asdict(config)))) == config

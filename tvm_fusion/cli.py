@@ -103,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile_cmd = commands.add_parser("profile", help="per-kernel time, FLOPs, bytes, roofline; the gap to "
                                                       "end to end; --mine: unfused chains worth a pattern")
-    profile_cmd.add_argument("model")
+    profile_cmd.add_argument("model", help="MODEL.onnx, or an artifact directory from compile "
+                                           "(build/<model>.<target>/): the kernels it runs, built from "
+                                           "the model, config, shapes and tuning log it names")
     _shape_args(profile_cmd)
     profile_cmd.add_argument("--rounds", type=_count(1), default=30)
     profile_cmd.add_argument("--top", type=_count(1), default=15, help="kernels in the table (default 15)")

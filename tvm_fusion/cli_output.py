@@ -201,6 +201,8 @@ def print_log_diff(rows) -> None:
 def print_profile(result, top: int) -> None:
     """The ``top`` kernels by time, the end-to-end gap, and the mined chains if asked for."""
     peak = result.peak
+    if result.artifact:
+        print(f"artifact: {result.artifact} (its library timed end to end and per kernel)")
     print(f"model: {result.model}, {result.threads} threads; this machine ({peak.target_key}): "
           f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B")
     rows = [[k.name[:48], k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",

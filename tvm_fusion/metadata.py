@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from pathlib import Path
 
 from . import __version__
 from .build import kernel_calls
-from .config import PipelineConfig
+from .config import PipelineConfig, TuningConfig
 from .frontend import onnx as onnx_frontend
 from .frontend.dims import ranges_of
 from .patterns import PatternReport
 from .preparation import PreparedModel
+from .runtime import sha256_of
 
 
 def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, platform, toolchain: dict,
@@ -28,7 +30,7 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
 
     return {
         "model": prepared.name,
-        "model_sha256": hashlib.sha256(prepared.onnx_model.SerializeToString()).hexdigest(),
+        "model_sha256": model_sha256(prepared),
         "inputs": input_metadata(prepared),
         "dims": {name: r.to_json() for name, r in ranges_of(prepared.inputs).items()},
         "outputs": declared_outputs(module, prepared.output_names),
@@ -45,7 +47,37 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
         "verification": None,
         "tuning": tuning_metadata(records),
         "fusion_gate": gate.to_json() if gate is not None else None,
+        "built_from": built_from(prepared, cfg, records),
     }
+
+
+def model_sha256(prepared: PreparedModel) -> str:
+    """The model file's sha256 (as ``sha256sum`` prints it): what ``profile ARTIFACT`` checks the
+    file against. Not the loaded model's: preparing it rewrites a few fields in place."""
+    if prepared.path is None:
+        return hashlib.sha256(prepared.onnx_model.SerializeToString()).hexdigest()
+    return sha256_of(prepared.path)
+
+
+def built_from(prepared: PreparedModel, cfg: PipelineConfig, records) -> dict:
+    """What the artifact's kernels were built from, for ``profile ARTIFACT`` to build them again:
+    the model file, the config as loaded (every field) and the tuning-log root (None: none)."""
+    return {"model_path": str(prepared.path) if prepared.path else None,
+            "config": dataclasses.asdict(cfg),
+            "tuning_log": str(Path(records.directory).resolve().parent) if records is not None else None}
+
+
+def config_from_json(saved: dict) -> PipelineConfig:
+    """The PipelineConfig ``built_from`` saved (JSON lists back to tuples)."""
+    known = {field.name for field in dataclasses.fields(PipelineConfig)}
+    values = {key: value for key, value in saved.items() if key in known}
+    values["patterns"] = tuple(values["patterns"])
+    values["dim_defaults"] = {name: tuple(size) if isinstance(size, list) else size
+                              for name, size in values.get("dim_defaults", {}).items()}
+    tuning = {key: value for key, value in values.get("tuning", {}).items()
+              if key in {field.name for field in dataclasses.fields(TuningConfig)}}
+    values["tuning"] = TuningConfig(**{**tuning, "exclude": tuple(tuning.get("exclude", ()))})
+    return PipelineConfig(**values)
 
 
 def tuning_metadata(records) -> dict | None:

@@ -35,6 +35,7 @@ class PreparedModel:
     inputs: list[onnx_frontend.TensorSpec]
     output_names: list[str]
     relax_module: object
+    path: Path | None = None  # the model file, resolved
 
 
 def resolve_config(config: str | Path | PipelineConfig | None) -> PipelineConfig:
@@ -146,7 +147,7 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
     module = onnx_frontend.import_model(simplified, specs)
     check_memory(specs, module)
     return PreparedModel(cfg, Path(model_path).stem, model, specs,
-                         onnx_frontend.output_specs(model), module)
+                         onnx_frontend.output_specs(model), module, Path(model_path).resolve())
 
 
 def at_one_size(prepared: PreparedModel, command: str) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ArtifactError
-from .files import check_writable, write_file
+from .plotting import check_drawing_path, save_figure
 
 FORMATS = (".svg", ".png")
 LABELLED = 5
@@ -17,12 +16,8 @@ BARS = 10
 
 
 def check_plot_path(path: str | Path) -> Path:
-    path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise ArtifactError(f"cannot draw the profile to {path}: unknown format {path.suffix or '(none)'}",
-                            "give --plot a path ending in .svg or .png")
-    check_writable(path.resolve().parent, f"the plot {path.name}", "--plot")
-    return path
+    """The plot's path if its format is one we draw; raises ArtifactError otherwise (before the profile runs)."""
+    return check_drawing_path(path, FORMATS, "the plot", "--plot")
 
 
 def _short(kernel) -> str:
@@ -37,16 +32,14 @@ def _short(kernel) -> str:
 
 
 def plot_profile(report, path: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure
 
     path = check_plot_path(path)
     peak = report.peak
     kernels = [k for k in report.kernels if k.flops and k.us_per_call > 0]
-    fig, (roof, bars) = plt.subplots(1, 2, figsize=(15, 6.2), gridspec_kw={"width_ratios": [1.25, 1]})
+    fig = Figure(figsize=(15, 6.2))
+    roof, bars = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
     # Roofline.
     lo = min([k.intensity for k in kernels] + [peak.ridge / 10]) / 2
     hi = max([k.intensity for k in kernels] + [peak.ridge * 10]) * 2
@@ -90,7 +83,4 @@ def plot_profile(report, path: str | Path) -> Path:
     bars.set_title(f"top kernels; end to end {gap.end_to_end_ms:.2f} ms, kernels {gap.kernels_alone_ms:.2f} ms",
                    fontsize=11)
     fig.tight_layout()
-    suffix = path.suffix.lower()[1:]
-    write_file(path, lambda staging: fig.savefig(staging, format=suffix, dpi=110), "the plot", "--plot")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, "the plot", "--plot")
