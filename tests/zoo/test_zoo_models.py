@@ -17,7 +17,7 @@ from tvm_fusion import api, zoo
 CI_SUBSET = [
     "ppocr-mobile-v2-cls",  # paddle2onnx, MobileNetV3 with a dim_value -1 batch
     "ppocrv4-rec",          # paddle2onnx, PP-LCNetV3 (affine + HardSwish epilogues) + SVTR attention
-    "romanizer-encoder",    # torch's legacy exporter, a GRU encoder
+    "paraphrase-minilm-l3", # torch's legacy exporter, a sentence encoder (GRU/LSTM models: tests/frontend)
 ]
 
 

@@ -1,9 +1,9 @@
 """An in-process MetaSchedule builder.
 
 The stock LocalBuilder starts a worker pool per batch and each worker imports TVM's tensor
-intrinsics (about 19 s on a 2-core machine), so its builds time out here. Building in the
-tuning process pays that import once; measuring still happens in the runner's process (or on
-an RPC board).
+intrinsics (19-48 s on a 2-core machine), so its builds time out here. Building in the
+tuning process pays that import once, in a few seconds through ``intrinsics.py``; measuring
+still happens in the runner's process (or on an RPC board).
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
 
+from .intrinsics import import_tensor_intrinsics
+
 
 @derived_object
 class InProcessBuilder(PyBuilder):
     """MetaSchedule's own default_build + default_export, one candidate after another."""
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
+        import_tensor_intrinsics()  # default_build would import them the slow way (intrinsics.py)
         results = []
         for build_input in build_inputs:
             try:

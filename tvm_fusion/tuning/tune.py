@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tvm.s_tir import meta_schedule as ms
 
+from .intrinsics import import_tensor_intrinsics
 from ..native_log import captured_native_stderr, summarize
 from ..runtime import set_threads
 from .builder import InProcessBuilder
@@ -160,6 +161,7 @@ def tune_model(model_path: str | Path, config=None, input_shapes=None, *, trials
         if remaining > 0 and open_tasks:
             say(f"tuning {len(open_tasks)} kernel(s): {remaining} trials, at most "
                 f"{per_task} per kernel, {per_iter} per batch" + (f", {limit:.0f} s limit" if limit else ""))
+            import_tensor_intrinsics()  # before TuneContext does it the slow way (intrinsics.py)
             contexts = [ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
                                        search_strategy="evolutionary", task_name=t.name, logger=logger,
                                        rand_state=seed + i, num_threads=cfg.threads).clone()
