@@ -1,4 +1,4 @@
-"""The CI subset of the real-model zoo: published models from three exporters, as shipped.
+"""The CI subset of the real-model zoo: published models from two exporters, as shipped.
 
 Each compiles and verifies against ONNX Runtime (compile_model refuses otherwise), at least
 90 % of the chains our patterns target are fused, and the model runs in no more kernels than
