@@ -2,6 +2,7 @@
 plugin that does not load refused with its package named."""
 
 import os
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -17,20 +18,24 @@ PLUGIN = Path(__file__).parents[1] / "examples" / "plugin"
 
 
 @pytest.fixture(scope="module")
-def installed_plugin(tmp_path_factory) -> Path:
-    """examples/plugin installed by pip into a folder of its own (not into the suite's environment,
-    where its pattern would join every other test's compile)."""
-    target = tmp_path_factory.mktemp("plugin_site")
+def installed_plugin(tmp_path_factory) -> tuple[Path, Path]:
+    """(site folder, source copy): examples/plugin copied (pip's build files stay out of the
+    tree) and installed by pip into a folder of its own, not into the suite's environment,
+    where its pattern would join every other test's compile."""
+    root = tmp_path_factory.mktemp("plugin")
+    source, target = root / "source", root / "site"
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(PLUGIN)], check=True)
-    return target
+                    "--target", str(target), str(source)], check=True)
+    return target, source
 
 
 def test_the_example_plugin_passes_its_own_tests_once_installed(installed_plugin):
     # Its tests check that both entry points are found and ordered, that the pattern fuses both
     # Mish spellings and declines a shared softplus, and that its rule schedules the kernel.
+    target, source = installed_plugin
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-                         cwd=PLUGIN, env={**os.environ, "PYTHONPATH": str(installed_plugin)},
+                         cwd=source, env={**os.environ, "PYTHONPATH": str(target)},
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout
