@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import multiprocessing
 import re
 import sys
 import tempfile
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from tvm_fusion import zoo  # noqa: E402
 from tvm_fusion.report import write_json  # noqa: E402
+from isolated import run_in_worker  # noqa: E402  (scripts/isolated.py)
 
 CONFIG = ROOT / "configs" / "x86_64-host.toml"
 EXAMPLES = ROOT / "examples" / "models"
@@ -96,18 +96,8 @@ def check_one(name: str, queue) -> None:
 
 
 def run_one(name: str, timeout: float) -> dict:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    worker = context.Process(target=check_one, args=(name, queue))
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        worker.kill()
-        worker.join()
-        return {"model": name, "passed": False, "error": f"timed out after {timeout:.0f} s"}
-    if worker.exitcode != 0 and queue.empty():
-        return {"model": name, "passed": False, "error": f"worker died (exit code {worker.exitcode})"}
-    return queue.get()
+    row, failure = run_in_worker(check_one, (name,), timeout)
+    return row if failure is None else {"model": name, "passed": False, "error": failure}
 
 
 def markdown(rows: list[dict]) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import time
 import traceback
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from tvm_fusion import zoo  # noqa: E402
 from tvm_fusion.report import write_json  # noqa: E402
+from isolated import run_in_worker  # noqa: E402  (scripts/isolated.py)
 
 
 def measure(name: str, repeat: int, out_dir: str, queue) -> None:
@@ -63,17 +63,8 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
 
 
 def run_one(name: str, repeat: int, timeout: float, out_dir: str) -> dict:
-    queue = multiprocessing.get_context("spawn").Queue()
-    worker = multiprocessing.get_context("spawn").Process(target=measure, args=(name, repeat, out_dir, queue))
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        worker.kill()
-        worker.join()
-        return {"model": name, "compiles": False, "error": f"timed out after {timeout:.0f} s"}
-    if worker.exitcode != 0 and queue.empty():
-        return {"model": name, "compiles": False, "error": f"worker died (exit code {worker.exitcode})"}
-    return queue.get()
+    row, failure = run_in_worker(measure, (name, repeat, out_dir), timeout)
+    return row if failure is None else {"model": name, "compiles": False, "error": failure}
 
 
 def markdown(rows: list[dict]) -> str:
