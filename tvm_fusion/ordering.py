@@ -33,18 +33,21 @@ def declared_order(parts: Sequence[Part], kind: str, name_of: Callable[[Part], s
             raise PluginError(f"two {kind}s are named {name!r}: {_origin(by_name[name])} and {_origin(part)}",
                               "rename one of them (names must be unique)")
         by_name[name] = part
-    edges: dict[str, set[str]] = {name: set() for name in by_name}
+    edges: dict[str, set[str]] = {name: set() for name in by_name}  # name -> the parts after it
     for name, part in by_name.items():
-        for later in getattr(part, "runs_before", ()):
-            edges[name].add(_known(later, name, "runs_before", by_name, kind, elsewhere))
-        for earlier in getattr(part, "runs_after", ()):
-            if earlier == EVERY_OTHER:
-                for other, other_part in by_name.items():
-                    if EVERY_OTHER not in getattr(other_part, "runs_after", ()):
-                        edges[other].add(name)
-            else:
-                edges.setdefault(_known(earlier, name, "runs_after", by_name, kind, elsewhere), set()).add(name)
-    edges = {name: {t for t in targets if t in by_name} for name, targets in edges.items() if name in by_name}
+        after = getattr(part, "runs_after", ())
+        if EVERY_OTHER in after:
+            for other, other_part in by_name.items():
+                if EVERY_OTHER not in getattr(other_part, "runs_after", ()):
+                    edges[other].add(name)
+        declared = [("runs_before", later, (name, later)) for later in getattr(part, "runs_before", ())]
+        declared += [("runs_after", earlier, (earlier, name)) for earlier in after if earlier != EVERY_OTHER]
+        for relation, other, (first, then) in declared:
+            if other in by_name:
+                edges[first].add(then)
+            elif other not in elsewhere:  # a name ordered in another list is the caller's to check
+                raise PluginError(f"{kind} {name!r} {relation} {other!r}, which is not a registered {kind}",
+                                  f"fix the name in {name!r}'s {relation} (registered: {', '.join(sorted(by_name))})")
     waiting = {name: 0 for name in by_name}
     for targets in edges.values():
         for target in targets:
@@ -64,13 +67,6 @@ def declared_order(parts: Sequence[Part], kind: str, name_of: Callable[[Part], s
         raise PluginError(f"the {kind}s' declared order contradicts itself: {' -> '.join(circle)}",
                           "drop or reverse one of these runs_before/runs_after declarations")
     return [by_name[name] for name in ordered]
-
-
-def _known(other: str, name: str, relation: str, by_name: dict, kind: str, elsewhere: frozenset[str]) -> str:
-    if other not in by_name and other not in elsewhere:
-        raise PluginError(f"{kind} {name!r} {relation} {other!r}, which is not a registered {kind}",
-                          f"fix the name in {name!r}'s {relation} (registered: {', '.join(sorted(by_name))})")
-    return other
 
 
 def _circle(edges: dict[str, set[str]]) -> list[str]:

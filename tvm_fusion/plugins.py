@@ -7,9 +7,12 @@ A plugin that does not load stops the compile with its package named, never sile
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable
 from importlib import metadata
+from types import ModuleType
 
 from .errors import PluginError
 
@@ -31,6 +34,17 @@ def plugin_rules(group: str, kinds: tuple[type, ...],
             raise PluginError(f"{where} is not a named {' or '.join(k.__name__ for k in kinds)}",
                               "point the entry point at a subclass of one of them (a pattern also sets `name`)")
         found.append(rule)
+    return found
+
+
+def classes_defined_in(package: ModuleType, kinds: tuple[type, ...]) -> list[type]:
+    """The subclasses of ``kinds`` that the modules of ``package`` define (not import), module by
+    module: how the built-in patterns and schedule rules are found without a list."""
+    found = []
+    for module_info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+        found += [cls for _, cls in inspect.getmembers(module, inspect.isclass)
+                  if cls.__module__ == module.__name__ and issubclass(cls, kinds)]
     return found
 
 

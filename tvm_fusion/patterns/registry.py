@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
-import pkgutil
 
 from ..errors import PluginError
 from ..ordering import declared_order
-from ..plugins import plugin_rules
+from ..plugins import classes_defined_in, plugin_rules
 from .base import FusionRule, RewriteRule
 
 ENTRY_POINT_GROUP = "tvm_fusion.patterns"
@@ -41,14 +39,9 @@ def pattern_registry() -> dict[str, Rule]:
 
 
 def builtin_rules() -> list[Rule]:
-    """One instance of each pattern class defined in a module of this package."""
-    rules = []
-    for module_info in pkgutil.iter_modules(_package_path()):
-        module = importlib.import_module(f"{__package__}.{module_info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ == module.__name__ and issubclass(cls, (RewriteRule, FusionRule)) and cls.name:
-                rules.append(cls())
-    return rules
+    """One instance of each named pattern class defined in a module of this package."""
+    package = importlib.import_module(__package__)
+    return [cls() for cls in classes_defined_in(package, (RewriteRule, FusionRule)) if cls.name]
 
 
 def _check_phase_order(rewrites: list[Rule], fusions: list[Rule]) -> None:
@@ -60,7 +53,3 @@ def _check_phase_order(rewrites: list[Rule], fusions: list[Rule]) -> None:
             for name in set(getattr(rule, relation, ())) & others:
                 raise PluginError(f"pattern {rule.name!r} {relation} {name!r}, but rewrites always run before "
                                   "fusions (the canonicalize phase)", f"drop {name!r} from {rule.name!r}'s {relation}")
-
-
-def _package_path() -> list[str]:
-    return list(importlib.import_module(__package__).__path__)

@@ -12,15 +12,12 @@ declare ``runs_after = ("*", ...)``. A plugin rule says which target kinds it se
 from __future__ import annotations
 
 import functools
-import importlib
-import inspect
-import pkgutil
 
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.base import ScheduleRule
 
 from ..ordering import declared_order
-from ..plugins import plugin_rules
+from ..plugins import classes_defined_in, plugin_rules
 from . import cpu
 
 ENTRY_POINT_GROUP = "tvm_fusion.schedules"
@@ -45,10 +42,4 @@ def rules_for_kind(kind: str) -> tuple[ScheduleRule, ...]:
 
 def builtin_cpu_rules() -> list[ScheduleRule]:
     """One instance of each ScheduleRule subclass defined in a module of ``cpu/``."""
-    rules = []
-    for module_info in pkgutil.iter_modules(cpu.__path__):
-        module = importlib.import_module(f"{cpu.__name__}.{module_info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ == module.__name__ and issubclass(cls, ScheduleRule):
-                rules.append(cls())
-    return rules
+    return [cls() for cls in classes_defined_in(cpu, (ScheduleRule,))]
