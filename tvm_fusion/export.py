@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import ArtifactError
-from .files import (describe, hint_for, missing_folders, remove_empty, remove_stale_staging, staging_path,
-                    temp_files_in)
-from .runtime import LIBRARY_NAME, METADATA_NAME, sha256_of
+from .files import (describe, hint_for, missing_folders, remove_empty, remove_stale_staging, sha256_of,
+                    staging_path, temp_files_in)
+from .runtime import LIBRARY_NAME, METADATA_NAME
 
 
 def artifact_dir(output_dir: str | os.PathLike, model_name: str, target_name: str) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -147,3 +148,12 @@ def temp_files_in(folder: Path) -> Iterator[None]:
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = saved_env
+
+
+def sha256_of(path: Path) -> str:
+    """The file's sha256, as ``sha256sum`` prints it, read 1 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

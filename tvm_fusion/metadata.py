@@ -14,7 +14,7 @@ from .frontend import onnx as onnx_frontend
 from .frontend.dims import ranges_of
 from .patterns import PatternReport
 from .preparation import PreparedModel
-from .runtime import sha256_of
+from .files import sha256_of
 
 
 def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, platform, toolchain: dict,

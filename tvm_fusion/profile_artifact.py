@@ -16,7 +16,8 @@ from pathlib import Path
 from .config import PipelineConfig
 from .errors import ArtifactError, ModelError, ShapeError, TvmFusionError
 from .metadata import config_from_json
-from .runtime import load, sha256_of
+from .files import sha256_of
+from .runtime import load
 
 
 @dataclasses.dataclass

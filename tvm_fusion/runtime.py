@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -14,7 +13,7 @@ import numpy as np
 
 from .errors import ArtifactError
 from .files import (check_writable, describe, hint_for, missing_folders, remove_empty, remove_stale_staging,
-                    staging_path)
+                    sha256_of, staging_path)
 from .frontend.dims import DimRange
 from .native_log import captured_native_stderr, summarize
 
@@ -25,14 +24,6 @@ METADATA_NAME = "metadata.json"
 def set_threads(count: int) -> None:
     """TVM's pool defaults to half the hardware threads here; it reads this before its first run."""
     os.environ["TVM_NUM_THREADS"] = str(count)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class CompiledModel:

