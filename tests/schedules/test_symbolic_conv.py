@@ -260,29 +260,38 @@ def test_resize_with_symbolic_channels_is_declined():
     assert Resize().apply(func, TARGET, False) is None
 
 
-@pytest.mark.parametrize("strides", [1, 2])
-def test_blocked_conv_bias_relu(lanes, strides):
-    """NCHW[lanes]c (passes/blocked_layout.py): tiles of pixels, unrolled, the channel block on
-    the vector; one copy per tile width."""
+def blocked_conv(lanes: int, strides: int, bias: bool):
+    """A 3x3 conv over a symbolic map in NCHW[lanes]c (+ bias + relu), legalized as the blocked
+    layout pass does: (module, the module under Conv2dNCHWc, the scheduled conv PrimFunc)."""
     from tvm_fusion.passes.blocked_layout import blocked_conv2d_legalize
-    from tvm_fusion.schedules.cpu.conv2d_nchwc import _MAX_ROW_TILE
 
     height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
-    x = relax.Var("x", relax.TensorType((1, 2, height, width, lanes), "float32"))
-    w = relax.Var("w", relax.TensorType((2, 2, 3, 3, lanes, lanes), "float32"))
-    b = relax.Var("b", relax.TensorType((1, 2, 1, 1, lanes), "float32"))
+    params = [relax.Var("x", relax.TensorType((1, 2, height, width, lanes), "float32")),
+              relax.Var("w", relax.TensorType((2, 2, 3, 3, lanes, lanes), "float32"))]
+    if bias:
+        params.append(relax.Var("b", relax.TensorType((1, 2, 1, 1, lanes), "float32")))
     bb = relax.BlockBuilder()
-    with bb.function("main", [x, w, b]):
+    with bb.function("main", params):
         with bb.dataflow():
-            conv = nn.conv2d(x, w, strides=strides, padding=1, data_layout=f"NCHW{lanes}c",
-                             kernel_layout=f"OIHW{lanes}i{lanes}o", out_layout=f"NCHW{lanes}c")
-            out = bb.emit_output(nn.relu(add(conv, b)))
+            out = nn.conv2d(params[0], params[1], strides=strides, padding=1, data_layout=f"NCHW{lanes}c",
+                            kernel_layout=f"OIHW{lanes}i{lanes}o", out_layout=f"NCHW{lanes}c")
+            out = bb.emit_output(nn.relu(add(out, params[2])) if bias else out)
         bb.emit_func_output(out)
     mod = relax.transform.LegalizeOps({"relax.nn.conv2d": blocked_conv2d_legalize})(bb.get())
     mod = relax.get_pipeline("zero")(mod)
     scheduled = _schedule_with(Conv2dNCHWc(), mod)
     (func,) = [f for f in scheduled.functions.values()
                if isinstance(f, tirx.PrimFunc) and "tirx.is_scheduled" in (f.attrs or {})]
+    return mod, scheduled, func
+
+
+@pytest.mark.parametrize("strides", [1, 2])
+def test_blocked_conv_bias_relu(lanes, strides):
+    """NCHW[lanes]c (passes/blocked_layout.py): tiles of pixels, unrolled, the channel block on
+    the vector; one copy per tile width."""
+    from tvm_fusion.schedules.cpu.conv2d_nchwc import _MAX_ROW_TILE
+
+    mod, scheduled, func = blocked_conv(lanes, strides, bias=True)
     tiles = width_tiles(_MAX_ROW_TILE, lanes)
     assert width_copies(func) == tiles[:-1]
     loops = loop_kinds(func)
@@ -332,22 +341,7 @@ def divisors_mentioning(func, name: str) -> list:
 def test_blocked_conv_pad_divides_once_per_row(lanes, strides):
     """The pad pass of a symbolic blocked conv runs rows across cores with the columns inside:
     fused down to the pixel it divided by the run-time row length per pixel (2-3x the conv)."""
-    from tvm_fusion.passes.blocked_layout import blocked_conv2d_legalize
-
-    height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
-    x = relax.Var("x", relax.TensorType((1, 2, height, width, lanes), "float32"))
-    w = relax.Var("w", relax.TensorType((2, 2, 3, 3, lanes, lanes), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(nn.conv2d(x, w, strides=strides, padding=1, data_layout=f"NCHW{lanes}c",
-                                           kernel_layout=f"OIHW{lanes}i{lanes}o", out_layout=f"NCHW{lanes}c"))
-        bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps({"relax.nn.conv2d": blocked_conv2d_legalize})(bb.get())
-    mod = relax.get_pipeline("zero")(mod)
-    scheduled = _schedule_with(Conv2dNCHWc(), mod)
-    (func,) = [f for f in scheduled.functions.values()
-               if isinstance(f, tirx.PrimFunc) and "tirx.is_scheduled" in (f.attrs or {})]
+    mod, scheduled, func = blocked_conv(lanes, strides, bias=False)
     assert divisors_mentioning(func, "width") == []
     rng = np.random.default_rng(5)
     run_scheduled, run_unscheduled = runner(scheduled), runner(mod)
