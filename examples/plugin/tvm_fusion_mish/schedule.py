@@ -23,9 +23,11 @@ class MishKernel(ScheduleRule):
     target_kinds = ("llvm",)
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not _computes_mish(func):
+        if not isinstance(func, tirx.PrimFunc):
             return None
         sch = s_tir.Schedule(func)
+        if not _computes_mish(sch):
+            return None
         *producers, output = sch.get_child_blocks(get_root_block(sch))
         try:
             for block in reversed(producers):
@@ -46,15 +48,14 @@ class MishKernel(ScheduleRule):
         return sch
 
 
-def _computes_mish(func: tirx.PrimFunc) -> bool:
+def _computes_mish(sch: s_tir.Schedule) -> bool:
     """One output, every block element-wise, a ``log`` inside (tanh and exp may be fast-math
     polynomials by now), and the last block ``x * (...)`` with ``x`` an input."""
-    sch = s_tir.Schedule(func)
     blocks = [sch.get(block) for block in sch.get_child_blocks(get_root_block(sch))]
     if not blocks or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in b.iter_vars):
         return False
     calls = []
-    tvm_ffi.structural_walk(func.body, (Call, calls.append))
+    tvm_ffi.structural_walk(sch.mod["main"].body, (Call, calls.append))
     if "tirx.log" not in {str(call.op.name) for call in calls if hasattr(call.op, "name")}:
         return False
     value = blocks[-1].body.value if isinstance(blocks[-1].body, tirx.BufferStore) else None
