@@ -48,3 +48,16 @@ def whole_vectors(width: int, lanes: int, max_vectors: int) -> int | None:
     """The widest run of whole vectors (at most ``max_vectors``) that divides ``width``, the
     tile the rules take for a row; None when not even one vector divides it."""
     return next((v * lanes for v in range(max_vectors, 0, -1) if width % (v * lanes) == 0), None)
+
+
+def column_tile(width: int, lanes: int, max_vectors: int) -> int:
+    """The columns of a direct conv's tile: whole vectors dividing the row; when none does and
+    the row is longer than a vector, the run of whole vectors that computes the fewest columns
+    with the last tile shifted back (ties to the wider); else a divisor of the row."""
+    exact = whole_vectors(width, lanes, max_vectors)
+    if exact:
+        return exact
+    if width <= lanes:
+        return largest_divisor(width, lanes)
+    tiles = [v * lanes for v in range(max_vectors, 0, -1) if v * lanes <= width]
+    return min(tiles, key=lambda tile: -(-width // tile) * tile)

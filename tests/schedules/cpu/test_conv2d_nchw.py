@@ -1,11 +1,17 @@
 """Conv2dNCHW: register-blocked direct conv with its epilogue fused per output tile."""
 
 import pytest
-from loop_structure import largest_divisor, loop_kinds, whole_vectors
+import tvm
+from loop_structure import column_tile, largest_divisor, loop_kinds
+from machine import host_target
 from tvm import relax
 from tvm.relax.op import add, matmul, nn
 
 from tvm_fusion.schedules.cpu import Conv2dNCHW
+from tvm_fusion.schedules.cpu.target_info import vector_registers
+
+# Accumulator vectors a tile may hold: 16 of AVX-512's 32 registers, 12 of AVX2's 16.
+ACCUMULATORS = min(16, vector_registers(tvm.target.Target(host_target())) - 4)
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
@@ -14,11 +20,11 @@ def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int
 
 def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride, padded):
     """Output rows (batch x channel tiles x rows) across cores; a tile of channels x columns,
-    the columns whole vectors (two when the stride is 1) or a divisor of the row, the channels
-    unrolled so that the tile holds at most 16 accumulator vectors; the pad copy is a parallel
-    pass of its own."""
-    cols = whole_vectors(columns, lanes, 2 if stride == 1 else 1) or largest_divisor(columns, lanes)
-    channel_tile = largest_divisor(channels, 16 // -(-cols // lanes))
+    the columns whole vectors (two when the stride is 1; the last tile of a row shifted back
+    when none divides it) or a divisor of a short row, the channels unrolled so that the tile
+    holds at most ``ACCUMULATORS`` vectors; the pad copy is a parallel pass of its own."""
+    cols = column_tile(columns, lanes, 2 if stride == 1 else 1)
+    channel_tile = largest_divisor(channels, ACCUMULATORS // -(-cols // lanes))
     loops = loop_kinds(func)
     conv_rows = batch * (channels // channel_tile) * rows
     assert loops.parallel[-1] == conv_rows and len(loops.parallel) == (2 if padded else 1)
@@ -32,7 +38,9 @@ def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride,
      ((1, 3, 30, 30), (16, 3, 3, 3), 2, 1, 1, 1),       # stem: 3 input channels, stride 2
      ((1, 24, 14, 14), (40, 24, 1, 1), 1, 0, 1, 1),     # 1x1, columns not a vector multiple
      ((2, 8, 9, 11), (12, 4, 3, 3), 1, 2, 2, 2),        # batch 2, dilated, grouped, odd sizes
-     ((1, 16, 7, 7), (24, 16, 5, 5), 2, 2, 1, 1)],      # 5x5 stride 2 on a 7x7 map
+     ((1, 16, 7, 7), (24, 16, 5, 5), 2, 2, 1, 1),       # 5x5 stride 2 on a 7x7 map
+     ((1, 12, 13, 13), (24, 12, 3, 3), 1, 1, 1, 1),     # 13 columns: vectors, the last one shifted back
+     ((1, 12, 26, 26), (12, 12, 3, 3), 1, 1, 1, 1)],    # 26 columns
 )
 def test_conv_bias_relu_matches_unscheduled(assert_schedule_matches, lanes, x, w, strides, padding, dilation,
                                             groups):
@@ -59,6 +67,17 @@ def test_residual_and_hardswish_epilogue(assert_schedule_matches, lanes):
                                     w=(8, 8, 3, 3), r=(1, 8, 12, 12))
     (func,) = funcs.values()
     assert_register_blocked(func, lanes, 1, 8, 12, 12, 1, padded=True)
+
+
+def test_a_one_column_map_tiles_its_rows(assert_schedule_matches, lanes):
+    """A 1-D conv exported as a 5x1 Conv2d over a 40x1 map: the vectors run down the rows."""
+    funcs = assert_schedule_matches(Conv2dNCHW(), lambda x, w: nn.conv2d(x, w, padding=(2, 0)),
+                                    rtol=1e-4, atol=1e-4, x=(1, 12, 40, 1), w=(20, 12, 5, 1))
+    (func,) = funcs.values()
+    rows = column_tile(40, lanes, 2)
+    loops = loop_kinds(func)
+    assert loops.vectorized and set(loops.vectorized) == {rows}
+    assert loops.parallel[-1] == 20 // largest_divisor(20, ACCUMULATORS // -(-rows // lanes))
 
 
 def test_declines_depthwise_and_matmul(lowered, prim_funcs, target):

@@ -57,6 +57,8 @@ def run(func, shapes, result_shape, target):
     ((1, 2, 15, 15, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # stride 2, odd map
     ((2, 1, 7, 9, BLOCK), (3, 1, 1, 1, BLOCK, BLOCK), 1, 0, 1, False),     # 1x1, odd channel blocks
     ((1, 1, 12, 12, BLOCK), (2, 1, 3, 3, BLOCK, BLOCK), 1, 2, 2, True),    # dilated
+    ((1, 2, 13, 13, BLOCK), (12, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),   # 13 pixels: overlapping tiles
+    ((1, 2, 26, 26, BLOCK), (6, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # 13 columns, stride 2
 ])
 def test_blocked_conv_matches_the_unscheduled_kernel(target, x, w, stride, pad, dilation, residual):
     kernel, shapes = blocked_conv_kernel(x, w, stride, pad, dilation, residual)
@@ -68,18 +70,44 @@ def test_blocked_conv_matches_the_unscheduled_kernel(target, x, w, stride, pad, 
                                run(kernel, shapes, result_shape, target), rtol=1e-4, atol=1e-4)
 
 
-def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded):
-    """Output rows (batch x channel-block tiles x rows) across cores; a tile of up to 8 pixels
-    x 2 channel blocks (1 when 16 vector registers cannot hold 2 x pixels accumulators plus
-    operands), both unrolled, the channel block one vector; the pad copy a parallel pass."""
+def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tiles_rows=False):
+    """Output rows (batch x channel-block tiles x rows) across cores; a tile of pixels x channel
+    blocks, both unrolled, the channel block one vector; the pad copy a parallel pass.
+
+    With 32 vector registers the tile is up to 8 pixels dividing the row (7 with the last tile
+    shifted back when no divisor of 4 or more does) x 2 channel blocks; with 16 it holds at
+    most 12 accumulators. A one-column map tiles its rows instead."""
     batch, channel_blocks, rows, columns, _ = result_shape
-    pixels = largest_divisor(columns, 8)
-    blocks = 2 if channel_blocks % 2 == 0 and 2 * pixels <= vector_registers(target) // 2 else 1
+    if tiles_rows:
+        rows, columns = columns, rows
     loops = loop_kinds(func)
-    assert loops.parallel[-1] == batch * (channel_blocks // blocks) * rows
+    tiles_per_row = batch * channel_blocks * rows
+    assert tiles_per_row % loops.parallel[-1] == 0
+    blocks = tiles_per_row // loops.parallel[-1]
+    assert channel_blocks % blocks == 0 and blocks in loops.unrolled
+    if vector_registers(target) >= 32:
+        pixels = largest_divisor(columns, 8)
+        if pixels < 4 <= columns:
+            pixels = min(range(8, 3, -1), key=lambda tile: -(-columns // tile) * tile if tile <= columns else 1 << 30)
+        assert blocks == (2 if channel_blocks % 2 == 0 and 2 * pixels <= 16 else 1)
+        assert pixels in loops.unrolled
+    else:
+        others = [extent for extent in loops.unrolled if extent != blocks] or [blocks]
+        assert max(others) * blocks <= 12 and (columns == 1 or max(others) > 1)
     assert len(loops.parallel) == (2 if padded else 1)
     assert loops.vectorized == [BLOCK] * len(loops.vectorized) and len(loops.vectorized) >= 2
-    assert pixels in loops.unrolled and blocks in loops.unrolled
+
+
+def test_a_one_column_map_tiles_its_rows(target):
+    """A 1-D conv exported as a 5x1 Conv2d over a 40x1 map: pixels tiled down the rows."""
+    x, w = (1, 2, 40, 1, BLOCK), (4, 2, 5, 1, BLOCK, BLOCK)
+    kernel, shapes = blocked_conv_kernel(x, w, pad=0)
+    sch = Conv2dNCHWc().apply(kernel, target, False)
+    result_shape = out_shape(x, w, 1, 0, 1)
+    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=False, tiles_rows=True)
+    assert max(loop_kinds(sch.mod["main"]).unrolled) > 2
+    np.testing.assert_allclose(run(sch.mod["main"], shapes, result_shape, target),
+                               run(kernel, shapes, result_shape, target), rtol=1e-4, atol=1e-4)
 
 
 def test_the_nchw_rule_declines_a_blocked_conv_and_vice_versa(lowered, prim_funcs, target):

@@ -1,7 +1,7 @@
 """DepthwiseConv2d: one filter per channel, window unrolled over a vector tile of columns."""
 
 import pytest
-from loop_structure import largest_divisor, loop_kinds, whole_vectors
+from loop_structure import column_tile, loop_kinds
 from tvm.relax.op import add, nn
 
 from tvm_fusion.schedules.cpu import DepthwiseConv2d
@@ -9,11 +9,13 @@ from tvm_fusion.schedules.cpu import DepthwiseConv2d
 
 @pytest.mark.parametrize(
     "shape, kernel, strides, padding",
-    [((1, 16, 28, 28), 3, 1, 1), ((1, 96, 14, 14), 5, 2, 2), ((2, 24, 9, 13), 3, 2, 1), ((1, 8, 7, 7), 7, 1, 3)],
+    [((1, 16, 28, 28), 3, 1, 1), ((1, 96, 14, 14), 5, 2, 2), ((2, 24, 9, 13), 3, 2, 1), ((1, 8, 7, 7), 7, 1, 3),
+     ((1, 8, 26, 52), 3, 1, 1)],
 )
 def test_depthwise_bias_relu_matches_unscheduled(assert_schedule_matches, lanes, shape, kernel, strides, padding):
     """Also: (batch x channel x output row) across cores after a parallel pad pass, up to 4
-    vectors of output columns per tile (a divisor of the row when vectors do not divide it),
+    vectors of output columns per tile (the last tile of a row shifted back when no whole
+    vectors divide it; a divisor of a row shorter than a vector),
     the window taps unrolled."""
     batch, channels, height, width = shape
 
@@ -24,7 +26,7 @@ def test_depthwise_bias_relu_matches_unscheduled(assert_schedule_matches, lanes,
                                     w=(channels, 1, kernel, kernel), b=(1, channels, 1, 1))
     (func,) = funcs.values()
     rows, columns = ((size + 2 * padding - kernel) // strides + 1 for size in (height, width))
-    cols = whole_vectors(columns, lanes, 4) or largest_divisor(columns, lanes)
+    cols = column_tile(columns, lanes, 4)
     loops = loop_kinds(func)
     assert loops.parallel == [batch * channels * (height + 2 * padding), batch * channels * rows]
     assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2

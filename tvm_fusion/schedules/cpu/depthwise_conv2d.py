@@ -33,7 +33,7 @@ class DepthwiseConv2d(ScheduleRule):
     def _schedule(sch: s_tir.Schedule, blocks: ConvBlocks, ow_tile: int):
         """Whole channels per task, ``ow_tile`` columns per tile; returns the column-tile loop."""
         schedule_pad(sch, blocks.pad)
-        n, f, y, x, rc, ry, rx = sch.get_loops(blocks.conv)
+        n, f, y, x, rc, ry, rx = blocks.tiled_loops(sch.get_loops(blocks.conv))
         x_outer, x_inner = sch.split(x, [None, ow_tile])
         sch.reorder(n, f, y, x_outer, rc, ry, rx, x_inner)
         store_tile_epilogue(sch, blocks.conv, blocks.epilogue, x_outer)

@@ -16,7 +16,8 @@ from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
 from .helpers import cpu_schedule, inline_cheap_blocks, iter_kinds, largest_divisor, only_reduction, row_tile
-from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
+from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
+                             width_tiles)
 from .target_info import vector_lanes
 
 # -- Matmul ------------------------------------------------------------------------------------
@@ -110,7 +111,16 @@ class ConvBlocks:
     conv: object
     epilogue: list
     depthwise: bool
-    column_stride: int  # input columns between adjacent output columns
+    column_stride: int  # input elements between adjacent outputs along the tiled axis
+    # One output column and static, unit-stride rows (a 1-D conv exported as an Nx1 Conv2d):
+    # rows are then contiguous in memory like columns, and the rules tile them instead.
+    tiles_rows: bool = False
+
+    def tiled_loops(self, loops: list) -> list:
+        """``loops`` (n, f, y, x, rc, ry, rx) with y and x swapped when the tiles run along the
+        rows, so that a rule reads ``n, f, rows, columns, ...`` either way."""
+        n, f, y, x, *reduction = loops
+        return [n, f, x, y, *reduction] if self.tiles_rows else loops
 
 
 def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
@@ -147,9 +157,14 @@ def match_conv(sch: s_tir.Schedule) -> ConvBlocks | None:
     feature_map = max(maps, key=lambda load: _size(load.source))
     channels_in = int(feature_map.source.shape[1])
     stride, _ = detect_linear_equation(feature_map.indices[3], [x]) or (1, None)
+    row_stride, _ = detect_linear_equation(feature_map.indices[2], [y]) or (0, None)
     channels_out = int(stmt.iter_vars[1].dom.extent)
     depthwise = int(stmt.iter_vars[4].dom.extent) == 1 and channels_in == channels_out > 1
-    return ConvBlocks(kernel.prologue, kernel.block, kernel.epilogue, depthwise, int(stride))
+    height, width = (iv.dom.extent for iv in stmt.iter_vars[2:4])
+    tiles_rows = (is_static(width) and int(width) == 1 and is_static(height) and int(height) > 1
+                  and int(row_stride) == 1)
+    return ConvBlocks(kernel.prologue, kernel.block, kernel.epilogue, depthwise,
+                      1 if tiles_rows else int(stride), tiles_rows)
 
 
 def conv_kernel(func, target: Target, depthwise: bool) -> tuple[s_tir.Schedule, ConvBlocks, int] | None:
@@ -165,12 +180,17 @@ def conv_kernel(func, target: Target, depthwise: bool) -> tuple[s_tir.Schedule, 
 def schedule_conv_tiles(func: tirx.PrimFunc, sch: s_tir.Schedule, blocks: ConvBlocks, lanes: int,
                         max_vectors: int, schedule: Callable) -> s_tir.Schedule | None:
     """The conv scheduled by ``schedule(sch, blocks, ow_tile)``, which tiles the output columns
-    and returns the column-tile loop: at a static width once, ``row_tile`` columns a tile; at a
-    symbolic width once per tile width on copies of ``func`` (``symbolic_width.py``)."""
-    width = sch.get(sch.get_loops(blocks.conv)[3]).extent
+    and returns the column-tile loop: at a static width once, ``row_tile`` columns a tile, or
+    whole vectors with the last tile shifted back when no whole vector divides the row (13,
+    26, 52 columns); at a symbolic width once per tile width on copies of ``func``
+    (``symbolic_width.py``)."""
+    width = sch.get(blocks.tiled_loops(sch.get_loops(blocks.conv))[3]).extent
     if is_static(width):
-        schedule(sch, blocks, row_tile(int(width), lanes, max_vectors))
-        return sch
+        width = int(width)
+        tile = row_tile(width, lanes, max_vectors)
+        if tile % lanes and width > lanes:
+            tile = overlapped_tile(width, [vectors * lanes for vectors in range(max_vectors, 0, -1)])
+        return schedule_static_width(sch, width, tile, lambda copy, tile: schedule(copy, blocks, tile))
     return schedule_by_width(func, width, width_tiles(max_vectors * lanes, lanes),
                              lambda copy, tile: schedule(copy, match_conv(copy), tile))
 

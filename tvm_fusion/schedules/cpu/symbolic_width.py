@@ -1,4 +1,5 @@
-"""Tiles of output columns when the width is symbolic (a model compiled for a range of sizes).
+"""Tiles of output columns when no tile divides the width: a symbolic width (a model compiled
+for a range of sizes), or a static one like 13 or 52 that whole vectors do not divide.
 
 A split by a tile that may not divide the width leaves a predicate on every block under the
 tile loop: the vectorizer then scalarizes the tile and the accumulator tile no longer fits
@@ -8,6 +9,9 @@ its neighbour already wrote, with the same values. That needs ``width >= tile``,
 is scheduled once per tile width (widest first, down to single columns) and the kernel picks
 the widest that fits at run time. Only spatial writes may overlap: a block under the tile loop
 recomputes its output from inputs, it never accumulates into memory outside the tile.
+
+A static width needs one copy: the tile is chosen (``overlapped_tile``) to compute the fewest
+columns, and only ``width >= tile`` widths take it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,27 @@ def width_tiles(widest: int, lanes: int) -> list[int]:
             tiles.append(tile)
         tile //= 2
     return tiles + [1]
+
+
+def overlapped_tile(width: int, tiles: list[int]) -> int:
+    """Of ``tiles`` (widest first), the one that computes the fewest columns over a static
+    ``width`` when the last tile is shifted back: ``ceil(width / tile) * tile``; ties go to the
+    wider tile. Tiles wider than the row are skipped; 1 if all are."""
+    fitting = [tile for tile in tiles if tile <= width]
+    return min(fitting, key=lambda tile: -(-width // tile) * tile) if fitting else 1
+
+
+def schedule_static_width(sch: s_tir.Schedule, width: int, tile: int,
+                          schedule: Callable[[s_tir.Schedule, int], object]) -> s_tir.Schedule | None:
+    """``schedule(sch, tile)`` at a static ``width``; when ``tile`` does not divide it, the last
+    tile of each row shifted back instead of predicated. None when ``schedule`` declines."""
+    outer = schedule(sch, tile)
+    if outer is None:
+        return None
+    if width % tile == 0:
+        return sch
+    outer = sch.get(outer).loop_var
+    return s_tir.Schedule(_overlap_last_tile(sch.mod["main"], outer, tile, tirx.IntImm(outer.ty.dtype, width)))
 
 
 def schedule_by_width(func: tirx.PrimFunc, width: tirx.PrimExpr, tiles: list[int],
