@@ -5,6 +5,12 @@ The accumulator tile is ``oc_tile`` output channels x ``ow_tile`` output columns
 broadcast weights, so each load feeds ``oc_tile`` FMAs (the same reuse NCHWc kernels get from
 their channel block, without layout transforms around every conv). Bias, activations, the
 residual add and an SE input scale run on the tile before it is stored.
+
+On a large map each input channel's rows sit on pages of their own, and a tile that walks all
+input channels at once streams from hundreds of pages. There the input channels are taken in
+chunks (``_MAX_STREAMS`` rows at a time) with a whole output row of accumulators kept in cache
+between chunks, the epilogue run once per row (a 96 -> 24 channel 3x3 conv over 160x160 on
+Zen 3: 21 -> 9 ms at best, 25-27 -> 14-18 ms on a busy machine).
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import extent, largest_divisor, schedule_pad, store_tile_epilogue, vectorized_init
+from .helpers import (compute_epilogue_at, extent, largest_divisor, schedule_pad, store_tile_epilogue,
+                      vectorized_init)
 from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles
+from .symbolic_width import is_static
 from .target_info import vector_registers
 
 # 16 accumulator vectors + input vector + broadcasts fit AVX-512's 32 registers; AVX2's 16
@@ -22,6 +30,10 @@ from .target_info import vector_registers
 # vectors of columns per tile, half as many channels.
 _MAX_ACCUMULATORS = 16
 _REGISTERS_KEPT_FREE = 4
+# Input rows one pass over the reduction streams from, and the channel plane from which on
+# each channel's rows are pages apart.
+_MAX_STREAMS = 48
+_PAGE_BYTES = 4096
 
 
 class Conv2dNCHW(ScheduleRule):
@@ -45,14 +57,54 @@ class Conv2dNCHW(ScheduleRule):
         """Tiles of ``oc_tile`` channels x ``ow_tile`` columns; returns the column-tile loop."""
         schedule_pad(sch, blocks.pad)
         n, f, y, x, rc, ry, rx = blocks.tiled_loops(sch.get_loops(blocks.conv))
+        chunk = _channel_chunk(sch, blocks, rc, ry, x, ow_tile)
         vectors = -(-ow_tile // lanes)
         oc_tile = largest_divisor(extent(sch, f), accumulators // vectors)
         f_outer, f_inner = sch.split(f, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
-        sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, f_inner, x_inner)
-        store_tile_epilogue(sch, blocks.conv, blocks.epilogue, x_outer)
+        if chunk is None:
+            sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, f_inner, x_inner)
+            store_tile_epilogue(sch, blocks.conv, blocks.epilogue, x_outer)
+            init_at = rc
+        else:  # a row of accumulators in cache, the input channels in chunks
+            init_at, rc_inner = sch.split(rc, [None, chunk])
+            sch.reorder(n, f_outer, y, init_at, x_outer, rc_inner, ry, rx, f_inner, x_inner)
+            row = compute_epilogue_at(sch, blocks.conv, blocks.epilogue, y)
+            _vectorize_row(sch, sch.get_loops(row)[-1], lanes)
         sch.parallel(sch.fuse(n, f_outer, y))
         sch.unroll(f_inner)
         sch.vectorize(x_inner)
-        vectorized_init(sch, blocks.conv, rc)
+        if chunk is None:
+            vectorized_init(sch, blocks.conv, init_at)
+        else:
+            _vectorize_row(sch, sch.get_loops(sch.decompose_reduction(blocks.conv, init_at))[-1], lanes)
         return x_outer
+
+
+def _channel_chunk(sch: s_tir.Schedule, blocks: ConvBlocks, rc, ry, x, ow_tile: int) -> int | None:
+    """Input channels per pass over a row when one pass over all of them would stream from more
+    than ``_MAX_STREAMS`` input rows, each channel on pages of its own; None to take them all
+    at once (small maps, few channels, or tiles overlapping at the row's end, whose columns
+    must not be accumulated twice)."""
+    channels, rows, width = extent(sch, rc), extent(sch, ry), extent(sch, x)
+    if not all(isinstance(v, int) for v in (channels, rows, width)) or width % ow_tile:
+        return None
+    # The feature map (padded or not) is the read with the largest plane; the weight's is kh x kw.
+    planes = [int(read.source.shape[-2]) * int(read.source.shape[-1]) * read.source.dtype.bits // 8
+              for read in sch.get(blocks.conv).reads
+              if len(read.source.shape) == 4 and all(is_static(d) for d in read.source.shape[-2:])]
+    if not planes or max(planes) < _PAGE_BYTES:
+        return None
+    if channels * rows <= _MAX_STREAMS:
+        return None
+    chunk = largest_divisor(channels, max(_MAX_STREAMS // rows, 1))
+    return chunk if chunk < channels else None
+
+
+def _vectorize_row(sch: s_tir.Schedule, loop, lanes: int) -> None:
+    """Vectorize a loop over a whole row one register at a time."""
+    length = extent(sch, loop)
+    if length % lanes == 0 and length > lanes:
+        loop = sch.split(loop, [None, lanes])[1]
+    if length > 1:
+        sch.vectorize(loop)
