@@ -24,13 +24,16 @@ def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride,
     the columns whole vectors (two when the stride is 1; the last tile of a row shifted back
     when none divides it) or a divisor of a short row, the channels unrolled so that the tile
     holds at most ``ACCUMULATORS`` vectors; the pad copy is a parallel pass of its own."""
-    cols = column_tile(columns, lanes, 2 if stride == 1 else 1)
+    split = stride == 2 and padded  # even and odd columns of the padded map stored apart
+    cols = column_tile(columns, lanes, 2 if stride == 1 or split else 1)
     channel_tile = largest_divisor(channels, ACCUMULATORS // -(-cols // lanes))
     loops = loop_kinds(func)
     conv_rows = batch * (channels // channel_tile) * rows
     assert loops.parallel[-1] == conv_rows and len(loops.parallel) == (2 if padded else 1)
     assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2
     assert channel_tile in loops.unrolled
+    pads = [tuple(buf.shape) for buf in func.body.block.alloc_buffers if buf.name == "pad_temp"]
+    assert len(pads) == (1 if padded else 0) and (not split or pads[0][-2] == 2)
 
 
 @pytest.mark.parametrize(

@@ -28,9 +28,15 @@ def test_depthwise_bias_relu_matches_unscheduled(assert_schedule_matches, lanes,
     rows, columns = ((size + 2 * padding - kernel) // strides + 1 for size in (height, width))
     cols = column_tile(columns, lanes, 4)
     loops = loop_kinds(func)
-    assert loops.parallel == [batch * channels * (height + 2 * padding), batch * channels * rows]
+    # The pad pass runs over padded rows (over each row's two column phases when a stride-2
+    # map's odd width is padded to split them), the conv over output rows.
+    pad_rows, conv_rows = loops.parallel
+    assert pad_rows in (batch * channels * (height + 2 * padding), 2 * batch * channels * (height + 2 * padding))
+    assert conv_rows == batch * channels * rows
     assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2
     assert loops.unrolled.count(kernel) >= 2  # both window loops
+    if strides == 2:  # the padded map's even and odd columns stored apart: contiguous taps
+        assert [tuple(buf.shape[-2:-1]) for buf in func.body.block.alloc_buffers if buf.name == "pad_temp"] == [(2,)]
 
 
 def test_declines_dense_conv(lowered, prim_funcs, target):

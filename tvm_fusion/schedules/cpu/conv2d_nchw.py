@@ -15,13 +15,15 @@ Zen 3: 21 -> 9 ms at best, 25-27 -> 14-18 ms on a busy machine).
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .helpers import (compute_epilogue_at, extent, largest_divisor, schedule_pad, store_tile_epilogue,
                       vectorized_init)
-from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles
+from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles, split_column_phases, splits_column_phases
 from .symbolic_width import is_static
 from .target_info import vector_registers
 
@@ -47,14 +49,17 @@ class Conv2dNCHW(ScheduleRule):
         accumulators = min(_MAX_ACCUMULATORS, vector_registers(target) - _REGISTERS_KEPT_FREE)
         # A strided conv gathers its input vectors: one vector of columns and twice the
         # channels gets each gathered vector twice the FMAs (measured 1.2-1.4x on 3x3/2 convs
-        # with 160-320 output columns).
-        max_vectors = 2 if blocks.column_stride == 1 else 1
+        # with 160-320 output columns). A stride-2 conv over a padded map reads contiguous
+        # vectors once the map's even and odd columns are stored apart.
+        contiguous = blocks.column_stride == 1 or splits_column_phases(sch, blocks)
+        max_vectors = 2 if contiguous else 1
         return schedule_conv_tiles(func, sch, blocks, lanes, max_vectors,
                                    lambda copy, copy_blocks, tile: self._schedule(copy, copy_blocks, tile, lanes, accumulators))
 
     @staticmethod
     def _schedule(sch: s_tir.Schedule, blocks: ConvBlocks, ow_tile: int, lanes: int, accumulators: int):
         """Tiles of ``oc_tile`` channels x ``ow_tile`` columns; returns the column-tile loop."""
+        split_column_phases(sch, blocks)
         schedule_pad(sch, blocks.pad)
         n, f, y, x, rc, ry, rx = blocks.tiled_loops(sch.get_loops(blocks.conv))
         chunk = _channel_chunk(sch, blocks, rc, ry, x, ow_tile)
@@ -89,10 +94,10 @@ def _channel_chunk(sch: s_tir.Schedule, blocks: ConvBlocks, rc, ry, x, ow_tile: 
     channels, rows, width = extent(sch, rc), extent(sch, ry), extent(sch, x)
     if not all(isinstance(v, int) for v in (channels, rows, width)) or width % ow_tile:
         return None
-    # The feature map (padded or not) is the read with the largest plane; the weight's is kh x kw.
-    planes = [int(read.source.shape[-2]) * int(read.source.shape[-1]) * read.source.dtype.bits // 8
-              for read in sch.get(blocks.conv).reads
-              if len(read.source.shape) == 4 and all(is_static(d) for d in read.source.shape[-2:])]
+    # The feature map (padded, its columns maybe split in phases) is the read with the largest
+    # channel plane; the weight's is kh x kw.
+    planes = [math.prod(int(d) for d in read.source.shape[2:]) * read.source.dtype.bits // 8
+              for read in sch.get(blocks.conv).reads if all(is_static(d) for d in read.source.shape[2:])]
     if not planes or max(planes) < _PAGE_BYTES:
         return None
     if channels * rows <= _MAX_STREAMS:

@@ -31,7 +31,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (cpu_schedule, extent, inline_cheap_blocks, iter_kinds, largest_divisor,
+from .helpers import (TILE_SCOPE, cpu_schedule, extent, inline_cheap_blocks, iter_kinds, largest_divisor,
                       only_reduction, row_tile, schedule_pad, store_tile_epilogue, vectorized_init)
 from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
 from .target_info import vector_lanes
@@ -190,7 +190,7 @@ def _schedule_polyphase(sch, pad, conv, epilogue, lanes, cols: int | None = None
     x_tile, x_inner = sch.split(x_outer, [None, cols])
     sch.reorder(n, f_outer, y_outer, x_tile, rc, y_phase, ry, rx, x_phase, f_inner, x_inner)
     # Phase-major accumulator: each (row phase, column phase) is a run of whole vectors.
-    writeback = sch.cache_write(conv, 0, "local")
+    writeback = sch.cache_write(conv, 0, TILE_SCOPE)
     sch.transform_layout(conv, ("write", 0),
                          lambda b, c, h, w: (b, c, h % stride, w % stride, h // stride, w // stride))
     chain = [writeback, *epilogue]

@@ -14,7 +14,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .helpers import extent, schedule_pad, store_tile_epilogue, vectorized_init
-from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles
+from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles, split_column_phases
 
 _MAX_VECTORS = 4
 
@@ -32,6 +32,7 @@ class DepthwiseConv2d(ScheduleRule):
     @staticmethod
     def _schedule(sch: s_tir.Schedule, blocks: ConvBlocks, ow_tile: int):
         """Whole channels per task, ``ow_tile`` columns per tile; returns the column-tile loop."""
+        split_column_phases(sch, blocks)
         schedule_pad(sch, blocks.pad)
         n, f, y, x, rc, ry, rx = blocks.tiled_loops(sch.get_loops(blocks.conv))
         x_outer, x_inner = sch.split(x, [None, ow_tile])

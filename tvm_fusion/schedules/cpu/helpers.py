@@ -155,12 +155,19 @@ def row_tile(width: int, lanes: int, max_vectors: int) -> int:
 
 # -- Schedule steps ----------------------------------------------------------------------------
 
+# Storage scope of a task's private tile (an accumulator, a padded operand). TVM lowers a
+# "local" buffer on the CPU to a TVMBackendAllocWorkspace/FreeWorkspace pair per loop iteration
+# (per tile), while a "global" one of constant size under 1 KB becomes a stack array that LLVM
+# keeps in registers: a depthwise conv over 96x52x52 went from 0.53 to 0.36 ms, a 192-channel
+# 3x3 conv over 13x13 from 1.26 to 0.85 ms (Zen 3, 2 threads).
+TILE_SCOPE = "global"
+
 
 def compute_epilogue_at(sch: s_tir.Schedule, block, epilogue: list, at_loop):
     """Accumulate ``block`` in a local tile, inline all but the last of ``epilogue`` into the
     last, and compute the last (the tile's own store when ``epilogue`` is empty) at ``at_loop``;
     returns the block that stores the tile."""
-    writeback = sch.cache_write(block, 0, "local")
+    writeback = sch.cache_write(block, 0, TILE_SCOPE)
     chain = [writeback, *epilogue]
     for inlined in chain[:-1]:
         sch.compute_inline(inlined)

@@ -195,6 +195,22 @@ def schedule_conv_tiles(func: tirx.PrimFunc, sch: s_tir.Schedule, blocks: ConvBl
                              lambda copy, tile: schedule(copy, match_conv(copy), tile))
 
 
+def splits_column_phases(sch: s_tir.Schedule, blocks: ConvBlocks) -> bool:
+    """True for a stride-2 conv over a padded map of static width: ``split_column_phases``
+    applies."""
+    return (blocks.column_stride == 2 and bool(blocks.pad) and not blocks.tiles_rows
+            and is_static(sch.get(blocks.pad[-1]).writes[0].source.shape[-1]))
+
+
+def split_column_phases(sch: s_tir.Schedule, blocks: ConvBlocks) -> None:
+    """For a stride-2 conv over a padded map (``splits_column_phases``): store the padded map
+    as each row's even columns, then its odd ones, so that every window tap reads one
+    contiguous vector instead of gathering every other column."""
+    if splits_column_phases(sch, blocks):
+        sch.transform_layout(blocks.pad[-1], ("write", 0),
+                             lambda *index: (*index[:-1], index[-1] % 2, index[-1] // 2), pad_value=0.0)
+
+
 def _loads_at(expr, variables) -> bool:
     return isinstance(expr, TensorLoad) and _indices_are(expr.indices, variables)
 

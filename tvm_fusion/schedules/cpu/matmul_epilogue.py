@@ -4,7 +4,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (compute_epilogue_at, cpu_schedule, extent, largest_divisor, only_reduction, tile_factor,
+from .helpers import (TILE_SCOPE, compute_epilogue_at, cpu_schedule, extent, largest_divisor, only_reduction, tile_factor,
                       vectorized_init)
 from .matchers import MATMUL_K_UNROLL, MATMUL_TILE_ROWS, MatmulAxes, match_matmul, matmul_tile_columns
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
@@ -85,7 +85,7 @@ def _pad_rows(sch, matmul, axes: MatmulAxes):
     sch.pad_einsum(matmul, factors)
     (padded_lhs,) = sch.get_producers(matmul)
     (unpad,) = sch.get_consumers(matmul)
-    sch.set_scope(padded_lhs, 0, "local")  # a private tile per task once computed at the tile
+    sch.set_scope(padded_lhs, 0, TILE_SCOPE)  # a private tile per task once computed at the tile
     return padded_lhs, unpad
 
 

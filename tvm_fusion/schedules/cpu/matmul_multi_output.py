@@ -5,7 +5,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import cpu_schedule, extent, has_static_extents, is_spatial, largest_divisor, vectorized_init
+from .helpers import TILE_SCOPE, cpu_schedule, extent, has_static_extents, is_spatial, largest_divisor, vectorized_init
 from .matchers import MATMUL_K_UNROLL, MATMUL_TILE_ROWS, match_matmul, matmul_tile_columns
 from .target_info import vector_lanes
 
@@ -43,7 +43,7 @@ class MatmulMultiOutput(ScheduleRule):
             return None  # an output of another shape: tiles would not line up
 
         lanes = vector_lanes(target, sch.get(matmul).writes[0].source.dtype)
-        accumulator = sch.cache_write(matmul, 0, "local")
+        accumulator = sch.cache_write(matmul, 0, TILE_SCOPE)
         for block in [accumulator, *blocks[1:]]:
             if sch.get(block).name_hint not in output_names:
                 sch.compute_inline(block)
