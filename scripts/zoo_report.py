@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Run the real-model zoo: per model, compile + verify, coverage, kernels, latency against ORT.
+"""Run the real-model zoo: per model, compile + verify, coverage, kernels, latency against ORT
+(and OpenVINO in f32, when the peers extra is installed).
 
 Each model runs in a worker process of its own (a crash or a runaway allocation in one model
 does not stop the report), one at a time. Results go to ``benchmarks/results/zoo.json`` and a
@@ -32,6 +33,7 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
     """Compile (verifying against ONNX Runtime), inspect and bench one model; put a dict on ``queue``."""
     from tvm_fusion import api
     from tvm_fusion.errors import TvmFusionError
+    from tvm_fusion.peers import installed_peers
 
     model = zoo.load_manifest()[name]
     path = zoo.model_path(name)
@@ -51,9 +53,13 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
                    targeted=coverage.targeted, fused=coverage.fused,
                    unfused=[{"target": u.target, "nodes": u.nodes[:3], "reason": u.reason} for u in coverage.unfused],
                    fired=dict(inspected.report.fired))
-        bench = api.bench_model(path, None, list(model.input_shapes), repeat=repeat, include_stock=False)
+        bench = api.bench_model(path, None, list(model.input_shapes), repeat=repeat, include_stock=False,
+                                peers=installed_peers())
         row.update(ort_ms=round(bench.medians_ms["onnxruntime"], 3), ours_ms=round(bench.medians_ms["tvm_fusion"], 3),
                    ratio_to_ort=round(bench.ratios()["tvm_fusion"], 3))
+        if "openvino" in bench.medians_ms:
+            row.update(openvino_ms=round(bench.medians_ms["openvino"], 3),
+                       ratio_to_openvino=round(bench.medians_ms["tvm_fusion"] / bench.medians_ms["openvino"], 3))
     except TvmFusionError as err:
         row.update(compiles=row.get("compiles", False), error=str(err).splitlines()[0])
     except Exception as err:  # noqa: BLE001 - the report records a crash as a result, then goes on
@@ -69,17 +75,18 @@ def run_one(name: str, repeat: int, timeout: float, out_dir: str) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | exporter | compiles | max abs err vs ORT | coverage (targeted chains / compute nodes) "
-             "| kernels (ours / stock) | ms (ORT / ours, ratio) |",
-             "|---|---|---|---|---|---|---|"]
+             "| kernels (ours / stock) | ms (ORT / ours, ratio) | ms OpenVINO f32 (ours / it) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r.get("compiles"):
-            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | |")
+            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | | |")
             continue
         coverage = (f"{r['targeted_share']:.0%} / {r['compute_share']:.0%}" if "targeted_share" in r else "")
         kernels = f"{r['kernels']} / {r['stock_kernels']}" if "kernels" in r else ""
         timing = f"{r['ort_ms']} / {r['ours_ms']} ({r['ratio_to_ort']:.2f}x)" if "ours_ms" in r else r.get("error", "")
+        openvino = f"{r['openvino_ms']} ({r['ratio_to_openvino']:.2f}x)" if "openvino_ms" in r else ""
         lines.append(f"| {r['model']} | {r['exporter']} | yes | {r['max_abs_error']:.1e} | {coverage} | {kernels} "
-                     f"| {timing} |")
+                     f"| {timing} | {openvino} |")
     return "\n".join(lines)
 
 
