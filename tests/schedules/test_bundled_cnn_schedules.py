@@ -1,6 +1,8 @@
 """No kernel of the bundled CNNs runs as naive loops: each gets the rule written for it."""
 
 import pytest
+import tvm
+import tvm_ffi
 
 from helpers import EXAMPLES
 from tvm_fusion import api
@@ -16,8 +18,17 @@ DATA_MOVEMENT = ("layout_transform", "reshape")
 ])
 def test_every_kernel_gets_a_specific_schedule(model, conv_rules):
     prepared = api.prepare(EXAMPLES / f"{model}.onnx", None, "input:1x3x64x64")
-    rules = api.optimize(prepared, tuning_log=False).schedule_rules
+    optimized = api.optimize(prepared, tuning_log=False)
+    rules = optimized.schedule_rules
     assert "Fallback" not in rules.values(), rules
     generic = [kernel for kernel, rule in rules.items() if rule == "Injective"]
     assert all(any(word in kernel for word in DATA_MOVEMENT) for kernel in generic), generic
     assert conv_rules <= set(rules.values())
+    # Private tiles are stack arrays (helpers.TILE_SCOPE): TVM turns a "local" buffer on the
+    # CPU into a workspace allocation and release per tile.
+    scopes = set()
+    for func in optimized.module.functions.values():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, lambda block: scopes.update(
+                buf.scope() for buf in block.alloc_buffers)))
+    assert scopes == {"global"}
