@@ -137,7 +137,7 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
     assert set(meta) == {"model", "model_sha256", "inputs", "outputs", "target", "config", "pipeline",
                          "schedule", "fusions", "kernels", "threads", "versions", "verification",
                          "library", "library_sha256", "platform", "toolchain", "tuning", "fusion_gate", "dims",
-                         "built_from"}
+                         "built_from", "schedule_rules"}
     assert pathlib.Path(meta["built_from"]["model_path"]).resolve() == mlp_path.resolve()
     assert meta["dims"] == {}  # static shapes: no ranges
     assert meta["fusion_gate"]["checked"] >= 2 and meta["fusion_gate"]["undone"] == []
@@ -151,6 +151,7 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
     assert meta["pipeline"] == list(cfg.patterns) and meta["schedule"] == cfg.schedule
     assert meta["fusions"]["gelu_erf"] == 1 and meta["fusions"]["gemm_epilogue"] == 2
     assert isinstance(meta["kernels"], int) and meta["kernels"] >= 1
+    assert "MatmulEpilogue" in meta["schedule_rules"].values() and "Fallback" not in meta["schedule_rules"].values()
     assert meta["threads"] == cfg.threads
     assert meta["versions"] == {"tvm": tvm.__version__, "tvm_fusion": __version__}
     verification = meta["verification"]

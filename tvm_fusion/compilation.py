@@ -187,8 +187,9 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
         else:
             fused, report = shared.fuse(cfg, prepared)
         records = load_tuning(cfg, tuning_log, say)
+        rules: dict[str, str] = {}
         module = callable_module(fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"),
-                                                 tuning=records)(fused), prepared)
+                                                 tuning=records, schedule_log=rules)(fused), prepared)
         if records and records.applied:
             say(f"tuned schedules from {records.directory} for {len(records.applied)} kernel(s)")
         plat = platform_of(cfg.target)
@@ -202,7 +203,7 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
             executable = build(module, cfg)
     for message in summarize(native):
         say(f"tvm: {message}")
-    metadata = artifact_metadata(prepared, cfg, module, plat, toolchain, report, records, gate)
+    metadata = artifact_metadata(prepared, cfg, module, plat, toolchain, report, records, gate, rules)
     execution = execution_here(cfg.target)
     comparisons: list[OutputComparison] = []
     no_reference: list[str] = []  # why ONNX Runtime could not give a reference, when it could not

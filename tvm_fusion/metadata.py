@@ -18,13 +18,14 @@ from .files import sha256_of
 
 
 def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, platform, toolchain: dict,
-                      report: PatternReport, records, gate) -> dict:
+                      report: PatternReport, records, gate, schedule_rules: dict[str, str]) -> dict:
     """metadata.json before the artifact is run: ``verification`` is filled in by the run, and
     ``outputs`` gets concrete shapes there for a static model.
 
     ``module`` is the scheduled module that is built, ``platform`` the target's
     ``targets.Platform``, ``records`` the tuning records (or None), ``gate`` the fusion gate's
-    result (or None when it did not run).
+    result (or None when it did not run), ``schedule_rules`` the rule (or tuning record) that
+    scheduled each kernel.
     """
     import tvm
 
@@ -42,6 +43,7 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
         "schedule": cfg.schedule,
         "fusions": {name: count for name, count in sorted(report.fired.items())},
         "kernels": kernel_calls(module),
+        "schedule_rules": dict(sorted(schedule_rules.items())),
         "threads": cfg.threads,
         "versions": {"tvm": tvm.__version__, "tvm_fusion": __version__},
         "verification": None,

@@ -1,8 +1,8 @@
 """The CI subset of the real-model zoo: published models from two exporters, as shipped.
 
 Each compiles and verifies against ONNX Runtime (compile_model refuses otherwise), at least
-90 % of the chains our patterns target are fused, and the model runs in no more kernels than
-TVM's own FuseOps makes. The full zoo runs in scripts/zoo_report.py (too long for CI).
+90 % of the chains our patterns target are fused, the model runs in no more kernels than
+TVM's own FuseOps makes, and no conv kernel is left to the Fallback schedule. The full zoo runs in scripts/zoo_report.py (too long for CI).
 A model that cannot be fetched skips the test on a developer machine and fails it in CI.
 """
 
@@ -37,6 +37,8 @@ def test_zoo_model_compiles_verifies_and_fuses(name, zoo_models, tmp_path):
     shapes = list(model.input_shapes)
     compiled = api.compile_model(zoo_models[name], None, shapes, output_dir=tmp_path)
     assert all(o["within_tolerance"] for o in compiled.metadata["verification"]["outputs"])
+    rules = compiled.metadata["schedule_rules"]
+    assert len(rules) >= 10 and not [k for k, rule in rules.items() if "conv" in k and rule == "Fallback"], rules
     inspected = api.inspect_model(zoo_models[name], None, shapes)
     coverage = inspected.coverage
     assert coverage.targeted_share >= 0.9, coverage.unfused
