@@ -60,7 +60,10 @@ def test_a_conv_chain_converts_with_one_transform_at_each_end():
     assert report.fired["blocked_layout.conv2d"] == 2
 
 
-def test_must_not_convert_around_a_depthwise_conv():
+def test_a_depthwise_conv_converts_with_its_filters_blocked():
+    """A depthwise conv on whole channel blocks takes NCHW16c with OIHW16o filters (one per
+    channel, a block's filters side by side): the chain keeps one layout."""
+
     @I.ir_module
     class Before:
         @R.function
@@ -73,9 +76,32 @@ def test_must_not_convert_around_a_depthwise_conv():
             return gv
 
     after, report = convert(Before)
+    convs = []
+    relax.analysis.post_order_visit(after["main"].body, lambda e: convs.append(
+        (str(e.attrs.data_layout), str(e.attrs.kernel_layout)))
+        if isinstance(e, relax.Call) and e.op.name == "relax.nn.conv2d" else None)
+    assert convs == [("NCHW16c", "OIHW16i16o"), ("NCHW16c", "OIHW16o")]
+    assert report.fired["blocked_layout.conv2d"] == 2 and not report.near_misses
+
+
+def test_must_not_convert_around_a_grouped_conv():
+    """Two groups of 16 channels: not depthwise, no blocked kernel; the model stays in NCHW."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w1: R.Tensor((32, 16, 1, 1), "float32"),
+                 w2: R.Tensor((32, 16, 3, 3), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w1)
+                gv = R.nn.conv2d(lv, w2, padding=[1, 1, 1, 1], groups=2)
+                R.output(gv)
+            return gv
+
+    after, report = convert(Before)
     tvm.ir.assert_structural_equal(after, Before)
     (miss,) = report.near_misses
-    assert "groups=32" in miss.reason and "depthwise" in miss.reason and "stays in NCHW" in miss.reason
+    assert "groups=2" in miss.reason and "grouped" in miss.reason and "stays in NCHW" in miss.reason
 
 
 def test_an_rgb_stem_stays_in_nchw_and_the_rest_converts():

@@ -13,7 +13,7 @@ DATA_MOVEMENT = ("layout_transform", "reshape")
 
 @pytest.mark.parametrize("model, conv_rules", [
     ("resnet_tiny", {"Conv2dNCHWc", "Conv2dNCHW"}),           # the RGB stem stays NCHW
-    ("mobilenetv3_tiny", {"Conv2dNCHW", "DepthwiseConv2d"}),
+    ("mobilenetv3_tiny", {"Conv2dNCHWc", "DepthwiseConv2dNCHWc"}),  # depthwise in the blocked layout too
     ("dbnet_tiny", {"Conv2dNCHW", "Conv2dTranspose"}),
 ])
 def test_every_kernel_gets_a_specific_schedule(model, conv_rules):

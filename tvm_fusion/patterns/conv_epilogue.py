@@ -138,9 +138,11 @@ class ConvEpilogue(FusionRule):
 
 
 def is_blocked_conv_layout(data_layout: str, kernel_layout: str, out_layout: str) -> bool:
-    """``NCHW{x}c`` data and output with ``OIHW{x}i{x}o`` weights (passes/blocked_layout.py)."""
+    """``NCHW{x}c`` data and output with ``OIHW{x}i{x}o`` weights, or ``OIHW{x}o`` for a
+    depthwise conv (passes/blocked_layout.py)."""
     match = re.fullmatch(r"NCHW(\d+)c", data_layout)
-    return bool(match) and out_layout == data_layout and kernel_layout == "OIHW{0}i{0}o".format(match[1])
+    return bool(match) and out_layout == data_layout and kernel_layout in (
+        "OIHW{0}i{0}o".format(match[1]), "OIHW{0}o".format(match[1]))
 
 
 def static_batch_channels_reason(what: str, out_shape: tuple | None) -> str | None:

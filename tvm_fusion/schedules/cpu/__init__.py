@@ -5,6 +5,7 @@ from .conv2d_nchw import Conv2dNCHW
 from .conv2d_nchwc import Conv2dNCHWc
 from .conv2d_transpose import Conv2dTranspose
 from .depthwise_conv2d import DepthwiseConv2d
+from .depthwise_conv2d_nchwc import DepthwiseConv2dNCHWc
 from .fallback import Fallback
 from .injective import Injective
 from .matmul_epilogue import MatmulEpilogue
@@ -16,6 +17,6 @@ from .skip_norm import SkipNorm
 from .softmax import Softmax
 from .squeeze_excitation import SqueezeExcitation
 
-__all__ = ["Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d", "Fallback",
-           "Injective", "MatmulEpilogue", "MatmulMultiOutput", "Pooling", "Reduction", "Resize",
+__all__ = ["Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
+           "DepthwiseConv2dNCHWc", "Fallback", "Injective", "MatmulEpilogue", "MatmulMultiOutput", "Pooling", "Reduction", "Resize",
            "SkipNorm", "Softmax", "SqueezeExcitation"]

@@ -1,0 +1,69 @@
+"""Depthwise conv2d in the blocked channel layout NCHW[x]c (passes/blocked_layout.py) + epilogue.
+
+A channel block's filters sit side by side, so each window tap is one contiguous vector of
+input channels times one contiguous vector of weights, whatever the map's width or the conv's
+stride: no column tiling to fit the row, no gathered loads at stride 2, and the layout of the
+dense convs around it is kept (no transforms around each depthwise conv). The accumulator tile
+is ``ow_tile`` pixels of one row, one vector each; the window is unrolled over it and the
+epilogue runs on the tile before it is stored.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .helpers import (extent, iter_kinds, largest_divisor, one_reduction_kernel, only_reduction, schedule_pad,
+                      store_tile_epilogue, vectorized_init)
+from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
+                             width_tiles)
+from .target_info import vector_lanes
+
+# Pixels per tile: 8 accumulators fit AVX2's 16 registers beside the weight vectors.
+_MAX_ROW_TILE = 8
+_MIN_EXACT_TILE = 4
+_MAX_UNROLLED_TAPS = 49
+
+
+class DepthwiseConv2dNCHWc(ScheduleRule):
+    """``[pad] -> depthwise_conv2d_nchwc (S S S S S R R) -> elementwise..``."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        kernel = one_reduction_kernel(func, target)
+        if kernel is None or iter_kinds(kernel.stmt) != "SSSSSRR" or not static_except(kernel.stmt, (2, 3)):
+            return None
+        sch, stmt = kernel.sch, kernel.stmt
+        if len(stmt.reads) != 2 or any(len(read.source.shape) != 5 for read in stmt.reads):
+            return None  # one 5-D map and one 5-D blocked weight
+        lanes = vector_lanes(target, stmt.writes[0].source.dtype)
+        loops = sch.get_loops(kernel.block)
+        if extent(sch, loops[4]) > lanes or lanes % extent(sch, loops[4]):
+            return None  # the channel block must fit one vector register
+        width = sch.get(loops[3]).extent
+        if is_static(width):
+            width = int(width)
+            tile = largest_divisor(width, _MAX_ROW_TILE)
+            if tile < _MIN_EXACT_TILE <= width:  # 13 or 26 pixels: 7 a tile, the last shifted back
+                tile = overlapped_tile(width, list(range(_MAX_ROW_TILE, _MIN_EXACT_TILE - 1, -1)))
+            return schedule_static_width(sch, width, tile, self._schedule)
+        return schedule_by_width(sch.mod["main"], width, width_tiles(_MAX_ROW_TILE, lanes), self._schedule)
+
+    @staticmethod
+    def _schedule(sch: s_tir.Schedule, ow_tile: int):
+        """Rows across cores, ``ow_tile`` pixels a tile; returns the pixel-tile loop."""
+        kernel = only_reduction(sch)
+        conv = kernel.block
+        n, c, y, x, b, ky, kx = sch.get_loops(conv)
+        schedule_pad(sch, kernel.prologue)
+        x_outer, x_inner = sch.split(x, [None, ow_tile])
+        sch.reorder(n, c, y, x_outer, ky, kx, x_inner, b)
+        store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
+        sch.parallel(sch.fuse(n, c, y))
+        if extent(sch, ky) * extent(sch, kx) <= _MAX_UNROLLED_TAPS:
+            sch.unroll(ky)
+            sch.unroll(kx)
+        sch.unroll(x_inner)
+        sch.vectorize(b)
+        vectorized_init(sch, conv, ky)
+        return x_outer
