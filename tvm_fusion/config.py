@@ -25,7 +25,7 @@ SCHEDULE_MODES = ("default", "none")
 CONV_LAYOUTS = ("NCHW", "NCHWc")
 SECTIONS = {
     "target": TARGET_KEYS,
-    "pipeline": ("patterns", "enable", "disable", "schedule", "fast_math", "conv_layout"),
+    "pipeline": ("patterns", "enable", "disable", "schedule", "fast_math", "conv_layout", "blocked_depthwise"),
     "verify": ("rtol", "atol", "seed"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
@@ -56,6 +56,7 @@ class PipelineConfig:
     schedule: str = "default"
     fast_math: bool = True
     conv_layout: str = "NCHW"  # "NCHWc": dense convs in the blocked channel layout (CPU)
+    blocked_depthwise: bool = False  # with NCHWc: depthwise convs in it too
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
@@ -193,6 +194,9 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     conv_layout = pipeline.get("conv_layout", "NCHW")
     if conv_layout not in CONV_LAYOUTS:
         raise fail("pipeline.conv_layout", f"has value {conv_layout!r}", ", ".join(CONV_LAYOUTS))
+    blocked_depthwise = pipeline.get("blocked_depthwise", False)
+    if not isinstance(blocked_depthwise, bool):
+        raise fail("pipeline.blocked_depthwise", f"has value {blocked_depthwise!r}", "true or false")
 
     verify = raw.get("verify", {})
     tolerances = {}
@@ -223,7 +227,7 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
 
     return PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
-        conv_layout=conv_layout,
+        conv_layout=conv_layout, blocked_depthwise=blocked_depthwise,
         rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
         threads=threads or cores, dim_defaults=dims,
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))

