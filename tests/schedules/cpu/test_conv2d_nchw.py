@@ -99,7 +99,8 @@ def test_a_large_map_takes_its_input_channels_in_chunks(assert_schedule_matches,
                                     rtol=1e-4, atol=1e-4, x=(1, 32, 40, 40), w=(16, 32, 3, 3), b=(1, 16, 1, 1))
     (func,) = funcs.values()
     extents = {}
-    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, lambda loop: extents.setdefault(loop.loop_var.name, int(loop.extent))))
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, lambda loop: extents.setdefault(loop.loop_var.name,
+                                                                                     int(loop.extent))))
     assert extents.get("rc_0") == 2
     loops = loop_kinds(func)
     assert loops.parallel[-1] == 16 // largest_divisor(16, ACCUMULATORS // -(-column_tile(40, lanes, 2) // lanes)) * 40

@@ -18,5 +18,5 @@ from .softmax import Softmax
 from .squeeze_excitation import SqueezeExcitation
 
 __all__ = ["Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
-           "DepthwiseConv2dNCHWc", "Fallback", "Injective", "MatmulEpilogue", "MatmulMultiOutput", "Pooling", "Reduction", "Resize",
-           "SkipNorm", "Softmax", "SqueezeExcitation"]
+           "DepthwiseConv2dNCHWc", "Fallback", "Injective", "MatmulEpilogue", "MatmulMultiOutput", "Pooling",
+           "Reduction", "Resize", "SkipNorm", "Softmax", "SqueezeExcitation"]

@@ -59,8 +59,9 @@ class Conv2dNCHWc(ScheduleRule):
             return schedule_static_width(sch, width, ow_tile, lambda copy, tile: self._schedule(
                 copy, tile, oc_tile, tiles_rows))
         # Symbolic rows and columns: full tiles of pixels, the last of a row shifted back.
-        return schedule_by_width(sch.mod["main"], width, width_tiles(_MAX_ROW_TILE, lanes), lambda copy, tile: self._schedule(
-            copy, tile, _wide_register_tile(tile, channel_blocks, registers)))
+        return schedule_by_width(
+            sch.mod["main"], width, width_tiles(_MAX_ROW_TILE, lanes),
+            lambda copy, tile: self._schedule(copy, tile, _wide_register_tile(tile, channel_blocks, registers)))
 
     @staticmethod
     def _schedule(sch: s_tir.Schedule, ow_tile: int, oc_tile: int, tiles_rows: bool = False):

@@ -4,8 +4,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (TILE_SCOPE, compute_epilogue_at, cpu_schedule, extent, largest_divisor, only_reduction, tile_factor,
-                      vectorized_init)
+from .helpers import (TILE_SCOPE, compute_epilogue_at, cpu_schedule, extent, largest_divisor, only_reduction,
+                      tile_factor, vectorized_init)
 from .matchers import MATMUL_K_UNROLL, MATMUL_TILE_ROWS, MatmulAxes, match_matmul, matmul_tile_columns
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
 from .target_info import vector_lanes
