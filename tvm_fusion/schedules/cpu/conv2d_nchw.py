@@ -22,14 +22,15 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .helpers import (compute_epilogue_at, extent, largest_divisor, schedule_pad, store_tile_epilogue,
-                      vectorized_init)
+                      vectorize_innermost, vectorized_init)
 from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles, split_column_phases, splits_column_phases
 from .symbolic_width import is_static
 from .target_info import vector_registers
 
 # 16 accumulator vectors + input vector + broadcasts fit AVX-512's 32 registers; AVX2's 16
-# leave room for 12 (16 spilled: 2.6 ms -> ? ms on a 192-channel 3x3 conv over 13x13). At two
-# vectors of columns per tile, half as many channels.
+# leave room for 12 (Zen 3, kernel alone, best of 60 runs, two runs each: a 64-channel 3x3 conv
+# over 56x56 took 2.6-2.9 ms with 12, 3.5-3.7 ms with 16). At two vectors of columns per tile,
+# half as many channels.
 _MAX_ACCUMULATORS = 16
 _REGISTERS_KEPT_FREE = 4
 # Input rows one pass over the reduction streams from, and the channel plane from which on
@@ -74,15 +75,17 @@ class Conv2dNCHW(ScheduleRule):
         else:  # a row of accumulators in cache, the input channels in chunks
             init_at, rc_inner = sch.split(rc, [None, chunk])
             sch.reorder(n, f_outer, y, init_at, x_outer, rc_inner, ry, rx, f_inner, x_inner)
-            row = compute_epilogue_at(sch, blocks.conv, blocks.epilogue, y)
-            _vectorize_row(sch, sch.get_loops(row)[-1], lanes)
-        sch.parallel(sch.fuse(n, f_outer, y))
+            vectorize_innermost(sch, compute_epilogue_at(sch, blocks.conv, blocks.epilogue, y), y, lanes)
+        rows = sch.fuse(n, f_outer, y)
+        sch.parallel(rows)
         sch.unroll(f_inner)
         sch.vectorize(x_inner)
+        # The init splits out only after the loops above are final (parallel refuses a loop
+        # over a reduction's separate init).
         if chunk is None:
             vectorized_init(sch, blocks.conv, init_at)
         else:
-            _vectorize_row(sch, sch.get_loops(sch.decompose_reduction(blocks.conv, init_at))[-1], lanes)
+            vectorize_innermost(sch, sch.decompose_reduction(blocks.conv, init_at), rows, lanes)
         return x_outer
 
 
@@ -105,11 +108,3 @@ def _channel_chunk(sch: s_tir.Schedule, blocks: ConvBlocks, rc, ry, x, ow_tile: 
     chunk = largest_divisor(channels, max(_MAX_STREAMS // rows, 1))
     return chunk if chunk < channels else None
 
-
-def _vectorize_row(sch: s_tir.Schedule, loop, lanes: int) -> None:
-    """Vectorize a loop over a whole row one register at a time."""
-    length = extent(sch, loop)
-    if length % lanes == 0 and length > lanes:
-        loop = sch.split(loop, [None, lanes])[1]
-    if length > 1:
-        sch.vectorize(loop)
