@@ -61,3 +61,13 @@ def column_tile(width: int, lanes: int, max_vectors: int) -> int:
         return largest_divisor(width, lanes)
     tiles = [v * lanes for v in range(max_vectors, 0, -1) if v * lanes <= width]
     return min(tiles, key=lambda tile: -(-width // tile) * tile)
+
+
+def pixel_tile(columns: int) -> int:
+    """The pixels of a blocked conv's tile (one vector each): the largest divisor of the row up
+    to 8; when none of at least 4 divides it, the tile of 8..4 that computes the fewest pixels
+    with the last one shifted back (ties to the wider)."""
+    exact = largest_divisor(columns, 8)
+    if exact >= 4 or columns < 4:
+        return exact
+    return min(range(min(columns, 8), 3, -1), key=lambda tile: -(-columns // tile) * tile)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tvm
-from loop_structure import float_lanes, largest_divisor, loop_kinds
+from loop_structure import float_lanes, loop_kinds, pixel_tile
 from machine import host_target
 from tvm import relax
 from tvm.relax.op import add, nn
@@ -86,9 +86,7 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tile
     blocks = tiles_per_row // loops.parallel[-1]
     assert channel_blocks % blocks == 0 and blocks in loops.unrolled
     if vector_registers(target) >= 32:
-        pixels = largest_divisor(columns, 8)
-        if pixels < 4 <= columns:
-            pixels = min(range(8, 3, -1), key=lambda tile: -(-columns // tile) * tile if tile <= columns else 1 << 30)
+        pixels = pixel_tile(columns)
         assert blocks == (2 if channel_blocks % 2 == 0 and 2 * pixels <= 16 else 1)
         assert pixels in loops.unrolled
     else:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tvm
-from loop_structure import float_lanes, largest_divisor, loop_kinds
+from loop_structure import float_lanes, loop_kinds, pixel_tile
 from machine import host_target
 from tvm import relax
 from tvm.relax.op import add, nn
@@ -62,10 +62,7 @@ def test_depthwise_matches_the_unscheduled_kernel(target, x, kernel, stride, pad
     loops = loop_kinds(sch.mod["main"])
     assert loops.parallel[-1] == batch * blocks * rows and len(loops.parallel) == (2 if pad else 1)
     assert loops.vectorized == [BLOCK] * len(loops.vectorized) and len(loops.vectorized) >= 2
-    pixels = largest_divisor(columns, 8)
-    if pixels < 4 <= columns:
-        pixels = 7
-    assert pixels in loops.unrolled and loops.unrolled.count(kernel) >= 2
+    assert pixel_tile(columns) in loops.unrolled and loops.unrolled.count(kernel) >= 2
     np.testing.assert_allclose(run(sch.mod["main"], shapes, result_shape, target),
                                run(func, shapes, result_shape, target), rtol=1e-4, atol=1e-4)
 

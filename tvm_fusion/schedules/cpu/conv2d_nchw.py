@@ -54,8 +54,8 @@ class Conv2dNCHW(ScheduleRule):
         # vectors once the map's even and odd columns are stored apart.
         contiguous = blocks.column_stride == 1 or splits_column_phases(sch, blocks)
         max_vectors = 2 if contiguous else 1
-        return schedule_conv_tiles(func, sch, blocks, lanes, max_vectors, lambda copy, copy_blocks, tile: self._schedule(
-            copy, copy_blocks, tile, lanes, accumulators))
+        return schedule_conv_tiles(func, sch, blocks, lanes, max_vectors, lambda copy, copy_blocks, tile:
+                                   self._schedule(copy, copy_blocks, tile, lanes, accumulators))
 
     @staticmethod
     def _schedule(sch: s_tir.Schedule, blocks: ConvBlocks, ow_tile: int, lanes: int, accumulators: int):

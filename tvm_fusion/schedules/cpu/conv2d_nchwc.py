@@ -15,10 +15,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (extent, iter_kinds, largest_divisor, one_reduction_kernel, only_reduction, schedule_pad,
+from .helpers import (extent, iter_kinds, one_reduction_kernel, only_reduction, pixel_tile, schedule_pad,
                       store_tile_epilogue, vectorized_init)
-from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
-                             width_tiles)
+from .symbolic_width import is_static, schedule_by_width, schedule_static_width, static_except, width_tiles
 from .target_info import vector_lanes, vector_registers
 
 # Output pixels per tile: with two channel blocks, 16 accumulators of AVX-512's 32 registers,
@@ -94,9 +93,7 @@ def _register_tile(width: int, channel_blocks: int, registers: int) -> tuple[int
     recomputes; on Zen 3 3x4 and 4x3 tiles beat the 7x1 and 8x1 ones by 1.2-1.5x.
     """
     if registers >= 32:
-        tile = largest_divisor(width, _MAX_ROW_TILE)
-        if tile < _MIN_EXACT_TILE <= width:  # 13 or 26 pixels: 7 a tile, the last shifted back
-            tile = overlapped_tile(width, list(range(_MAX_ROW_TILE, _MIN_EXACT_TILE - 1, -1)))
+        tile = pixel_tile(width, _MAX_ROW_TILE, _MIN_EXACT_TILE)
         return tile, _wide_register_tile(tile, channel_blocks, registers)
 
     def score(tile):

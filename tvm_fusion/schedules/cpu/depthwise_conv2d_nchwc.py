@@ -14,10 +14,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (extent, iter_kinds, largest_divisor, one_reduction_kernel, only_reduction, schedule_pad,
+from .helpers import (extent, iter_kinds, one_reduction_kernel, only_reduction, pixel_tile, schedule_pad,
                       store_tile_epilogue, vectorized_init)
-from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
-                             width_tiles)
+from .symbolic_width import is_static, schedule_by_width, schedule_static_width, static_except, width_tiles
 from .target_info import vector_lanes
 
 # Pixels per tile: 8 accumulators fit AVX2's 16 registers beside the weight vectors.
@@ -43,10 +42,7 @@ class DepthwiseConv2dNCHWc(ScheduleRule):
         width = sch.get(loops[3]).extent
         if is_static(width):
             width = int(width)
-            tile = largest_divisor(width, _MAX_ROW_TILE)
-            if tile < _MIN_EXACT_TILE <= width:  # 13 or 26 pixels: 7 a tile, the last shifted back
-                tile = overlapped_tile(width, list(range(_MAX_ROW_TILE, _MIN_EXACT_TILE - 1, -1)))
-            return schedule_static_width(sch, width, tile, self._schedule)
+            return schedule_static_width(sch, width, pixel_tile(width, _MAX_ROW_TILE, _MIN_EXACT_TILE), self._schedule)
         return schedule_by_width(sch.mod["main"], width, width_tiles(_MAX_ROW_TILE, lanes), self._schedule)
 
     @staticmethod

@@ -19,7 +19,7 @@ from tvm.ir.expr import Call
 from tvm.s_tir.dlight.analysis import SBlockInfo, get_root_block
 from tvm.target import Target
 
-from .symbolic_width import is_static
+from .symbolic_width import is_static, overlapped_tile
 
 # -- The guard ---------------------------------------------------------------------------------
 
@@ -151,6 +151,17 @@ def row_tile(width: int, lanes: int, max_vectors: int) -> int:
         if width % (vectors * lanes) == 0:
             return vectors * lanes
     return largest_divisor(width, lanes)
+
+
+def pixel_tile(width: int, widest: int, narrowest_exact: int) -> int:
+    """Pixels per unrolled tile along a static row (a blocked layout's pixels, one vector each):
+    the largest divisor of the row up to ``widest``; when none of at least ``narrowest_exact``
+    divides it (13 or 26 pixels), the tile of ``widest..narrowest_exact`` that computes the
+    fewest pixels with the last tile of the row shifted back (7 for both)."""
+    tile = largest_divisor(width, widest)
+    if tile < narrowest_exact <= width:
+        tile = overlapped_tile(width, list(range(widest, narrowest_exact - 1, -1)))
+    return tile
 
 
 # -- Schedule steps ----------------------------------------------------------------------------
