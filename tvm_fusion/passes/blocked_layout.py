@@ -85,20 +85,10 @@ class ConvertConvsToBlockedLayout:
         """The dense convs left in NCHW inside a blocked model, one near miss naming them (an RGB
         stem reading a graph input goes unmentioned: its transform is at the boundary anyway)."""
         staying = []
-        for func in mod.functions.values():
-            if not isinstance(func, relax.Function):
-                continue
-            params = list(func.params)
-
-            def visit(expr, params=params):
-                if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                        and expr.op.name == "relax.nn.conv2d" and expr.attrs.data_layout == "NCHW"):
-                    return
-                if not any(expr.args[0].same_as(param) for param in params):
-                    data, weight = shape_dims(expr.args[0]), static_shape(expr.args[1])
-                    staying.append(f"{data[1]} -> {weight[0]} channels on {dims_text(data)}")
-
-            relax.analysis.post_order_visit(func.body, visit)
+        for conv, reads_input in _conv_calls(mod):
+            if conv.attrs.data_layout == "NCHW" and not reads_input:
+                data, weight = shape_dims(conv.args[0]), static_shape(conv.args[1])
+                staying.append(f"{data[1]} -> {weight[0]} channels on {dims_text(data)}")
         if staying:
             self.report.add_near_miss(NearMiss(
                 PATTERN_NAME, "main", f"{len(staying)} conv(s) stay in NCHW, their channels not multiples of "
@@ -110,7 +100,7 @@ class ConvertConvsToBlockedLayout:
         return mod
 
     def _why_stay_in_nchw(self, mod: tvm.IRModule) -> str | None:
-        """Why no conv may take the blocked layout (all or nothing); None when they may."""
+        """Why no conv may take the blocked layout; None when they may."""
         symbolic = self._symbolic_conv(mod)
         if symbolic:  # the channel blocks and the weight layout are fixed at compile time
             return (f"a conv input has symbolic batch or channels {symbolic}; NCHW{self.block}c needs "
@@ -127,48 +117,19 @@ class ConvertConvsToBlockedLayout:
         """Grouped convs inside the network that no blocked kernel takes (all but depthwise
         convs on whole channel blocks). A conv reading a graph input may stay: its transform
         sits at the model boundary anyway."""
-        grouped = []
-        for func in mod.functions.values():
-            if not isinstance(func, relax.Function):
-                continue
-            params = list(func.params)
-
-            def visit(expr, params=params):
-                if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                        and expr.op.name == "relax.nn.conv2d") or int(expr.attrs.groups) == 1:
-                    return
-                if self._convertible(expr):
-                    return  # a depthwise conv on whole channel blocks
-                if any(expr.args[0].same_as(param) for param in params):
-                    return
-                grouped.append(f"groups={int(expr.attrs.groups)} weight {static_shape(expr.args[1])}")
-
-            relax.analysis.post_order_visit(func.body, visit)
-        return grouped
+        return [f"groups={int(conv.attrs.groups)} weight {static_shape(conv.args[1])}"
+                for conv, reads_input in _conv_calls(mod)
+                if int(conv.attrs.groups) != 1 and not self._convertible(conv) and not reads_input]
 
     @staticmethod
     def _symbolic_conv(mod: tvm.IRModule) -> str | None:
         """The dims of the first conv2d input whose batch or channels are not static (rows and
         columns may be: a model compiled for a range of image sizes), as text; None if none."""
-        found = []
-
-        def visit(expr):
-            if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                    and expr.op.name == "relax.nn.conv2d" and not _static_batch_channels(expr.args[0])):
-                found.append(dims_text(shape_dims(expr.args[0])))
-
-        for func in mod.functions.values():
-            if isinstance(func, relax.Function):
-                relax.analysis.post_order_visit(func.body, visit)
-        return found[0] if found else None
+        return next((dims_text(shape_dims(conv.args[0])) for conv, _ in _conv_calls(mod)
+                     if not _static_batch_channels(conv.args[0])), None)
 
     def _has_convertible_conv(self, mod: tvm.IRModule) -> bool:
-        found = []
-        for func in mod.functions.values():
-            if isinstance(func, relax.Function):
-                relax.analysis.post_order_visit(
-                    func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and self._convertible(e) else None)
-        return bool(found)
+        return any(self._convertible(conv) for conv, _ in _conv_calls(mod))
 
     def _convertible(self, call: relax.Call) -> bool:
         if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
@@ -183,6 +144,24 @@ class ConvertConvsToBlockedLayout:
         if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
             return False
         return data[1] % self.block == 0 and weight[0] % self.block == 0
+
+
+def _conv_calls(mod: tvm.IRModule) -> list[tuple[relax.Call, bool]]:
+    """Every conv2d call of the module's Relax functions, in post order, with whether its data
+    is one of its function's parameters (a graph input)."""
+    found = []
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        params = list(func.params)
+
+        def visit(expr, params=params):
+            if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                    and expr.op.name == "relax.nn.conv2d"):
+                found.append((expr, any(expr.args[0].same_as(param) for param in params)))
+
+        relax.analysis.post_order_visit(func.body, visit)
+    return found
 
 
 def _static_batch_channels(expr: relax.Expr) -> bool:
