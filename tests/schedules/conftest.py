@@ -39,6 +39,21 @@ def _run(mod: tvm.IRModule, inputs: list) -> np.ndarray:
 
 
 @pytest.fixture
+def run_kernel():
+    """run_kernel(func, shapes, result_shape) -> the output of one PrimFunc built for the host,
+    called on seeded random inputs of ``shapes`` (by parameter) and an output buffer."""
+
+    def run(func, shapes: dict, result_shape) -> np.ndarray:
+        rng = np.random.default_rng(0)
+        args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in shapes.values()]
+        out = tvm.runtime.tensor(np.zeros(result_shape, "float32"))
+        tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)["main"](*args, out)
+        return out.numpy()
+
+    return run
+
+
+@pytest.fixture
 def target():
     return TARGET
 

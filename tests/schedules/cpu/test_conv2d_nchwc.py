@@ -43,15 +43,6 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     return kernel, shapes
 
 
-def run(func, shapes, result_shape, target):
-    rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in shapes.values()]
-    out = tvm.runtime.tensor(np.zeros(result_shape, "float32"))
-    library = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
-    library["main"](*args, out)
-    return out.numpy()
-
-
 @pytest.mark.parametrize("x, w, stride, pad, dilation, residual", [
     ((1, 2, 14, 14, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),    # 3x3 + residual
     ((1, 2, 15, 15, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # stride 2, odd map
@@ -60,14 +51,14 @@ def run(func, shapes, result_shape, target):
     ((1, 2, 13, 13, BLOCK), (12, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),   # 13 pixels: overlapping tiles
     ((1, 2, 26, 26, BLOCK), (6, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # 13 columns, stride 2
 ])
-def test_blocked_conv_matches_the_unscheduled_kernel(target, x, w, stride, pad, dilation, residual):
+def test_blocked_conv_matches_the_unscheduled_kernel(target, run_kernel, x, w, stride, pad, dilation, residual):
     kernel, shapes = blocked_conv_kernel(x, w, stride, pad, dilation, residual)
     sch = Conv2dNCHWc().apply(kernel, target, False)
     assert sch is not None
     result_shape = out_shape(x, w, stride, pad, dilation)
     assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0)
-    np.testing.assert_allclose(run(sch.mod["main"], shapes, result_shape, target),
-                               run(kernel, shapes, result_shape, target), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
+                               run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)
 
 
 def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tiles_rows=False):
@@ -96,7 +87,7 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tile
     assert loops.vectorized == [BLOCK] * len(loops.vectorized) and len(loops.vectorized) >= 2
 
 
-def test_a_one_column_map_tiles_its_rows(target):
+def test_a_one_column_map_tiles_its_rows(target, run_kernel):
     """A 1-D conv exported as a 5x1 Conv2d over a 40x1 map: pixels tiled down the rows."""
     x, w = (1, 2, 40, 1, BLOCK), (4, 2, 5, 1, BLOCK, BLOCK)
     kernel, shapes = blocked_conv_kernel(x, w, pad=0)
@@ -104,8 +95,8 @@ def test_a_one_column_map_tiles_its_rows(target):
     result_shape = out_shape(x, w, 1, 0, 1)
     assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=False, tiles_rows=True)
     assert max(loop_kinds(sch.mod["main"]).unrolled) > 2
-    np.testing.assert_allclose(run(sch.mod["main"], shapes, result_shape, target),
-                               run(kernel, shapes, result_shape, target), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
+                               run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)
 
 
 def test_the_nchw_rule_declines_a_blocked_conv_and_vice_versa(lowered, prim_funcs, target):

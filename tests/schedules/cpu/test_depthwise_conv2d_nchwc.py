@@ -35,14 +35,6 @@ def depthwise_kernel(x, kernel, stride=1, pad=0, dilation=1):
     return func, shapes
 
 
-def run(func, shapes, result_shape, target):
-    rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in shapes.values()]
-    out = tvm.runtime.tensor(np.zeros(result_shape, "float32"))
-    tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)["main"](*args, out)
-    return out.numpy()
-
-
 @pytest.mark.parametrize("x, kernel, stride, pad, dilation", [
     ((1, 2, 14, 14, BLOCK), 3, 1, 1, 1),    # 3x3
     ((1, 3, 15, 15, BLOCK), 5, 2, 2, 1),    # 5x5 stride 2 on an odd map
@@ -50,7 +42,7 @@ def run(func, shapes, result_shape, target):
     ((1, 2, 12, 12, BLOCK), 3, 1, 2, 2),    # dilated
     ((1, 1, 40, 1, BLOCK), 3, 1, 1, 1),     # one column
 ])
-def test_depthwise_matches_the_unscheduled_kernel(target, x, kernel, stride, pad, dilation):
+def test_depthwise_matches_the_unscheduled_kernel(target, run_kernel, x, kernel, stride, pad, dilation):
     """Also: (batch x channel blocks x output rows) across cores after a parallel pad pass, a
     tile of pixels unrolled (a divisor of the row of 4 to 8, else 7 with the last tile shifted
     back), the channel block one vector, the window taps unrolled."""
@@ -63,8 +55,8 @@ def test_depthwise_matches_the_unscheduled_kernel(target, x, kernel, stride, pad
     assert loops.parallel[-1] == batch * blocks * rows and len(loops.parallel) == (2 if pad else 1)
     assert loops.vectorized == [BLOCK] * len(loops.vectorized) and len(loops.vectorized) >= 2
     assert pixel_tile(columns) in loops.unrolled and loops.unrolled.count(kernel) >= 2
-    np.testing.assert_allclose(run(sch.mod["main"], shapes, result_shape, target),
-                               run(func, shapes, result_shape, target), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
+                               run_kernel(func, shapes, result_shape), rtol=1e-4, atol=1e-4)
 
 
 def test_declines_dense_blocked_and_nchw_depthwise_convs(target, lowered, prim_funcs):
