@@ -19,8 +19,9 @@ setup: $(STAMP)
 setup-targets: $(STAMP)
 	VENV=$(VENV) bash scripts/setup_targets.sh
 
+# One worker per core, each test file on one worker (its module fixtures built once).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # Compile + verify the bundled BERT-style model, then time it against ONNX Runtime and stock TVM.
 demo: $(STAMP)

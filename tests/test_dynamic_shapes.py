@@ -30,18 +30,37 @@ def onnxruntime_outputs(path, feeds):
 
 @pytest.fixture(scope="module")
 def bert_dynamic(tmp_path_factory, config_factory):
-    """bert_tiny for every sequence length in 1..128."""
+    """bert_tiny for every sequence length in 1..128, with a shape bucket (static kernels) at 37."""
     out = tmp_path_factory.mktemp("dynamic")
-    result = api.compile_model(BERT, config_factory(), ["input_ids:1x1..128"], out)
+    result = api.compile_model(BERT, config_factory(), ["input_ids:1x1..128"], out, buckets=["sequence=37"])
     return result
 
 
-def test_a_range_compiles_once_and_is_verified_at_both_ends_and_between(bert_dynamic):
+def test_a_range_compiles_once_and_is_verified_at_both_ends_between_and_at_its_bucket(bert_dynamic):
     verification = bert_dynamic.metadata["verification"]
-    assert verification["sizes"] == [{"sequence": 1}, {"sequence": 11}, {"sequence": 128}]
+    assert verification["sizes"] == [{"sequence": 1}, {"sequence": 11}, {"sequence": 128}, {"sequence": 37}]
     assert all(output["within_tolerance"] for output in verification["outputs"])
     assert [o["name"] for o in verification["outputs"]] == [
-        "last_hidden_state @ sequence=1", "last_hidden_state @ sequence=11", "last_hidden_state @ sequence=128"]
+        "last_hidden_state @ sequence=1", "last_hidden_state @ sequence=11", "last_hidden_state @ sequence=128",
+        "last_hidden_state @ sequence=37"]
+
+
+def test_a_bucket_is_a_static_build_main_dispatches_to_on_its_exact_size(bert_dynamic):
+    """The bucket's kernels are static (no symbolic var in their signatures) and fewer or as
+    many as the dynamic module's; the library holds both mains behind ``main``."""
+    import tvm
+    from tvm import relax
+
+    (bucket,) = bert_dynamic.metadata["buckets"]
+    assert bucket["sizes"] == {"sequence": 37}
+    assert 0 < bucket["kernels"] <= bert_dynamic.metadata["kernels"]
+    assert bucket["fusion_gate"]["checked"] > 0
+    rules = bert_dynamic.metadata["schedule_rules"]
+    assert any(name.endswith("_at_sequence37") for name in rules)
+    assert any(not name.endswith("_at_sequence37") for name in rules)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(bert_dynamic.artifact / "model.so")), tvm.cpu())
+    for name in ("main", "main_dynamic", "main_at_sequence37"):
+        assert vm.module.implements_function(name), name
 
 
 def test_metadata_records_the_ranges_and_symbolic_shapes(bert_dynamic):
@@ -74,7 +93,7 @@ def test_a_plain_tvm_runtime_runs_the_library_at_any_size_in_the_range(bert_dyna
     from tvm import relax
 
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(bert_dynamic.artifact / "model.so")), tvm.cpu())
-    for sequence in (3, 64):
+    for sequence in (3, 37, 64):  # 37: the bucket
         ids = np.arange(sequence, dtype=np.int64).reshape(1, sequence)
         mask = np.ones((1, sequence), np.int64)
         got = vm["main"](tvm.runtime.tensor(ids), tvm.runtime.tensor(mask)).numpy()
@@ -118,13 +137,17 @@ def test_gpt2_with_a_causal_mask_built_from_the_sequence_length_compiles_for_a_r
 
 
 def test_a_cnn_compiles_for_a_range_of_image_sizes(tmp_path, config_path):
-    result = api.compile_model(RESNET, config_path(), ["input:1x3x16..96x16..96"], tmp_path, fusion_gate=False)
+    result = api.compile_model(RESNET, config_path(), ["input:1x3x16..96x16..96"], tmp_path, fusion_gate=False,
+                               buckets=["height=32,width=48"])
     assert result.metadata["dims"] == {"height": {"name": "height", "min": 16, "max": 96, "step": 1},
                                        "width": {"name": "width", "min": 16, "max": 96, "step": 1}}
-    x = np.random.default_rng(0).standard_normal((1, 3, 33, 70)).astype(np.float32)
-    got = load(result.artifact).run({"input": x})
-    np.testing.assert_allclose(list(got.values())[0], onnxruntime_outputs(RESNET, {"input": x})[0],
-                               rtol=1e-3, atol=1e-4)
+    assert result.metadata["verification"]["sizes"][-1] == {"height": 32, "width": 48}
+    # the bucket, one dim of it only (the dynamic kernels), and neither
+    for height, width in ((32, 48), (32, 70), (33, 70)):
+        x = np.random.default_rng(0).standard_normal((1, 3, height, width)).astype(np.float32)
+        got = load(result.artifact).run({"input": x})
+        np.testing.assert_allclose(list(got.values())[0], onnxruntime_outputs(RESNET, {"input": x})[0],
+                                   rtol=1e-3, atol=1e-4)
 
 
 def test_the_prepared_module_records_the_range_bounds(config_path):
@@ -151,14 +174,17 @@ def test_a_plain_range_a_detector_cannot_take_says_to_give_it_a_step(tmp_path, c
 
 
 def test_a_stepped_range_compiles_a_detector_for_every_multiple_of_its_stride(tmp_path, config_path):
+    """With a bucket: the dispatching main sits in front of the one taking step counts."""
     result = api.compile_model(DBNET, config_path(), ["input:1x3x32..320/32x32..320/32"], tmp_path,
-                               fusion_gate=False)
+                               fusion_gate=False, buckets=["height=64,width=96"])
     assert result.metadata["dims"]["height"] == {"name": "height", "min": 32, "max": 320, "step": 32}
     assert [i["shape"] for i in result.metadata["inputs"]] == [[1, 3, "height", "width"]]
+    assert result.metadata["verification"]["sizes"][-1] == {"height": 64, "width": 96}
     model = load(result.artifact)
-    x = np.random.default_rng(0).standard_normal((1, 3, 64, 160)).astype(np.float32)
-    got = list(model.run({"input": x}).values())[0]
-    np.testing.assert_allclose(got, onnxruntime_outputs(DBNET, {"input": x})[0], rtol=1e-3, atol=1e-4)
+    for height, width in ((64, 160), (64, 96)):  # the dynamic kernels; the bucket
+        x = np.random.default_rng(0).standard_normal((1, 3, height, width)).astype(np.float32)
+        got = list(model.run({"input": x}).values())[0]
+        np.testing.assert_allclose(got, onnxruntime_outputs(DBNET, {"input": x})[0], rtol=1e-3, atol=1e-4)
     with pytest.raises(ArtifactError) as info:
         model.run({"input": np.zeros((1, 3, 64, 100), np.float32)})
     assert "'input' dim 3 ('width') is 100, not a multiple of 32 in 32..320/32" in info.value.message

@@ -25,9 +25,14 @@ def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = Non
              progress: Progress = quiet) -> OptimizedModule:
     """Run the configured tvm_fusion pipeline: canonicalize, fuse, lower, schedule.
 
-    Kernels with a record in the tuning log (see ``load_tuning``) get the tuned schedule.
+    Kernels with a record in the tuning log (see ``load_tuning``) get the tuned schedule. With
+    shape buckets in the config, each bucket is prepared and optimized as a static model and
+    ``main`` dispatches to it (``buckets.py``); the report is the dynamic module's.
     """
+    from .buckets import bucket_points, bucket_suffix, with_buckets
+    from .frontend import onnx as onnx_frontend
     from .passes import fusion_pipeline
+    from .preparation import prepare
 
     report = PatternReport()
     schedule_log: dict[str, str] = {}
@@ -35,7 +40,20 @@ def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = Non
     module = fusion_pipeline(prepared.config, report, schedule_log=schedule_log,
                              tuning=records)(prepared.relax_module)
     module = callable_module(module, prepared)
-    return OptimizedModule(module, report, schedule_log, dict(records.applied) if records else {})
+    applied = dict(records.applied) if records else {}
+    ranges = ranges_of(prepared.inputs)
+    specialized = []
+    for point in bucket_points(prepared.config.buckets, ranges):
+        shapes = {spec.name: spec.shape for spec in onnx_frontend.inputs_at(prepared.inputs, point)}
+        static = optimize(prepare(prepared.path, dataclasses.replace(prepared.config, buckets=()), shapes, progress),
+                          tuning_log, progress)
+        suffix = bucket_suffix(point)
+        schedule_log.update({name + suffix: rule for name, rule in static.schedule_rules.items()})
+        applied.update({name + suffix: tuned for name, tuned in static.tuned.items()})
+        specialized.append((point, static.module))
+    if specialized:
+        module = with_buckets(module, specialized, ranges)
+    return OptimizedModule(module, report, schedule_log, applied)
 
 
 def load_tuning(config: PipelineConfig, tuning_log: str | Path | bool | None = None,

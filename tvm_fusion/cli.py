@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help="skip the comparison with ONNX Runtime")
     compile_cmd.add_argument("--no-fusion-gate", action="store_true",
                              help="do not check each fusion against its unfused nodes")
+    compile_cmd.add_argument("--bucket", action="append", default=None, metavar="NAME=SIZE[,NAME=SIZE]",
+                             help="with a range, also build static kernels for this exact size, used when "
+                                  "an input has it (e.g. sequence=128; repeatable; replaces the config's "
+                                  "[buckets] sizes)")
     _tuning_log_args(compile_cmd)
 
     run_cmd = commands.add_parser("run", help="run a built artifact directory")
@@ -217,7 +221,8 @@ def _compile(args, say) -> int:
         return _compile_targets(args, say)
     result = compile_model(args.model, args.config[0] if args.config else None, args.input_shape,
                            args.output_dir, verify=not args.no_verify, progress=say,
-                           tuning_log=_tuning_log_choice(args), fusion_gate=not args.no_fusion_gate)
+                           tuning_log=_tuning_log_choice(args), fusion_gate=not args.no_fusion_gate,
+                           buckets=args.bucket)
     cli_output.print_compile(result)
     return 0
 
@@ -228,7 +233,7 @@ def _compile_targets(args, say) -> int:
 
     results = compile_targets(args.model, args.config, args.input_shape, args.output_dir,
                               verify=not args.no_verify, progress=say, tuning_log=_tuning_log_choice(args),
-                              fusion_gate=not args.no_fusion_gate)
+                              fusion_gate=not args.no_fusion_gate, buckets=args.bucket)
     cli_output.print_compile_targets(results)
     failed = [r.error for r in results if r.error is not None]
     return failed[0].exit_code if failed else 0

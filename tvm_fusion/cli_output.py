@@ -30,6 +30,9 @@ def print_compile(result) -> None:
     print(f"artifact: {result.artifact}")
     print(_fired_table(meta["fusions"]))
     print(f"kernels per call: {meta['kernels']}")
+    for bucket in meta.get("buckets", []):
+        sizes = ",".join(f"{name}={size}" for name, size in bucket["sizes"].items())
+        print(f"bucket {sizes}: static kernels, {bucket['kernels']} per call")
     if meta.get("fusion_gate"):
         gate = meta["fusion_gate"]
         print(f"fusion gate: {gate['checked']} fused instance(s) checked against their unfused nodes, "

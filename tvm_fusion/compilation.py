@@ -9,7 +9,8 @@ import os
 import time
 from pathlib import Path
 
-from .build import build, callable_module, load_tuning
+from .buckets import bucket_points, bucket_suffix, parse_bucket, with_buckets
+from .build import build, callable_module, kernel_calls, load_tuning
 from .config import PipelineConfig
 from .errors import ArtifactError, ConfigError, TvmFusionError, VerificationError
 from .export import artifact_dir, write_artifact
@@ -35,14 +36,14 @@ class CompileResult:
 def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                   output_dir: str | Path = "build", verify: bool = True,
                   progress: Progress = quiet, tuning_log: str | Path | bool | None = None,
-                  fusion_gate: bool = True) -> CompileResult:
+                  fusion_gate: bool = True, buckets: list[str] | None = None) -> CompileResult:
     """Compile an ONNX model into ``<output_dir>/<model>.<target>/``, verified against ONNX Runtime.
 
     With ``verify`` a mismatch raises VerificationError and nothing is written. One target of
     ``compile_targets``, whose error (missing toolchain, mismatch) is raised here.
     """
     (result,) = compile_targets(model_path, [config], input_shapes, output_dir, verify, progress,
-                                tuning_log=tuning_log, fusion_gate=fusion_gate)
+                                tuning_log=tuning_log, fusion_gate=fusion_gate, buckets=buckets)
     if result.error is not None:
         raise result.error
     return result
@@ -61,7 +62,7 @@ class TargetResult(CompileResult):
 def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeArg = None,
                     output_dir: str | Path = "build", verify: bool = True,
                     progress: Progress = quiet, tuning_log: str | Path | bool | None = None,
-                    fusion_gate: bool = True) -> list[TargetResult]:
+                    fusion_gate: bool = True, buckets: list[str] | None = None) -> list[TargetResult]:
     """Compile one model for several targets (configs) into ``<output_dir>/<model>.<target>/`` each.
 
     The ONNX import runs once per distinct ``[inputs]`` table and the fusion phases once per
@@ -72,7 +73,8 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     it is committed; where it cannot run here (CUDA without a GPU), or ONNX Runtime cannot run
     the model (no kernel for an op at its dtype), its result says so. With ``fusion_gate``, each
     fused instance is checked against its unfused nodes first and undone if it differs
-    (``fusion_gate.py``; on targets that run here).
+    (``fusion_gate.py``; on targets that run here). ``buckets`` (``["sequence=128", ...]``, as
+    ``--bucket`` takes them) replaces the configs' ``[buckets] sizes`` (see ``buckets.py``).
     """
     from .targets import ToolchainError, check_toolchain, execution_here
 
@@ -82,6 +84,9 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
                             "pass a directory with -o/--output-dir")
     check_writable(output_dir, "the artifact", "-o/--output-dir")
     configs = [resolve_config(config) for config in (configs or [None])]
+    if buckets is not None:
+        points = tuple(parse_bucket(text, "--bucket") for text in buckets)
+        configs = [dataclasses.replace(cfg, buckets=points) for cfg in configs]
     names = [cfg.name for cfg in configs]
     for name in names:
         if names.count(name) > 1:
@@ -157,6 +162,14 @@ class _SharedWork:
                 lambda names: onnx_nodes_of(names, self.fuse(cfg, named)[1], simplified), say)
         return self.fused[key]
 
+    def prepare_at(self, cfg: PipelineConfig, prepared: PreparedModel, sizes: dict[str, int]) -> PreparedModel:
+        """``prepared``'s model at one exact size of its ranges (a shape bucket): imported static."""
+        key = (id(prepared), tuple(sorted(sizes.items())))
+        if key not in self.prepared:
+            shapes = {spec.name: spec.shape for spec in onnx_frontend.inputs_at(prepared.inputs, sizes)}
+            self.prepared[key] = prepare(self.model_path, cfg, shapes, self.progress)
+        return self.prepared[key]
+
     def inputs_and_reference(self, cfg: PipelineConfig, prepared: PreparedModel, with_reference: bool,
                              sizes: dict[str, int]):
         """Seeded inputs at ``sizes`` (one size per range; {} for a static model) and, with
@@ -180,16 +193,39 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
     native: list[str] = []
     with captured_native_stderr(native):
         prepared = shared.prepare(cfg)
-        gate = None
-        if gate_config is not None:
-            gate_config = dataclasses.replace(gate_config, patterns=cfg.patterns)
-            fused, report, gate = shared.gated_fuse(gate_config, prepared, say)
-        else:
-            fused, report = shared.fuse(cfg, prepared)
+        ranges = ranges_of(prepared.inputs)
+        points = bucket_points(cfg.buckets, ranges)
         records = load_tuning(cfg, tuning_log, say)
         rules: dict[str, str] = {}
-        module = callable_module(fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"),
-                                                 tuning=records, schedule_log=rules)(fused), prepared)
+
+        def scheduled(prepared: PreparedModel, suffix: str = ""):
+            """The fused, lowered and scheduled module of ``prepared``, with its pattern report
+            and fusion gate result; its kernels' rules go to ``rules`` (names + ``suffix``)."""
+            gate = None
+            if gate_config is not None:
+                fused, report, gate = shared.gated_fuse(dataclasses.replace(gate_config, patterns=cfg.patterns),
+                                                        prepared, say)
+            else:
+                fused, report = shared.fuse(cfg, prepared)
+            log: dict[str, str] = {}
+            before = dict(records.applied) if records else {}
+            module = callable_module(fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"),
+                                                     tuning=records, schedule_log=log)(fused), prepared)
+            rules.update({name + suffix: rule for name, rule in log.items()})
+            if records and suffix:  # a bucket's tuned kernels, under their names in the artifact
+                tuned = {name: kernel for name, kernel in records.applied.items() if before.get(name) is not kernel}
+                records.applied = {**before, **{name + suffix: kernel for name, kernel in tuned.items()}}
+            return module, report, gate
+
+        module, report, gate = scheduled(prepared)
+        dynamic_module, specialized = module, []
+        for point in points:
+            say(f"bucket {_sizes_text(point)}: a static build for that exact size")
+            static_module, _report, static_gate = scheduled(shared.prepare_at(cfg, prepared, point),
+                                                            bucket_suffix(point))
+            specialized.append((point, static_module, static_gate))
+        if specialized:
+            module = with_buckets(module, [(point, static) for point, static, _gate in specialized], ranges)
         if records and records.applied:
             say(f"tuned schedules from {records.directory} for {len(records.applied)} kernel(s)")
         plat = platform_of(cfg.target)
@@ -203,7 +239,11 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
             executable = build(module, cfg)
     for message in summarize(native):
         say(f"tvm: {message}")
-    metadata = artifact_metadata(prepared, cfg, module, plat, toolchain, report, records, gate, rules)
+    metadata = artifact_metadata(prepared, cfg, dynamic_module, plat, toolchain, report, records, gate, rules)
+    if specialized:
+        metadata["buckets"] = [{"sizes": point, "kernels": kernel_calls(static),
+                                "fusion_gate": static_gate.to_json() if static_gate is not None else None}
+                               for point, static, static_gate in specialized]
     execution = execution_here(cfg.target)
     comparisons: list[OutputComparison] = []
     no_reference: list[str] = []  # why ONNX Runtime could not give a reference, when it could not
@@ -220,9 +260,9 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
                                            "reason": execution.reason}
             return updates
         checked_sizes = []
-        # A range is checked at its low end, a typical size and its high end: a kernel's tail
-        # handling can be wrong at some sizes only.
-        for sizes in size_points(ranges_of(prepared.inputs)):
+        # A range is checked at its low end, a typical size and its high end (a kernel's tail
+        # handling can be wrong at some sizes only), and at every bucket (its own kernels).
+        for sizes in size_points(ranges) + [point for point in points if point not in size_points(ranges)]:
             at = f" at {', '.join(f'{name}={size}' for name, size in sizes.items())}" if sizes else ""
             try:
                 inputs, expected = shared.inputs_and_reference(cfg, prepared, verify and not no_reference, sizes)
@@ -270,6 +310,10 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
     else:
         status = "matches ONNX Runtime" + (" (run under qemu-aarch64)" if execution.how == "qemu" else "")
     return TargetResult(target_dir, metadata, report, comparisons, target=cfg.name, verification=status)
+
+
+def _sizes_text(sizes: dict[str, int]) -> str:
+    return ",".join(f"{name}={size}" for name, size in sizes.items())
 
 
 def _run_library(library: Path, metadata: dict, how: str, inputs: dict) -> dict:

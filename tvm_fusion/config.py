@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, ShapeError
+from .buckets import parse_bucket
 from .frontend.dims import parse_range
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "x86_64-host.toml"
@@ -29,6 +30,7 @@ SECTIONS = {
     "verify": ("rtol", "atol", "seed"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
+    "buckets": ("sizes",),
     "tuning": ("trials", "per_task_trials", "trials_per_iter", "time_limit_s", "exclude", "log_dir"),
 }
 
@@ -63,6 +65,8 @@ class PipelineConfig:
     threads: int = 1
     # dynamic dim name -> a size, or a (low, high, step) range compiled symbolically
     dim_defaults: dict[str, int | tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    # shape buckets (buckets.py): exact points of the ranges, each ((dim name, size), ...)
+    buckets: tuple[tuple[tuple[str, int], ...], ...] = ()
     tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
 
     def tvm_target(self):
@@ -225,11 +229,19 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
             raise fail(f"inputs.{dim}", f"has value {size!r}",
                        "a positive integer size for that dynamic dim, or a range \"LOW..HIGH\"")
 
+    sizes = raw.get("buckets", {}).get("sizes", [])
+    if not isinstance(sizes, list) or not all(isinstance(text, str) for text in sizes):
+        raise fail("buckets.sizes", f"has value {sizes!r}", 'a list of points like ["sequence=128", "sequence=384"]')
+    try:
+        buckets = tuple(parse_bucket(text, f"{path}: key 'buckets.sizes'") for text in sizes)
+    except ShapeError as err:
+        raise ConfigError(err.message, err.hint) from err
+
     return PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
         conv_layout=conv_layout, blocked_depthwise=blocked_depthwise,
         rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
-        threads=threads or cores, dim_defaults=dims,
+        threads=threads or cores, dim_defaults=dims, buckets=buckets,
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))
 
 

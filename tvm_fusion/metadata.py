@@ -76,6 +76,7 @@ def config_from_json(saved: dict) -> PipelineConfig:
     values["patterns"] = tuple(values["patterns"])
     values["dim_defaults"] = {name: tuple(size) if isinstance(size, list) else size
                               for name, size in values.get("dim_defaults", {}).items()}
+    values["buckets"] = tuple(tuple(tuple(dim) for dim in bucket) for bucket in values.get("buckets", ()))
     tuning = {key: value for key, value in values.get("tuning", {}).items()
               if key in {field.name for field in dataclasses.fields(TuningConfig)}}
     values["tuning"] = TuningConfig(**{**tuning, "exclude": tuple(tuning.get("exclude", ()))})

@@ -85,3 +85,46 @@ def test_upsample_matches_onnx_runtime(opset, mode):
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     assert got.shape == expected.shape == (1, 2, 8, 9)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def scaler_model(dtype: int, offset: list[float], scale: list[float]) -> onnx.ModelProto:
+    """skl2onnx's StandardScaler: an ``ai.onnx.ml`` Scaler on a (batch, 3) table."""
+    node = helper.make_node("Scaler", ["x"], ["y"], domain="ai.onnx.ml", offset=offset, scale=scale)
+    graph = helper.make_graph([node], "scaler", [helper.make_tensor_value_info("x", dtype, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("dtype, offset, scale", [
+    (TensorProto.FLOAT, [5.3, 0.0, -12.7], [0.35, 1.0, 0.147]),  # one per feature
+    (TensorProto.FLOAT, [2.0], [0.5]),                             # one for all features
+    (TensorProto.INT64, [1.0, 2.0, 3.0], [2.0, 0.5, -1.0]),        # integer input, float output
+])
+def test_scaler_matches_onnx_runtime(dtype, offset, scale):
+    """TVM has no ``ai.onnx.ml`` converter: a scikit-learn pipeline failed at its first node."""
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    model = scaler_model(dtype, offset, scale)
+    numpy_dtype = np.float32 if dtype == TensorProto.FLOAT else np.int64
+    x = (np.random.default_rng(0).standard_normal((2, 3)) * 10).astype(numpy_dtype)
+    (expected,) = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    module = onnx_frontend.import_model(model, [onnx_frontend.TensorSpec("x", (2, 3), str(np.dtype(numpy_dtype)))])
+    vm = relax.VirtualMachine(tvm.compile(relax.get_pipeline("zero")(module), target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert got.dtype == expected.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_another_onnx_ml_op_is_still_named_as_unsupported():
+    node = helper.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="L2", name="norm0")
+    graph = helper.make_graph([node], "normalizer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    with pytest.raises(ModelError) as info:
+        onnx_frontend.import_model(model, [onnx_frontend.TensorSpec("x", (2, 3), "float32")])
+    assert "ai.onnx.ml.Normalizer (nodes: norm0)" in info.value.message

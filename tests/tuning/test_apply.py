@@ -137,3 +137,22 @@ def test_best_record_that_is_an_older_hand_schedule_is_not_applied(mlp_prepared,
     result = optimized(mlp_prepared, log_root, notes)
     assert result.tuned == {} and result.schedule_rules[ADD] == "MatmulEpilogue"
     assert any(f"{ADD}: its best record is an older hand schedule" in n for n in notes), notes
+
+
+
+def test_records_tuned_at_a_static_size_schedule_the_bucket_of_that_size(mlp_path, mlp_config, mlp_prepared,
+                                                                        mlp_tasks, store, log_root):
+    """MetaSchedule tunes static kernels only; a shape bucket is a static build, so records
+    tuned at its size apply to its kernels, and the symbolic kernels keep the hand schedules."""
+    import dataclasses
+
+    from tvm_fusion.frontend.dims import ranges_of
+
+    add_record(store, mlp_tasks[ADD], other_schedule(mlp_tasks[ADD]), 2e-6, mlp_prepared.config.tvm_target())
+    dynamic = api.prepare(mlp_path, mlp_config, ["x:1..8x16"])
+    (dim,) = ranges_of(dynamic.inputs)
+    bucketed = dataclasses.replace(dynamic, config=dataclasses.replace(dynamic.config, buckets=(((dim, 4),),)))
+    result = optimized(bucketed, log_root)
+    assert result.schedule_rules[f"{ADD}_at_{dim}4"] == "tuned"
+    assert result.schedule_rules[ADD] == "MatmulEpilogue"
+    assert list(result.tuned) == [f"{ADD}_at_{dim}4"]

@@ -21,6 +21,7 @@
 * Expand to a constant shape of a tensor with symbolic dims (GPT-2's causal mask): TVM's
   converter reads every input dim as a number and fails; ours broadcasts by ONNX's rules.
 * Clip: TVM's converter, with its maximum and minimum kernels marked for the ``clip`` pattern.
+* Scaler (``ai.onnx.ml``; skl2onnx's StandardScaler): not in TVM; ``(x - offset) * scale``.
 
 Everything else goes to TVM's own converters.
 """
@@ -55,7 +56,8 @@ class Importer(ONNXGraphImporter):
         convert = {"Dropout": self._dropout, "EyeLike": self._eye_like,
                    "Upsample": self._upsample, "LSTM": self._recurrent(convert_lstm),
                    "GRU": self._recurrent(convert_gru), "Range": self._range,
-                   "Expand": self._expand, "Resize": self._resize, "Clip": self._clip}.get(op_name)
+                   "Expand": self._expand, "Resize": self._resize, "Clip": self._clip,
+                   "Scaler": self._scaler}.get(op_name)
         converted = convert(inputs, attrs, opset) if convert is not None else None
         if converted is None:
             return super()._convert_operator(op_name, inputs, attrs, opset)
@@ -71,6 +73,16 @@ class Importer(ONNXGraphImporter):
         """TVM's Clip, its maximum and minimum kernels marked (``CLIP_KERNELS``) for the clip pattern."""
         convert = onnx_frontend.Clip.get_converter(opset)
         return convert(_MarkingBuilder(self.bb), inputs, attrs, [self._nodes, self._params])
+
+    def _scaler(self, inputs, attrs, _opset):
+        """``ai.onnx.ml`` Scaler: ``(x - offset) * scale`` in float32 (ONNX-ML's output type), with
+        one offset and scale per feature (the last axis) or one for all."""
+        data = inputs[0]
+        if data.ty.dtype != "float32":
+            data = self.bb.emit(relax.op.astype(data, "float32"))
+        offset = relax.const(np.asarray(attrs.get("offset", [0.0]), "float32"))
+        scale = relax.const(np.asarray(attrs.get("scale", [1.0]), "float32"))
+        return relax.op.multiply(self.bb.emit(relax.op.subtract(data, offset)), scale)
 
     def _recurrent(self, convert):
         def run(inputs, attrs, _opset):

@@ -12,6 +12,8 @@ import onnx
 
 # Ops converted only by converters.py: TVM's importer (and its unsupported-op check) does not know them.
 OWN_OPS = frozenset({"LSTM", "GRU"})
+# The same for ops of other domains, as "<domain>.<op>" (skl2onnx writes StandardScaler as one).
+OWN_DOMAIN_OPS = frozenset({"ai.onnx.ml.Scaler"})
 
 
 def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[str]]:
@@ -23,9 +25,9 @@ def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[
     graph = model.graph if isinstance(model, onnx.ModelProto) else model
     for index, node in enumerate(graph.node):
         default_domain = node.domain in ("", "ai.onnx")
-        if node.op_type not in supported or not default_domain:
-            # A custom-domain op is named with its domain: "com.microsoft.Gelu", not "Gelu".
-            op = node.op_type if default_domain else f"{node.domain}.{node.op_type}"
+        # A custom-domain op is named with its domain: "com.microsoft.Gelu", not "Gelu".
+        op = node.op_type if default_domain else f"{node.domain}.{node.op_type}"
+        if (op not in supported if default_domain else op not in OWN_DOMAIN_OPS):
             missing[op].append(node.name or f"#{index}")
     return dict(missing)
 
