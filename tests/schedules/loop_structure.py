@@ -39,6 +39,12 @@ def float_lanes(target: tvm.target.Target) -> int:
     return simd_bits(target) // 32
 
 
+def matmul_tile_rows(lanes: int) -> int:
+    """Rows per matmul register tile of two float32 vectors on x86: 8 with AVX-512's 32 vector
+    registers, 6 with AVX2's 16 (6 x 2 accumulators, two B vectors and an A broadcast)."""
+    return 8 if lanes >= 16 else 6
+
+
 def largest_divisor(extent: int, limit: int) -> int:
     """The largest tile of at most ``limit`` that divides ``extent`` (no remainder loop)."""
     return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from loop_structure import float_lanes
+from loop_structure import float_lanes, matmul_tile_rows
 from machine import host_target
 from tvm import relax, s_tir, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
@@ -100,6 +100,17 @@ def _predicated_blocks(func: tirx.PrimFunc) -> set[str]:
     return names
 
 
+def _blocks_under_parallel_loops(func: tirx.PrimFunc) -> set[str]:
+    names = set()
+
+    def visit(loop: tirx.For) -> None:
+        if loop.kind == ForKind.PARALLEL:
+            tvm_ffi.structural_walk(loop.body, (s_tir.SBlockRealize, lambda r: names.add(r.block.name_hint)))
+
+    tvm_ffi.structural_walk(func.body, (tirx.For, visit))
+    return names
+
+
 def _symbolic():
     return tirx.Var("n", "int64")
 
@@ -110,15 +121,19 @@ def test_matmul_epilogue_symbolic_rows_full_register_tiles():
     n = _symbolic()
     mod = _lowered(lambda x, w, b: nn.gelu(add(matmul(x, w), b)), x=(n, 64), w=(64, 96), b=(96,))
     scheduled, func = _schedule(MatmulEpilogue(), mod, _kernel(mod))
-    # One parallel loop over (column panel, row tile), its extent symbolic; the 8 rows of a tile
-    # unrolled, 2 vectors of columns (96 = 3 x 32 on AVX-512 -> one vector; 4 x 24 on AVX2 -> 2).
+    # One parallel loop over (column panel, row tile), its extent symbolic; the 8 rows (6 on
+    # AVX2) of a tile unrolled, 2 vectors of columns (96 = 3 x 32 on AVX-512 -> one vector; 4 x 24
+    # on AVX2 -> 2).
     assert _loops(func, ForKind.PARALLEL) == [None]
-    assert 8 in _loops(func, ForKind.UNROLLED)
+    assert matmul_tile_rows(LANES) in _loops(func, ForKind.UNROLLED)
     cols = next(v * LANES for v in (2, 1) if 96 % (v * LANES) == 0)
     assert set(_loops(func, ForKind.VECTORIZED)) >= {cols}
     # Rows are padded to whole tiles: the matmul update runs unpredicated, only the store is tested.
     predicated = _predicated_blocks(func)
     assert not any(name.startswith("matmul") for name in predicated), predicated
+    # A's padded rows are copied once, outside the parallel tiles (not again per column panel).
+    in_tiles = _blocks_under_parallel_loops(func)
+    assert "matmul_update" in in_tiles and not any(name.endswith("_pad") for name in in_tiles), in_tiles
     _assert_same_numbers(mod, scheduled, lambda s: [(s, 64), (64, 96), (96,)], sizes=[1, 7, 8, 13, 100])
 
 

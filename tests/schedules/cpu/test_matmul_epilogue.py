@@ -1,7 +1,7 @@
 """MatmulEpilogue: register-tiled matmul with its epilogue fused per tile."""
 
 import pytest
-from loop_structure import largest_divisor, loop_kinds, whole_vectors
+from loop_structure import largest_divisor, loop_kinds, matmul_tile_rows, whole_vectors
 from tvm import relax, te
 from tvm.relax.op import add, divide, matmul, multiply, nn, permute_dims, sigmoid
 
@@ -14,10 +14,10 @@ def _bias_gelu(x, w, b):
 
 def assert_register_tiled(funcs, lanes, batch, m, n):
     """One kernel; its (batch x column panel x row tile) loop runs in parallel over tiles of
-    up to 8 rows x 2 vectors of columns (a divisor of the extent when vectors do not fit), the
-    rows unrolled and the columns (update, init and epilogue store) vectorized."""
+    up to 8 rows (6 on AVX2) x 2 vectors of columns (a divisor of the extent when vectors do not
+    fit), the rows unrolled and the columns (update, init and epilogue store) vectorized."""
     (func,) = funcs.values()
-    rows = largest_divisor(m, 8)
+    rows = largest_divisor(m, matmul_tile_rows(lanes))
     cols = whole_vectors(n, lanes, 2) or largest_divisor(n, 2 * lanes)
     loops = loop_kinds(func)
     assert loops.parallel == [batch * (m // rows) * (n // cols)]

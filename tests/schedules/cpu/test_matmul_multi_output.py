@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import tvm
-from loop_structure import largest_divisor, loop_kinds, whole_vectors
+from loop_structure import largest_divisor, loop_kinds, matmul_tile_rows, whole_vectors
 from tvm import relax
 
 from tvm_fusion.kernels.dropout_training import emit_dropout_training
@@ -41,10 +41,11 @@ def test_equals_the_unscheduled_kernel(target, lanes, prim_funcs, x_shape, n):
     (name, func), = prim_funcs(mod).items()
     sch = MatmulMultiOutput().apply(func, target, False)
     assert sch is not None
-    # One parallel loop over tiles of up to 8 rows x 2 vectors of columns (a divisor when vectors
-    # do not fit): both outputs' columns, the matmul update and its init vectorized, rows unrolled.
+    # One parallel loop over tiles of up to 8 rows (6 on AVX2) x 2 vectors of columns (a divisor
+    # when vectors do not fit): both outputs' columns, the matmul update and its init vectorized,
+    # rows unrolled.
     *batch, m = x_shape[:-1]
-    rows = largest_divisor(m, 8)
+    rows = largest_divisor(m, matmul_tile_rows(lanes))
     cols = whole_vectors(n, lanes, 2) or largest_divisor(n, 2 * lanes)
     loops = loop_kinds(sch.mod["main"])
     assert loops.parallel == [math.prod(batch) * (m // rows) * (n // cols)]

@@ -18,7 +18,7 @@ from tvm.target import Target
 from .helpers import cpu_schedule, inline_cheap_blocks, iter_kinds, largest_divisor, only_reduction, row_tile
 from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
                              width_tiles)
-from .target_info import vector_lanes
+from .target_info import vector_lanes, vector_registers
 
 # -- Matmul ------------------------------------------------------------------------------------
 
@@ -64,6 +64,12 @@ def match_matmul(block: s_tir.SBlock) -> MatmulAxes | None:
     if not (_reads_as(lhs, batch, i, k) and _reads_as(rhs, batch, k, j)):
         return None
     return MatmulAxes(num_batch=len(batch), m=len(batch), n=len(batch) + 1, k=len(batch) + 2)
+
+
+def matmul_tile_rows(target: Target) -> int:
+    """Rows per register tile (of two vectors): 8 with 32 vector registers; 6 with 16 (AVX2),
+    where 8 x 2 accumulators plus the B vectors and A broadcast spill."""
+    return MATMUL_TILE_ROWS if vector_registers(target) >= 32 else (16 - 4) // _TILE_VECTORS
 
 
 def matmul_tile_columns(extent: int, lanes: int) -> int:

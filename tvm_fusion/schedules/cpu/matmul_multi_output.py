@@ -6,7 +6,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .helpers import TILE_SCOPE, cpu_schedule, extent, has_static_extents, is_spatial, largest_divisor, vectorized_init
-from .matchers import MATMUL_K_UNROLL, MATMUL_TILE_ROWS, match_matmul, matmul_tile_columns
+from .matchers import MATMUL_K_UNROLL, match_matmul, matmul_tile_columns, matmul_tile_rows
 from .target_info import vector_lanes
 
 
@@ -48,7 +48,7 @@ class MatmulMultiOutput(ScheduleRule):
             if sch.get(block).name_hint not in output_names:
                 sch.compute_inline(block)
 
-        rows = largest_divisor(out_extents[-2], MATMUL_TILE_ROWS)
+        rows = largest_divisor(out_extents[-2], matmul_tile_rows(target))
         cols = matmul_tile_columns(out_extents[-1], lanes)
         tiles = []
         for block in outputs:
