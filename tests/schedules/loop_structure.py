@@ -45,6 +45,18 @@ def matmul_tile_rows(lanes: int) -> int:
     return 8 if lanes >= 16 else 6
 
 
+def matmul_row_tiles(m: int, lanes: int) -> tuple[int, int]:
+    """(rows per tile, row tiles) of MatmulEpilogue over ``m`` static rows: tiles of the largest
+    divisor up to ``matmul_tile_rows``, or of that many rows over zero-padded rows when those
+    tiles average at least one real row more (128 rows on AVX2: 22 tiles of 6, not 32 of 4)."""
+    most = matmul_tile_rows(lanes)
+    divisor = largest_divisor(m, most)
+    tiles = -(-m // most)
+    if m > most and m / tiles >= divisor + 1:
+        return most, tiles
+    return divisor, m // divisor
+
+
 def largest_divisor(extent: int, limit: int) -> int:
     """The largest tile of at most ``limit`` that divides ``extent`` (no remainder loop)."""
     return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)

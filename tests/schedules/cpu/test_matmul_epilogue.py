@@ -1,7 +1,7 @@
 """MatmulEpilogue: register-tiled matmul with its epilogue fused per tile."""
 
 import pytest
-from loop_structure import largest_divisor, loop_kinds, matmul_tile_rows, whole_vectors
+from loop_structure import largest_divisor, loop_kinds, matmul_row_tiles, whole_vectors
 from tvm import relax, te
 from tvm.relax.op import add, divide, matmul, multiply, nn, permute_dims, sigmoid
 
@@ -12,16 +12,19 @@ def _bias_gelu(x, w, b):
     return nn.gelu(add(matmul(x, w), b))
 
 
-def assert_register_tiled(funcs, lanes, batch, m, n):
+def assert_register_tiled(funcs, lanes, batch, m, k, n):
     """One kernel; its (batch x column panel x row tile) loop runs in parallel over tiles of
-    up to 8 rows (6 on AVX2) x 2 vectors of columns (a divisor of the extent when vectors do not
-    fit), the rows unrolled and the columns (update, init and epilogue store) vectorized."""
+    up to 8 rows (6 on AVX2; rows zero-padded where that fills the tiles better) x 2 vectors of
+    columns (a divisor of the extent when vectors do not fit), the rows unrolled and the columns
+    (update, init and epilogue store) vectorized; padded rows of A are copied K-wide vectors."""
     (func,) = funcs.values()
-    rows = largest_divisor(m, matmul_tile_rows(lanes))
+    rows, row_tiles = matmul_row_tiles(m, lanes)
     cols = whole_vectors(n, lanes, 2) or largest_divisor(n, 2 * lanes)
     loops = loop_kinds(func)
-    assert loops.parallel == [batch * (m // rows) * (n // cols)]
-    assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2
+    assert loops.parallel == [batch * row_tiles * (n // cols)]
+    padded = rows * row_tiles > m
+    assert loops.vectorized.count(cols) >= 2
+    assert sorted(loops.vectorized) == sorted([cols] * loops.vectorized.count(cols) + ([k] if padded else []))
     assert rows in loops.unrolled
 
 
@@ -33,12 +36,12 @@ def test_bias_gelu_matches_unscheduled(assert_schedule_matches, lanes, m, k, n):
     funcs = assert_schedule_matches(
         MatmulEpilogue(), _bias_gelu, rtol=1e-4, atol=1e-4, x=(m, k), w=(k, n), b=(n,)
     )
-    assert_register_tiled(funcs, lanes, 1, m, n)
+    assert_register_tiled(funcs, lanes, 1, m, k, n)
 
 
 def test_plain_matmul_writes_output_directly(assert_schedule_matches, lanes):
     funcs = assert_schedule_matches(MatmulEpilogue(), matmul, rtol=1e-4, atol=1e-4, x=(24, 40), w=(40, 48))
-    assert_register_tiled(funcs, lanes, 1, 24, 48)
+    assert_register_tiled(funcs, lanes, 1, 24, 40, 48)
 
 
 def test_residual_and_scale_epilogue(assert_schedule_matches, lanes):
@@ -48,7 +51,7 @@ def test_residual_and_scale_epilogue(assert_schedule_matches, lanes):
     funcs = assert_schedule_matches(
         MatmulEpilogue(), block, rtol=1e-4, atol=1e-4, x=(16, 32), w=(32, 48), b=(48,), r=(16, 48)
     )
-    assert_register_tiled(funcs, lanes, 1, 16, 48)
+    assert_register_tiled(funcs, lanes, 1, 16, 32, 48)
 
 
 def test_silu_epilogue(assert_schedule_matches, lanes):
@@ -57,19 +60,19 @@ def test_silu_epilogue(assert_schedule_matches, lanes):
         return multiply(y, sigmoid(y))
 
     funcs = assert_schedule_matches(MatmulEpilogue(), block, rtol=1e-4, atol=1e-4, x=(9, 32), w=(32, 20))
-    assert_register_tiled(funcs, lanes, 1, 9, 20)
+    assert_register_tiled(funcs, lanes, 1, 9, 32, 20)
 
 
 def test_batched_attention_matmul(assert_schedule_matches, lanes):
     funcs = assert_schedule_matches(
         MatmulEpilogue(), matmul, rtol=1e-4, atol=1e-4, q=(1, 4, 24, 16), k=(1, 4, 16, 24)
     )
-    assert_register_tiled(funcs, lanes, 4, 24, 24)
+    assert_register_tiled(funcs, lanes, 4, 24, 16, 24)
 
 
 def test_weight_broadcast_over_batch(assert_schedule_matches, lanes):
     funcs = assert_schedule_matches(MatmulEpilogue(), matmul, rtol=1e-4, atol=1e-4, x=(3, 10, 16), w=(16, 32))
-    assert_register_tiled(funcs, lanes, 3, 10, 32)
+    assert_register_tiled(funcs, lanes, 3, 10, 16, 32)
 
 
 def test_declines_softmax(lowered, prim_funcs, target):

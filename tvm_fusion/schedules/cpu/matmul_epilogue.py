@@ -38,7 +38,7 @@ class MatmulEpilogue(ScheduleRule):
 def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, max_rows: int) -> s_tir.Schedule:
     rows_extent = sch.get(matmul).iter_vars[axes.m].dom.extent
     padded_lhs = None
-    if not isinstance(rows_extent, tirx.IntImm):
+    if not isinstance(rows_extent, tirx.IntImm) or pads_rows(int(rows_extent), max_rows):
         padded_lhs, unpad = _pad_rows(sch, matmul, axes, max_rows)
         epilogue = [unpad, *epilogue]
     loops = sch.get_loops(matmul)
@@ -74,8 +74,18 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, max_rows: int
     return sch
 
 
+def pads_rows(rows: int, max_rows: int) -> bool:
+    """Whether a static row count runs faster padded to tiles of ``max_rows`` than in tiles of
+    its largest divisor up to ``max_rows``: when the padded tiles hold at least one row more on
+    average (128 rows on AVX2: 22 tiles of 6, 5.8 real rows each, against 32 tiles of 4).
+    Static builds at sequence 128, same-process A/B on Zen 3: bert_tiny 7.77 -> 7.21 ms,
+    gpt2_tiny 7.14 -> 6.37 ms."""
+    divisor = largest_divisor(rows, max_rows)
+    return rows > max_rows and rows / -(-rows // max_rows) >= divisor + 1
+
+
 def _pad_rows(sch, matmul, axes: MatmulAxes, rows: int):
-    """Pad a symbolic row count up to whole register tiles (``pad_einsum``): the matmul then
+    """Pad the row count up to whole register tiles (``pad_einsum``): the matmul then
     runs on full, unpredicated row tiles of a zero-padded copy of A's rows, and only the
     tile's store (the unpad and epilogue) tests which rows exist. Returns the padding block
     (A's rows, copied once) and the unpad block (padded accumulator -> matmul result).
