@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tvm_fusion import api
-from tvm_fusion.buckets import parse_bucket
+from tvm_fusion.buckets import bucket_text
 from tvm_fusion.frontend import onnx as onnx_frontend
 from tvm_fusion.metadata import bench_metadata
 from tvm_fusion.native_log import captured_native_stderr
@@ -77,13 +77,12 @@ def bench_case(name: str, flag: str, buckets: list[dict], off_bucket: dict, conf
     start = time.perf_counter()
     dynamic = built(dynamic_prepared)
     print(f"{name}: dynamic module for {flag} built in {time.perf_counter() - start:.1f} s", flush=True)
-    bucket_texts = [",".join(f"{dim}={size}" for dim, size in point.items()) for point in buckets]
     bucketed_prepared = dataclasses.replace(dynamic_prepared, config=dataclasses.replace(
-        cfg, buckets=tuple(parse_bucket(text, "bench") for text in bucket_texts)))
+        cfg, buckets=tuple(tuple(point.items()) for point in buckets)))
     start = time.perf_counter()
     bucketed = built(bucketed_prepared)
-    print(f"{name}: with buckets at {'; '.join(bucket_texts)} built in {time.perf_counter() - start:.1f} s",
-          flush=True)
+    print(f"{name}: with buckets at {'; '.join(map(bucket_text, buckets))} built in "
+          f"{time.perf_counter() - start:.1f} s", flush=True)
     session = onnxruntime_session(dynamic_prepared.onnx_model, cfg.threads)
     rows = []
     for sizes in [*buckets, off_bucket]:

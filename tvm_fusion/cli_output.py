@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+from .buckets import bucket_text
 from .report import table
 from .verify import format_comparisons
 
@@ -31,8 +32,7 @@ def print_compile(result) -> None:
     print(_fired_table(meta["fusions"]))
     print(f"kernels per call: {meta['kernels']}")
     for bucket in meta.get("buckets", []):
-        sizes = ",".join(f"{name}={size}" for name, size in bucket["sizes"].items())
-        print(f"bucket {sizes}: static kernels, {bucket['kernels']} per call")
+        print(f"bucket {bucket_text(bucket['sizes'])}: static kernels, {bucket['kernels']} per call")
     if meta.get("fusion_gate"):
         gate = meta["fusion_gate"]
         print(f"fusion gate: {gate['checked']} fused instance(s) checked against their unfused nodes, "

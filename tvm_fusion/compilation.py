@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from .buckets import bucket_points, bucket_suffix, parse_bucket, with_buckets
+from .buckets import bucket_points, bucket_suffix, bucket_text, parse_bucket, with_buckets
 from .build import build, callable_module, kernel_calls, load_tuning
 from .config import PipelineConfig
 from .errors import ArtifactError, ConfigError, TvmFusionError, VerificationError
@@ -220,7 +220,7 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
         module, report, gate = scheduled(prepared)
         dynamic_module, specialized = module, []
         for point in points:
-            say(f"bucket {_sizes_text(point)}: a static build for that exact size")
+            say(f"bucket {bucket_text(point)}: a static build for that exact size")
             static_module, _report, static_gate = scheduled(shared.prepare_at(cfg, prepared, point),
                                                             bucket_suffix(point))
             specialized.append((point, static_module, static_gate))
@@ -262,7 +262,8 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
         checked_sizes = []
         # A range is checked at its low end, a typical size and its high end (a kernel's tail
         # handling can be wrong at some sizes only), and at every bucket (its own kernels).
-        for sizes in size_points(ranges) + [point for point in points if point not in size_points(ranges)]:
+        checked_at = size_points(ranges)
+        for sizes in checked_at + [point for point in points if point not in checked_at]:
             at = f" at {', '.join(f'{name}={size}' for name, size in sizes.items())}" if sizes else ""
             try:
                 inputs, expected = shared.inputs_and_reference(cfg, prepared, verify and not no_reference, sizes)
@@ -310,10 +311,6 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
     else:
         status = "matches ONNX Runtime" + (" (run under qemu-aarch64)" if execution.how == "qemu" else "")
     return TargetResult(target_dir, metadata, report, comparisons, target=cfg.name, verification=status)
-
-
-def _sizes_text(sizes: dict[str, int]) -> str:
-    return ",".join(f"{name}={size}" for name, size in sizes.items())
 
 
 def _run_library(library: Path, metadata: dict, how: str, inputs: dict) -> dict:

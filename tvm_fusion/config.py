@@ -14,8 +14,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, ShapeError
 from .buckets import parse_bucket
+from .errors import ConfigError, ShapeError
 from .frontend.dims import parse_range
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "x86_64-host.toml"

@@ -27,7 +27,7 @@ def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[
         default_domain = node.domain in ("", "ai.onnx")
         # A custom-domain op is named with its domain: "com.microsoft.Gelu", not "Gelu".
         op = node.op_type if default_domain else f"{node.domain}.{node.op_type}"
-        if (op not in supported if default_domain else op not in OWN_DOMAIN_OPS):
+        if op not in (supported if default_domain else OWN_DOMAIN_OPS):
             missing[op].append(node.name or f"#{index}")
     return dict(missing)
 
