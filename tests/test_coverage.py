@@ -37,6 +37,31 @@ def test_attention_is_a_softmax_between_two_matmuls_a_scaled_softmax_is_softmax(
                                 ("softmax", ["temperature", "scaled_softmax"])]
 
 
+def test_a_classifier_heads_bias_before_its_softmax_belongs_to_the_linear_layer():
+    """``x @ W + b -> Softmax``: the bias is the linear layer's epilogue, the softmax one op.
+    A bias after a matmul of two activations is still a softmax prologue."""
+    node = helper.make_node
+    model = graph_model(
+        [node("MatMul", ["x", "w"], ["m"], name="head"), node("Add", ["m", "b"], ["logits"], name="head_bias"),
+         node("Softmax", ["logits"], ["y"], name="probs", axis=-1),
+         node("MatMul", ["x", "v"], ["m2"], name="scores"), node("Add", ["m2", "b"], ["masked"], name="mask"),
+         node("Softmax", ["masked"], ["z"], name="probs2", axis=-1)],
+        [("x", [1, 8]), ("v", [8, 4])], ["y", "z"], {"b": np.zeros(4), "w": np.ones((8, 4))})
+    assert chains_of(model) == [("softmax", ["mask", "probs2"]), ("gemm_epilogue", ["head", "head_bias"]),
+                                ("gemm_epilogue", ["scores", "mask"])]
+
+
+def test_a_conv_epilogue_is_found_through_a_channels_last_transpose():
+    """Converted Keras models: Conv -> Transpose(NHWC) -> bias -> Relu -> Transpose(NCHW)."""
+    node = helper.make_node
+    model = graph_model(
+        [node("Conv", ["x", "w"], ["c"], name="conv"), node("Transpose", ["c"], ["t"], name="to_nhwc", perm=[0, 2, 3, 1]),
+         node("Add", ["t", "b"], ["a"], name="bias"), node("Relu", ["a"], ["r"], name="relu"),
+         node("Transpose", ["r"], ["y"], name="to_nchw", perm=[0, 3, 1, 2])],
+        [("x", [1, 2, 4, 4]), ("w", [2, 2, 1, 1])], ["y"], {"b": np.zeros(2)})
+    assert chains_of(model) == [("conv_epilogue", ["conv", "to_nhwc", "bias", "relu"])]
+
+
 def test_decomposed_layer_norm_rms_norm_and_softmax_by_what_they_compute():
     node = helper.make_node
     model = graph_model(

@@ -35,6 +35,9 @@ ELEMENTWISE = ACTIVATIONS | frozenset({
 })
 _PASS_THROUGH = frozenset({"Cast", "Dropout", "Identity"})
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+# Between a conv and its epilogue: views, and the transposes channels-last converters put
+# there (passes/sink_transposes.py cancels them).
+_EPILOGUE_THROUGH = _VIEWS | {"Transpose"}
 # Between the softmax and ·V: casts, dropout, and torch's NaN guard (IsNaN -> Where).
 _PROBS_THROUGH = _PASS_THROUGH | {"IsNaN", "Where"}
 _SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast"})
@@ -173,7 +176,8 @@ def find_chains(model: onnx.ModelProto) -> list[Chain]:
         if scores is not None and values is not None:
             chains.append(Chain("attention", (scores, i, values)))
             in_attention |= {scores, values}
-        elif g.op(g.parent(i)) in _SCORE_OPS - {"Cast"}:  # a lone Softmax is one kernel anyway
+        elif g.op(g.parent(i)) in _SCORE_OPS - {"Cast"} and not _is_linear_bias(g, g.parent(i)):
+            # A lone Softmax is one kernel anyway; its prologue is the work to fuse.
             chains.append(Chain("softmax", (g.parent(i), i)))
     for i, node in enumerate(g.nodes):
         op = node.op_type
@@ -201,6 +205,15 @@ def find_chains(model: onnx.ModelProto) -> list[Chain]:
         elif op == "Conv":
             chains.extend(_epilogue_chain(g, i, "conv_epilogue"))
     return chains
+
+
+def _is_linear_bias(g: _Graph, op: int) -> bool:
+    """``x @ W + b`` with constant ``W`` and ``b``: a classifier head's bias before its softmax.
+    It belongs to the linear layer's epilogue (counted there), where it costs nothing."""
+    linear = g.parents(op)
+    return (g.op(op) == "Add" and len(linear) == 1 and g.op(linear[0]) in ("MatMul", "Gemm")
+            and any(g.constant(op, slot) is not None for slot in (0, 1))
+            and any(g.constant(linear[0], slot) is not None for slot in (0, 1)))
 
 
 def _norm_chain(g: _Graph, mean: int) -> list[Chain]:
@@ -241,9 +254,9 @@ def _epilogue_chain(g: _Graph, producer: int, target: str) -> list[Chain]:
     """A matmul or conv followed by element-wise work on its output alone (activations in any
     spelling, affine constants, one residual add): all of it belongs in the epilogue."""
     head = producer
-    while True:  # through views (GPT-2's Reshape -> Gemm -> Reshape linears)
+    while True:  # through views (GPT-2's Reshape -> Gemm -> Reshape linears) and transposes
         children = g.children(head)
-        if len(children) != 1 or g.op(children[0]) not in _VIEWS:
+        if len(children) != 1 or g.op(children[0]) not in _EPILOGUE_THROUGH:
             break
         head = children[0]
     views = _nodes_between(g, producer, head)

@@ -107,7 +107,9 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
     (SVTR, timm's ViT); ``qk_heads``: Q and K given as [1, 2, 8, 8] (Llama's, after the rotary
     embedding); ``scale_at``: "scores", "query" (Q scaled before Q·Kᵀ), "query_and_key" or "none";
     ``dynamo``: torch's dynamo SDPA form (K transposed in 3-D, NaN rows of the probabilities zeroed);
-    ``seq``, ``dim``: the sequence length and head dim, a ``tirx.Var`` for a symbolic one."""
+    ``seq``, ``dim``: the sequence length and head dim, a ``tirx.Var`` for a symbolic one;
+    ``causal``: True for GPT-2's ``where(triangle, scores, min)``, "fill" for torch's masked_fill
+    order ``where(above_triangle, min, scores)``."""
     heads = 2
     scale_dim = dim if isinstance(dim, int) else 8  # the constant scale of a symbolic head dim
     proj = relax.TensorType((1, seq, heads * dim), qk_dtype)
@@ -163,8 +165,10 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
             scores = bb.emit(relax.op.matmul(q_heads, k_transposed, out_dtype=scores_dtype))
             logits = bb.emit(scale_op(scores, scale)) if scale_at == "scores" else scores
             if causal:
-                triangle = relax.const(np.tril(np.ones((1, 1, seq, seq), bool)))
-                logits = bb.emit(relax.op.where(triangle, logits, relax.const(FLOAT_MIN, "float32")))
+                triangle = np.tril(np.ones((1, 1, seq, seq), bool))
+                fill = relax.const(FLOAT_MIN, "float32")
+                logits = bb.emit(relax.op.where(relax.const(~triangle), fill, logits) if causal == "fill"
+                                 else relax.op.where(relax.const(triangle), logits, fill))
             if mask_shape is not None:
                 logits = bb.emit(relax.op.add(logits, mask))
             probs = bb.emit(relax.op.nn.softmax(logits, axis=-1))
@@ -186,6 +190,8 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
     ("masked", {"scale_op": relax.op.multiply, "scale": relax.const(0.125, "float32")}),
     ("causal_masked", {"causal": True, "mask_shape": (1, 1, 8, 8)}),
     ("causal", {"causal": True, "mask_shape": None}),
+    ("masked_fill", {"causal": "fill", "mask_shape": None}),
+    ("masked_fill_masked", {"causal": "fill", "mask_shape": (1, 1, 8, 8)}),
     ("unmasked", {"mask_shape": None}),
     ("masked", {"mask_shape": (1, 2, 8, 8)}),
     ("qkv_causal_masked", {"packed": True, "causal": True}),
@@ -302,8 +308,10 @@ def _attention_onnx(batch, seq, heads, dim, mask_form):
     """q, k, v [B, S, H*D] (+ attention_mask [B, S] int64) -> the exported attention subgraph.
 
     mask_form: "padding" (BERT: (1 - mask) * float_min, added), "padding_inf" (Where(mask, 0, -inf),
-    added), "causal" (GPT-2: qkv [B, S, 3*H*D] split in three, Where(triangle, scores, float_min),
-    then + an additive bias; an all-zero one would be folded away by the simplifier).
+    added), "masked_fill" (torch's ``scores.masked_fill(mask == 0, float_min)``: Where(padded,
+    float_min, scores), nothing added), "causal" (GPT-2: qkv [B, S, 3*H*D] split in three,
+    Where(triangle, scores, float_min), then + an additive bias; an all-zero one would be folded
+    away by the simplifier).
     """
     hidden = heads * dim
     nodes, inits = [], [numpy_helper.from_array(np.array([batch, seq, heads, dim], np.int64), "split"),
@@ -331,7 +339,12 @@ def _attention_onnx(batch, seq, heads, dim, mask_form):
         inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, seq]))
         inits.append(numpy_helper.from_array(np.array([1, 2], np.int64), "axes"))
         nodes += [helper.make_node("Unsqueeze", ["attention_mask", "axes"], ["mask4"])]
-        if mask_form == "padding":
+        if mask_form == "masked_fill":
+            inits += [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                      numpy_helper.from_array(np.array(FLOAT_MIN, np.float32), "fill")]
+            nodes += [helper.make_node("Equal", ["mask4", "zero"], ["padded"]),
+                      helper.make_node("Where", ["padded", "fill", "scaled"], ["masked"])]
+        elif mask_form == "padding":
             inits += [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
                       numpy_helper.from_array(np.array(FLOAT_MIN, np.float32), "fill")]
             nodes += [helper.make_node("Cast", ["mask4"], ["maskf"], to=TensorProto.FLOAT),
@@ -342,7 +355,8 @@ def _attention_onnx(batch, seq, heads, dim, mask_form):
                       numpy_helper.from_array(np.array(-np.inf, np.float32), "fill")]
             nodes += [helper.make_node("Cast", ["mask4"], ["keep"], to=TensorProto.BOOL),
                       helper.make_node("Where", ["keep", "zero", "fill"], ["extended"])]
-        nodes.append(helper.make_node("Add", ["scaled", "extended"], ["masked"]))
+        if mask_form != "masked_fill":
+            nodes.append(helper.make_node("Add", ["scaled", "extended"], ["masked"]))
     nodes += [helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
               helper.make_node("MatMul", ["probs", "vh"], ["context"]),
               helper.make_node("Transpose", ["context"], ["merged"], perm=[0, 2, 1, 3]),
@@ -362,7 +376,8 @@ def _run(executable, arrays):
 
 
 @pytest.mark.parametrize("mask_form, seq, variant", [
-    ("padding", 48, "masked"), ("padding_inf", 40, "masked"), ("causal", 64, "qkv_causal_masked"),
+    ("padding", 48, "masked"), ("padding_inf", 40, "masked"), ("masked_fill", 24, "masked_fill"),
+    ("causal", 64, "qkv_causal_masked"),
 ])
 def test_fused_matches_onnxruntime_and_unfused(tmp_path, mask_form, seq, variant):
     """Batch item 1 is fully padded: -3.4e38 gives uniform rows, -inf gives NaN, as in ORT."""
@@ -393,7 +408,7 @@ def test_fused_matches_onnxruntime_and_unfused(tmp_path, mask_form, seq, variant
     np.testing.assert_allclose(fused, unfused, rtol=RTOL, atol=ATOL)
     if mask_form == "padding_inf":
         assert np.isnan(fused[1]).all() and not np.isnan(fused[0]).any()
-    if mask_form == "padding":
+    if mask_form in ("padding", "masked_fill"):
         v_mean = inputs["v"][1].mean(axis=0)
         np.testing.assert_allclose(fused[1], np.broadcast_to(v_mean, fused[1].shape), rtol=RTOL, atol=ATOL)
 

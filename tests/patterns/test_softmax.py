@@ -89,6 +89,9 @@ def _softmax_module(prologue, epilogue=None, x_shape=(1, 4, 8, 8), mask_shape=(1
             if "causal" in prologue:
                 triangle = relax.const(np.tril(np.ones(x_shape[-2:], bool)))
                 logits = named["causal"] = bb.emit(relax.op.where(triangle, logits, relax.const(-1e30, "float32")))
+            if "masked_fill" in prologue:  # torch's order: where(masked, fill, x)
+                above = relax.const(np.triu(np.ones(x_shape[-2:], bool), 1))
+                logits = named["causal"] = bb.emit(relax.op.where(above, relax.const(-1e30, "float32"), logits))
             if "mask" in prologue:
                 logits = named["masked"] = bb.emit(relax.op.add(logits, mask))
             out = bb.emit(relax.op.nn.softmax(logits, axis=axis))
@@ -105,6 +108,8 @@ def _softmax_module(prologue, epilogue=None, x_shape=(1, 4, 8, 8), mask_shape=(1
     (("mask",), None, "mask_softmax"),
     (("scale", "causal", "mask"), None, "scale_causal_mask_softmax"),
     (("causal",), "astype", "causal_softmax_astype"),
+    (("masked_fill",), None, "masked_fill_softmax"),
+    (("scale", "masked_fill", "mask"), "astype", "scale_masked_fill_mask_softmax_astype"),
 ])
 def test_variants_fire(prologue, epilogue, variant):
     after, report = fuse(_softmax_module(prologue, epilogue))
@@ -236,3 +241,23 @@ def test_inf_masked_rows_match_onnxruntime(tmp_path):
     inputs = {"x": rng.standard_normal(shape).astype(np.float32), "mask": mask}
     (fused,) = _check_against_references(model, tmp_path, inputs, {"softmax.scale_mask_softmax": 1})
     assert np.isnan(fused[1, 2]).all() and not np.isnan(fused[0]).any()
+
+
+def test_masked_fill_order_matches_onnxruntime(tmp_path):
+    """``scores.masked_fill(mask == 0, -inf)`` as torch exports it, ``Where(padded, -inf, x)``
+    (the fill first; an RNN decoder's attention over its memory): partly and fully masked rows."""
+    shape = (2, 1, 16)
+    model = _onnx_model(
+        [helper.make_node("Cast", ["src_mask"], ["padded"], to=TensorProto.BOOL),
+         helper.make_node("Where", ["padded", "fill", "x"], ["masked"]),
+         helper.make_node("Softmax", ["masked"], ["y"], axis=-1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+         helper.make_tensor_value_info("src_mask", TensorProto.INT64, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(np.array(-np.inf, np.float32), "fill")])
+    rng = np.random.default_rng(0)
+    src_mask = (rng.random(shape) < 0.3).astype(np.int64)
+    src_mask[1] = 1
+    inputs = {"x": rng.standard_normal(shape).astype(np.float32), "src_mask": src_mask}
+    (fused,) = _check_against_references(model, tmp_path, inputs, {"softmax.masked_fill_softmax": 1})
+    assert np.isnan(fused[1]).all() and not np.isnan(fused[0]).any()

@@ -9,7 +9,8 @@ and V read straight from the [batch, seq, heads*dim] projections and the output 
 that layout too.
 
 The exporters' two mask forms both match: BERT's padding mask ``add(scores/√d, (1-m)·min)``
-and GPT-2's causal mask ``where(triangle, scores/√d, min)`` (+ its additive mask); so do
+and GPT-2's causal mask ``where(triangle, scores/√d, min)`` (+ its additive mask), also in
+torch's ``masked_fill`` order ``where(masked, min, scores)``; so do
 separate Q, K, V projections (BERT), one packed projection split three ways (GPT-2's c_attn,
 whose split then happens inside the kernel's indexing too) and Q, K already split into heads
 (Llama, whose rotary embedding is computed on [batch, heads, seq, dim]).
@@ -43,9 +44,11 @@ QK_FORMS = {"packed": "qkv_", "stacked": "qkv_stacked_", "projections": "", "hea
 # exporter), or nowhere (folded into the Q weights).
 SCALES = {"scores": "", "query": "_query_scaled", "query_and_key": "_qk_scaled", "none": "_unscaled"}
 
-MASKS = {  # name: (causal where, additive mask), longest first
-    "causal_masked": (True, True),
-    "causal": (True, False),
+MASKS = {  # name: (select mask (softmax.WHERE_MASKS), additive mask), longest first
+    "causal_masked": ("keep", True),
+    "masked_fill_masked": ("fill", True),
+    "causal": ("keep", False),
+    "masked_fill": ("fill", False),
     "masked": (False, True),
     "unmasked": (False, False),
 }
@@ -96,7 +99,7 @@ def _qkv_operands(found: dict, qk_form: str):
     return _split_heads(found, "q"), _split_heads(found, "k"), _split_heads(found, "v")
 
 
-def attention_pattern(causal: bool, masked: bool, qk_form: str = "projections", scale_at: str = "scores",
+def attention_pattern(causal: bool | str, masked: bool, qk_form: str = "projections", scale_at: str = "scores",
                       nan_guard: bool = False):
     """The attention chain and its annotations."""
     found: dict = {}
