@@ -74,7 +74,7 @@ class OpenVinoRunner:
                              "drop --peer openvino for this model") from err
         self._request = self.compiled.create_infer_request()
         # Kept alive here: the tensors share these arrays' memory.
-        self._inputs = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
+        self._inputs = {name: np.require(value, requirements="C") for name, value in inputs.items()}
         for name, value in self._inputs.items():
             self._request.set_tensor(name, ov.Tensor(value, shared_memory=True))
 

@@ -69,7 +69,7 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
         progress("probing this machine's peaks (cached per machine class)")
         peak = machine_peak(cfg)
     inputs = onnx_frontend.random_inputs(prepared.onnx_model, prepared.inputs, cfg.seed)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(value)) for value in inputs.values()]
+    args = [tvm.runtime.tensor(np.require(value, requirements="C")) for value in inputs.values()]
     funcs = {gv.name_hint: f for gv, f in profiled.lowered.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc)}
     if artifact:

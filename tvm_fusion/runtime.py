@@ -69,7 +69,8 @@ class CompiledModel:
                                     + (" after `import ml_dtypes`" if spec["dtype"] == "bfloat16" else ""))
             if "index_range" in spec:
                 _check_index_range(spec, value)
-            tensors.append(tvm.runtime.tensor(np.ascontiguousarray(value), self._device))
+            # np.ascontiguousarray would make a scalar input (shape ()) 1-D.
+            tensors.append(tvm.runtime.tensor(np.require(value, requirements="C"), self._device))
         return tensors
 
     def dim_sizes(self, given: Mapping[str, np.ndarray], flags: list[str]) -> dict[str, int]:

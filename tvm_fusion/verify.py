@@ -51,7 +51,7 @@ def onnxruntime_feeds(inputs: dict[str, np.ndarray]) -> dict:
 
     feeds = {}
     for name, value in inputs.items():
-        value = np.ascontiguousarray(value)
+        value = np.require(value, requirements="C")  # keeps a scalar 0-d (ascontiguousarray: 1-D)
         feeds[name] = (ort.OrtValue.ortvalue_from_numpy_with_onnx_type(value.view(np.uint16),
                                                                       onnx.TensorProto.BFLOAT16)
                        if value.dtype == BFLOAT16 else ort.OrtValue.ortvalue_from_numpy(value))

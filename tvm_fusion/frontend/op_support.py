@@ -12,6 +12,9 @@ import onnx
 
 # Ops converted only by converters.py: TVM's importer (and its unsupported-op check) does not know them.
 OWN_OPS = frozenset({"LSTM", "GRU"})
+# Ops TVM's importer builds itself, outside its converter table: If becomes a Relax ``If`` whose
+# branches are imported from its subgraphs (checked here like the main graph).
+DIRECT_OPS = frozenset({"If"})
 # The same for ops of other domains, as "<domain>.<op>" (skl2onnx writes StandardScaler as one).
 OWN_DOMAIN_OPS = frozenset({"ai.onnx.ml.Scaler"})
 
@@ -20,16 +23,27 @@ def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[
     """Op type -> node names, for every node neither TVM's importer nor ours can convert."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    supported = set(_get_convert_map()) | OWN_OPS
+    supported = set(_get_convert_map()) | OWN_OPS | DIRECT_OPS
     missing: dict[str, list[str]] = collections.defaultdict(list)
     graph = model.graph if isinstance(model, onnx.ModelProto) else model
+    _collect_missing(graph, supported, missing, prefix="")
+    return dict(missing)
+
+
+def _collect_missing(graph: onnx.GraphProto, supported: set, missing: dict, prefix: str) -> None:
+    """``missing`` gets every unconvertible node of ``graph`` and of the If branches in it
+    (named ``If_0/then_branch/<node>``)."""
     for index, node in enumerate(graph.node):
         default_domain = node.domain in ("", "ai.onnx")
         # A custom-domain op is named with its domain: "com.microsoft.Gelu", not "Gelu".
         op = node.op_type if default_domain else f"{node.domain}.{node.op_type}"
+        name = prefix + (node.name or f"#{index}")
         if op not in (supported if default_domain else OWN_DOMAIN_OPS):
-            missing[op].append(node.name or f"#{index}")
-    return dict(missing)
+            missing[op].append(name)
+        elif op in DIRECT_OPS:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    _collect_missing(attribute.g, supported, missing, f"{name}/{attribute.name}/")
 
 
 def unsupported_ops_message(missing: dict[str, list[str]]) -> tuple[str, str]:

@@ -25,12 +25,12 @@ def random_inputs(model: onnx.ModelProto, inputs: list[TensorSpec], seed: int) -
     values = {}
     for spec in inputs:
         if spec.dtype in FLOAT_DTYPES:
-            values[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+            value = rng.standard_normal(spec.shape).astype(spec.dtype)
         elif spec.dtype == "bool":
-            values[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
+            value = rng.integers(0, 2, spec.shape).astype(bool)
         else:
-            high = index_limits.get(spec.name, 2)
-            values[spec.name] = rng.integers(0, high, spec.shape).astype(spec.dtype)
+            value = rng.integers(0, index_limits.get(spec.name, 2), spec.shape).astype(spec.dtype)
+        values[spec.name] = np.asarray(value)  # a scalar input (shape ()) is a 0-d array, not a numpy scalar
     return values
 
 

@@ -62,7 +62,7 @@ def run_emulated(library: Path, metadata: dict, inputs: Mapping[str, np.ndarray]
     with tempfile.TemporaryDirectory(prefix="tvm_fusion_qemu_") as folder:
         arguments = []
         for index, spec in enumerate(metadata["inputs"]):
-            value = np.ascontiguousarray(inputs[spec["name"]], dtype=spec["dtype"])
+            value = np.require(inputs[spec["name"]], dtype=spec["dtype"], requirements="C")
             path = Path(folder) / f"input{index}.bin"
             value.tofile(path)
             arguments.append(f"{spec['dtype']}:{'x'.join(map(str, value.shape))}:{path}")
