@@ -18,6 +18,7 @@ import onnx
 
 from ..errors import ModelError
 from .dims import DimRange
+from .if_hoisting import hoist_ifs, same_shapes
 from .input_binding import (ONNX_DTYPES, TensorSpec, bind_input_shapes, dynamic_dim_name, graph_inputs,
                             input_tensor_type, inputs_at, parse_shape_flag)
 from .op_support import unsupported_ops, unsupported_ops_message
@@ -70,6 +71,17 @@ def output_specs(model: onnx.ModelProto) -> list[str]:
 
 
 def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
+    """``_slim`` of the model with its top-level Ifs inlined (``if_hoisting.py``), where the
+    branches then provably select values of one shape; else of the model as it is."""
+    hoisted = hoist_ifs(model)
+    if hoisted is not None:
+        simplified = _slim(hoisted, inputs)
+        if same_shapes(simplified):
+            return simplified
+    return _slim(model, inputs)
+
+
+def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
     """Fold shape subgraphs with onnxslim at the bound shapes; our fusions stay ours.
 
     With a symbolic dim, only the shape values that are the same at the low, typical and high

@@ -1,0 +1,134 @@
+"""Top-level If nodes inlined: both branches in the main graph, each output a ``Where`` on the
+condition.
+
+Silero VAD's whole network is an ``If`` on its sample-rate input: one branch per rate. The
+shape subgraphs inside the branches (pads computed from the input length) are out of reach of
+the shape folding before import, which sees only the main graph, so TVM's importer meets a
+dynamic Pad and gives up; the patterns and ``inspect``'s coverage would not see the branches
+either. TVM's own If import computes both branches anyway and then picks one; written as
+``Where(cond, then_value, else_value)`` the same computation is an ordinary graph that folds,
+fuses and is covered like any other.
+
+``Where`` broadcasts where ``If`` would not, so a hoisted model is used only when each pair of
+selected values has one known shape after simplification (``same_shapes``); otherwise the If
+stays and TVM's importer takes it. Branches with subgraphs of their own are left as they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+SELECT = "/select_"
+
+
+def hoist_ifs(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` with each hoistable top-level If inlined (Ifs nested in its branches first),
+    or None when there is none."""
+    flat = _flatten(model.graph)
+    if flat is None:
+        return None
+    inlined = onnx.ModelProto()
+    inlined.CopyFrom(model)
+    for field, values in zip(("node", "initializer"), flat):
+        del getattr(inlined.graph, field)[:]
+        getattr(inlined.graph, field).extend(values)
+    return inlined
+
+
+def _flatten(graph: onnx.GraphProto) -> tuple[list, list] | None:
+    """The nodes and initializers of ``graph`` with its hoistable Ifs inlined; None if none is."""
+    nodes, initializers = [], list(graph.initializer)
+    hoisted = False
+    for index, node in enumerate(graph.node):
+        branches = _branches(node)
+        if branches is None:
+            nodes.append(node)
+            continue
+        hoisted = True
+        prefix = node.name or f"If_{index}"
+        scalar_cond = f"{prefix}/cond"
+        initializers.append(numpy_helper.from_array(np.zeros(0, np.int64), f"{prefix}/scalar_shape"))
+        nodes.append(helper.make_node("Reshape", [node.input[0], f"{prefix}/scalar_shape"], [scalar_cond],
+                                      name=scalar_cond))
+        selected = []
+        for name, (branch, branch_nodes, branch_initializers) in branches:
+            renamed = _inline(branch_nodes, branch_initializers, f"{prefix}/{name}/", nodes, initializers)
+            selected.append([renamed.get(out.name, out.name) for out in branch.output])
+        for k, (output, then_value, else_value) in enumerate(zip(node.output, *selected)):
+            nodes.append(helper.make_node("Where", [scalar_cond, then_value, else_value], [output],
+                                          name=f"{prefix}{SELECT}{k}"))
+    return (nodes, initializers) if hoisted else None
+
+
+def _branches(node: onnx.NodeProto) -> list | None:
+    """For an If with tensor outputs whose branches flatten to plain nodes: (name, (branch,
+    its nodes, its initializers)) for then and else; None for any other node."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+        return None
+    graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+    if set(graphs) != {"then_branch", "else_branch"}:
+        return None
+    branches = []
+    for name in ("then_branch", "else_branch"):
+        graph = graphs[name]
+        if any(not out.type.HasField("tensor_type") for out in graph.output):
+            return None
+        branch_nodes, branch_initializers = _flatten(graph) or (list(graph.node), list(graph.initializer))
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for n in branch_nodes for a in n.attribute):
+            return None  # a Loop or an If that stays: its subgraph reads the branch's names
+        branches.append((name, (graph, branch_nodes, branch_initializers)))
+    return branches
+
+
+def _inline(branch_nodes: list, branch_initializers: list, prefix: str, nodes: list,
+            initializers: list) -> dict[str, str]:
+    """Append a branch's nodes and initializers with its own names prefixed (outer names it
+    reads stay as they are); return the renaming."""
+    renamed = {init.name: prefix + init.name for init in branch_initializers}
+    for init in branch_initializers:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(init)
+        copy.name = renamed[init.name]
+        initializers.append(copy)
+    for node in branch_nodes:
+        for out in node.output:
+            if out:
+                renamed[out] = prefix + out
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = prefix + (node.name or node.output[0])
+        del copy.input[:]
+        copy.input.extend(renamed.get(name, name) for name in node.input)
+        del copy.output[:]
+        copy.output.extend(renamed.get(name, name) for name in node.output)
+        nodes.append(copy)
+    return renamed
+
+
+def same_shapes(model: onnx.ModelProto) -> bool:
+    """Whether every hoisted ``Where`` left in ``model`` selects between two values of one known
+    shape (so it selects, never broadcasts)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a graph shape inference rejects proves nothing
+        return False
+    shapes = {value.name: _dims(value) for value in [*inferred.graph.value_info, *inferred.graph.output,
+                                                     *inferred.graph.input]}
+    shapes.update({init.name: tuple(init.dims) for init in inferred.graph.initializer})
+    for node in inferred.graph.node:
+        if node.op_type == "Where" and SELECT in node.name:
+            first, second = shapes.get(node.input[1]), shapes.get(node.input[2])
+            if first is None or first != second or None in first:
+                return False
+    return True
+
+
+def _dims(value: onnx.ValueInfoProto) -> tuple | None:
+    """Each dim's size, or its name (a ranged dim: one name is one size); None where unknown."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
