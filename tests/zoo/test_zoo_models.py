@@ -1,4 +1,4 @@
-"""The CI subset of the real-model zoo: published models from two exporters, as shipped.
+"""The CI subset of the real-model zoo: published models from paddle2onnx and torch (one of them converted from Caffe), as shipped.
 
 Each compiles and verifies against ONNX Runtime (compile_model refuses otherwise), at least
 90 % of the chains our patterns target are fused, the model runs in no more kernels than
@@ -18,6 +18,8 @@ CI_SUBSET = [
     "ppocr-mobile-v2-cls",  # paddle2onnx, MobileNetV3 with a dim_value -1 batch
     "ppocrv4-rec",          # paddle2onnx, PP-LCNetV3 (affine + HardSwish epilogues) + SVTR attention
     "paraphrase-minilm-l3", # torch's legacy exporter, a sentence encoder (GRU/LSTM models: tests/frontend)
+    "romanizer-decoder",    # torch's legacy exporter, an RNN decoder's single-head masked_fill attention
+    "open-nsfw",            # a Caffe/NHWC ResNet through torch: transposes around every conv (SinkTransposes)
 ]
 
 

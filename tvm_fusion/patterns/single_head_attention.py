@@ -22,7 +22,8 @@ from .softmax import WHERE_MASKS, masked_softmax
 def single_head_pattern(scale: bool, where: str | None, mask: bool) -> tuple:
     found = {"q": wildcard(), "k": wildcard(), "v": wildcard()}
     found["k_transposed"] = is_op("relax.permute_dims")(found["k"])
-    found["scores"] = is_op("relax.matmul")(found["q"], found["k_transposed"])
+    # Only 3-D scores: the per-head 4-D form is the attention fusion's own (no near miss there).
+    found["scores"] = is_op("relax.matmul")(found["q"], found["k_transposed"]).has_ty(relax.TensorType(ndim=3, dtype=""))
     probs = masked_softmax(found, found["scores"], scale, WHERE_MASKS.get(where, False), mask)
     found["context"] = is_op("relax.matmul")(probs, found["v"])
     return found["context"], found
