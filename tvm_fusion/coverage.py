@@ -36,7 +36,7 @@ ELEMENTWISE = ACTIVATIONS | frozenset({
 _PASS_THROUGH = frozenset({"Cast", "Dropout", "Identity"})
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 # Between a conv and its epilogue: views, and the transposes channels-last converters put
-# there (passes/sink_transposes.py cancels them).
+# there (passes/sink_views.py cancels them).
 _EPILOGUE_THROUGH = _VIEWS | {"Transpose"}
 # Between the softmax and ·V: casts, dropout, and torch's NaN guard (IsNaN -> Where).
 _PROBS_THROUGH = _PASS_THROUGH | {"IsNaN", "Where"}

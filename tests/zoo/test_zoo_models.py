@@ -19,7 +19,7 @@ CI_SUBSET = [
     "ppocrv4-rec",          # paddle2onnx, PP-LCNetV3 (affine + HardSwish epilogues) + SVTR attention
     "paraphrase-minilm-l3", # torch's legacy exporter, a sentence encoder (GRU/LSTM models: tests/frontend)
     "romanizer-decoder",    # torch's legacy exporter, an RNN decoder's single-head masked_fill attention
-    "open-nsfw",            # a Caffe/NHWC ResNet through torch: transposes around every conv (SinkTransposes)
+    "open-nsfw",            # a Caffe/NHWC ResNet through torch: transposes around every conv (SinkViews)
 ]
 
 

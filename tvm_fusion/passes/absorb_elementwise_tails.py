@@ -7,7 +7,9 @@ exporters leave a Mul by a constant or a cast. Each such step would be a kernel 
 reads and writes the whole map. Here the composite takes every element-wise op that follows it
 and reads only the composite's result, constants and at most one residual tensor of the
 result's shape, for as long as exactly one value of the grown chain is used outside it; the
-kernel schedules compute these steps on the output tile like the rest of the epilogue.
+kernel schedules compute these steps on the output tile like the rest of the epilogue. A
+squeeze of axis 2 that alone reads the result (a Conv1d's row, ``Conv1dAsConv2d``) ends the
+tail: the kernel writes the row squeezed instead of a copy kernel doing it.
 """
 
 from __future__ import annotations
@@ -119,7 +121,23 @@ def _tail(bindings: list, start: int, users: dict, returned: set) -> list[int]:
         exits = {var for var in inside if users.get(var, set()) - members or var in returned}
         if exits <= {binding.var}:
             best = list(chain)
-    return best
+    return best + _trailing_squeeze(bindings, start, best, users)
+
+
+def _trailing_squeeze(bindings: list, start: int, chain: list[int], users: dict) -> list[int]:
+    """The squeeze of a unit axis that alone reads the chain's result (a Conv1d computed as a
+    one-row Conv2d): written squeezed by the kernel, it is no copy of its own."""
+    end = bindings[chain[-1] if chain else start].var
+    readers = users.get(end, set())
+    if len(readers) != 1:
+        return []
+    (index,) = readers
+    value = bindings[index].value if bindings[index] is not None else None
+    if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.squeeze"
+            and value.args[0].same_as(end) and len(shape_dims(end) or ()) == 4
+            and [int(a) for a in value.attrs.axis or ()] == [2]):
+        return [index]
+    return []
 
 
 def _vars_in(expr) -> set:

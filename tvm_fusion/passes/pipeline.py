@@ -1,8 +1,9 @@
 """The tvm_fusion pipeline, in phases, per target.
 
-    canonicalize  recognize exporter-decomposed activations (one op instead of five) and cancel
-                  the transposes channels-last converters wrap around each conv, so that
-                  fusion patterns see the graph the model author wrote
+    canonicalize  recognize exporter-decomposed activations (one op instead of five), compute
+                  Conv1d as one-row Conv2d and cancel the transposes channels-last converters
+                  wrap around each conv, so that fusion patterns see the graph the model author
+                  wrote
     layout        (``conv_layout = "NCHWc"``, CPU) dense convs in the blocked channel layout,
                   transforms only where the blocked chain starts and ends
     fuse          our fusion patterns: each match becomes one composite = one kernel
@@ -28,7 +29,8 @@ from .blocked_layout import (ConvertConvsToBlockedLayout, blocked_conv2d_legaliz
 from .fast_math import fast_math_legalize_map
 from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
-from .sink_transposes import SinkTransposes
+from .conv1d_as_conv2d import Conv1dAsConv2d
+from .sink_views import SinkViews
 
 
 # The graph-level phases: what inspect and a multi-target compile share before lowering.
@@ -54,7 +56,8 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             relax.transform.ConvertToDataflow(),
             # Folds the importer's constant bound/shape computations so rules see constants.
             FoldConstantsSafely(),
-            SinkTransposes(),
+            Conv1dAsConv2d(),
+            SinkViews(),
             ApplyRewriteRules(rewrites, report),
             relax.transform.DeadCodeElimination(),
             relax.transform.ConvertToDataflow(),

@@ -1,6 +1,6 @@
-"""SinkTransposes: transposes pushed below element-wise ops cancel against their inverses, and a
-channels-last converted CNN then fuses every conv with its epilogue; the numbers match ONNX
-Runtime and the unfused module."""
+"""SinkViews: transposes and unit-axis squeezes pushed below element-wise ops cancel against
+their inverses, and a channels-last converted CNN then fuses every conv with its epilogue; the
+numbers match ONNX Runtime and the unfused module."""
 
 import numpy as np
 import onnx
@@ -12,7 +12,7 @@ from tvm.script import relax as R
 
 from tvm_fusion import api
 from tvm_fusion.config import load_config
-from tvm_fusion.passes.sink_transposes import SinkTransposes, transpose_count
+from tvm_fusion.passes.sink_views import SinkViews, view_count
 from tvm_fusion.verify import reference_outputs
 
 # Stated tolerances: float32 convs, summation order differs between the engines.
@@ -48,7 +48,38 @@ def test_transposes_around_an_epilogue_cancel():
                 R.output(gv)
             return gv
 
-    tvm.ir.assert_structural_equal(SinkTransposes()(Before), Expected)
+    tvm.ir.assert_structural_equal(SinkViews()(Before), Expected)
+
+
+def test_a_conv1d_rows_squeeze_meets_the_next_convs_expand_dims():
+    """Conv1d as a one-row Conv2d: the bias (one value per channel, [C, 1]) gets the row axis back."""
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 4, 1, 5), "float32"), w: R.Tensor((4, 4, 1, 1), "float32")):
+            with R.dataflow():
+                conv = R.nn.conv2d(x, w)
+                row = R.squeeze(conv, [2])
+                biased = R.add(row, R.const(BIAS.reshape(4, 1)))
+                act = R.nn.relu(biased)
+                again = R.expand_dims(act, [2])
+                gv = R.nn.conv2d(again, w)
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 4, 1, 5), "float32"), w: R.Tensor((4, 4, 1, 1), "float32")):
+            with R.dataflow():
+                conv = R.nn.conv2d(x, w)
+                biased = R.add(conv, R.const(BIAS.reshape(1, 4, 1, 1)))
+                act = R.nn.relu(biased)
+                gv = R.nn.conv2d(act, w)
+                R.output(gv)
+            return gv
+
+    tvm.ir.assert_structural_equal(SinkViews()(Before), Expected)
 
 
 def test_a_residual_of_two_transposed_maps_is_added_untransposed():
@@ -64,8 +95,8 @@ def test_a_residual_of_two_transposed_maps_is_added_untransposed():
                 R.output(gv)
             return gv
 
-    sunk = SinkTransposes()(Before)
-    assert transpose_count(sunk["main"]) == 0
+    sunk = SinkViews()(Before)
+    assert view_count(sunk["main"]) == 0
     (binding,) = [b for b in sunk["main"].body.blocks[0].bindings if not isinstance(b.value, relax.Var)]
     assert binding.value.op.name == "relax.add" and list(binding.value.args) == list(sunk["main"].params)
 
@@ -83,7 +114,7 @@ def test_must_not_sink_past_an_untransposed_tensor_operand():
                 R.output(gv)
             return gv
 
-    tvm.ir.assert_structural_equal(SinkTransposes()(Before), Before)
+    tvm.ir.assert_structural_equal(SinkViews()(Before), Before)
 
 
 def test_must_not_duplicate_a_transpose_that_cancels_nowhere():
@@ -100,7 +131,7 @@ def test_must_not_duplicate_a_transpose_that_cancels_nowhere():
                 R.output(gv)
             return gv
 
-    tvm.ir.assert_structural_equal(SinkTransposes()(Before), Before)
+    tvm.ir.assert_structural_equal(SinkViews()(Before), Before)
 
 
 def _channels_last_cnn() -> onnx.ModelProto:
@@ -142,7 +173,7 @@ def test_channels_last_cnn_fuses_every_epilogue_and_matches_onnxruntime(tmp_path
     optimized = api.optimize(prepared)
     assert optimized.report.fired["conv_epilogue"] == 2
     # The input's transpose and the output's stay; the four around the convs cancelled.
-    assert transpose_count(SinkTransposes()(relax.transform.ConvertToDataflow()(prepared.relax_module))["main"]) == 2
+    assert view_count(SinkViews()(relax.transform.ConvertToDataflow()(prepared.relax_module))["main"]) == 2
     inputs = {"image": np.random.default_rng(1).standard_normal((1, 12, 10, 3)).astype(np.float32)}
     outputs = {}
     for label, module in (("fused", optimized.module), ("unfused", relax.get_pipeline("zero")(prepared.relax_module))):

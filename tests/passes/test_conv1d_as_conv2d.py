@@ -1,0 +1,103 @@
+"""Conv1dAsConv2d: a Conv1d becomes a one-row Conv2d; with SinkViews a Conv1d stack runs as
+Conv2d kernels with their epilogues fused and no squeeze between them, matching ONNX Runtime
+and the unfused module."""
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from tvm_fusion import api
+from tvm_fusion.config import load_config
+from tvm_fusion.passes import fusion_pipeline
+from tvm_fusion.passes.conv1d_as_conv2d import Conv1dAsConv2d
+from tvm_fusion.passes.sink_views import view_count
+from tvm_fusion.patterns import PatternReport
+from tvm_fusion.verify import reference_outputs
+
+# Stated tolerances: float32 convs, summation order differs between the engines.
+RTOL, ATOL = 1e-4, 1e-4
+WEIGHT = np.arange(2 * 3 * 3, dtype=np.float32).reshape(2, 3, 3)
+
+
+def test_conv1d_becomes_a_one_row_conv2d():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 3, 10), "float32")):
+            with R.dataflow():
+                gv = R.nn.conv1d(x, R.const(WEIGHT), strides=[2], padding=[1, 0], dilation=[1])
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 3, 10), "float32")):
+            with R.dataflow():
+                row = R.expand_dims(x, [2])
+                conv = R.nn.conv2d(row, R.const(WEIGHT.reshape(2, 3, 1, 3)), strides=[1, 2],
+                                   padding=[0, 1, 0, 0], dilation=[1, 1])
+                gv = R.squeeze(conv, [2])
+                R.output(gv)
+            return gv
+
+    tvm.ir.assert_structural_equal(Conv1dAsConv2d()(Before), Expected)
+
+
+def test_must_not_rewrite_a_channels_last_conv1d():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 10, 3), "float32")):
+            with R.dataflow():
+                gv = R.nn.conv1d(x, R.const(WEIGHT), data_layout="NWC")
+                R.output(gv)
+            return gv
+
+    tvm.ir.assert_structural_equal(Conv1dAsConv2d()(Before), Before)
+
+
+def _conv1d_stack(width: int, channels: int = 16) -> onnx.ModelProto:
+    """Conv1d(+bias) -> Relu -> Conv1d(stride 2, pad 1, +bias) -> Sigmoid, as audio encoders are."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((channels, 4, 3)).astype(np.float32) * 0.3, "w1"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b1"),
+             numpy_helper.from_array(rng.standard_normal((channels, channels, 3)).astype(np.float32) * 0.2, "w2"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b2")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1], strides=[2]),
+             helper.make_node("Sigmoid", ["c2"], ["y"])]
+    graph = helper.make_graph(nodes, "conv1d_stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, (width - 1) // 2 + 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("width", [1, 37, 400])
+def test_conv1d_stack_fuses_its_epilogues_and_matches_onnxruntime(tmp_path, width):
+    """A one-sample signal, an odd one and a long one."""
+    model = _conv1d_stack(width)
+    path = tmp_path / "conv1d_stack.onnx"
+    onnx.save(model, str(path))
+    prepared = api.prepare(path, load_config())
+    canonical = fusion_pipeline(prepared.config, PatternReport(), phases=("canonicalize",))(prepared.relax_module)
+    assert view_count(canonical["main"]) == 2  # the input's row and the output's squeeze; none between
+    optimized = api.optimize(prepared)
+    assert optimized.report.fired["conv_epilogue"] == 2
+    conv_rules = {k: v for k, v in optimized.schedule_rules.items() if "conv" in k}
+    assert conv_rules and "Fallback" not in conv_rules.values(), conv_rules
+    inputs = {"x": np.random.default_rng(1).standard_normal((1, 4, width)).astype(np.float32)}
+    outputs = {}
+    for label, module in (("fused", optimized.module), ("unfused", relax.get_pipeline("zero")(prepared.relax_module))):
+        vm = relax.VirtualMachine(tvm.compile(module, target=prepared.config.tvm_target()), tvm.cpu())
+        outputs[label] = vm["main"](tvm.runtime.tensor(inputs["x"])).numpy()
+    (expected,) = reference_outputs(model, inputs).values()
+    np.testing.assert_allclose(outputs["fused"], expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(outputs["fused"], outputs["unfused"], rtol=RTOL, atol=ATOL)

@@ -1,0 +1,65 @@
+"""Conv1dAsConv2d: every Conv1d computed as a Conv2d over a one-row map.
+
+Audio models (silero VAD's encoder, wav2vec-style feature extractors, TCNs) are Conv1d stacks.
+The conv patterns, the blocked layout and the conv schedules are written for Conv2d; a Conv1d
+left as it is runs under the generic Reduction or Fallback schedule, its bias and activation
+unfused. ``conv1d(x, w)`` equals ``squeeze(conv2d(expand_dims(x, 2), expand_dims(w, 2)), 2)``
+with the stride, padding and dilation on the width axis; ``SinkViews`` then moves each squeeze
+below the element-wise epilogue and cancels it against the next conv's ``expand_dims``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+CONV1D = "relax.nn.conv1d"
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Conv1dAsConv2d")
+class Conv1dAsConv2d:
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        for gvar, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+                mod[gvar] = _Rewriter(mod).visit_expr(func)
+        return mod
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = self.visit_expr(binding.value)
+        old = binding.var
+        if not _is_plain_conv1d(value):
+            var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(old.name, old.ty)
+            self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(value)))
+            self.set_var_remap(old, var)
+            return
+        attrs = value.attrs
+        data, weight = value.args
+        conv = self.builder_.emit(relax.op.nn.conv2d(
+            relax.op.expand_dims(data, [2]), _one_row_weight(weight),
+            strides=[1, int(attrs.strides[0])], padding=[0, int(attrs.padding[0]), 0, int(attrs.padding[1])],
+            dilation=[1, int(attrs.dilation[0])], groups=int(attrs.groups), out_dtype=attrs.out_dtype),
+            str(old.name))  # the conv keeps the name: it is the ONNX node
+        row = self.builder_.normalize(relax.op.squeeze(conv, [2]))
+        var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(f"{old.name}_row", row.ty)
+        self.builder_.emit_normalized(relax.VarBinding(var, row))
+        self.set_var_remap(old, var)
+
+
+def _is_plain_conv1d(value) -> bool:
+    if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get(CONV1D)):
+        return False
+    attrs = value.attrs
+    return (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NCW", "OIW", "NCW")
+
+
+def _one_row_weight(weight: relax.Expr) -> relax.Expr:
+    """OIW weights as OI1W: a constant reshaped now, anything else at run time."""
+    if isinstance(weight, tvm.ir.GenericConst):
+        value = weight.value.numpy()
+        return relax.const(np.ascontiguousarray(np.expand_dims(value, 2)), str(value.dtype))
+    return relax.op.expand_dims(weight, [2])

@@ -1,0 +1,205 @@
+"""SinkViews: move transposes and unit-axis squeezes past element-wise ops until they meet
+their inverse.
+
+Models converted from channels-last frameworks (TensorFlow/Keras via onnx2torch or tf2onnx,
+open-NSFW) wrap every conv in ``Transpose(NHWC->NCHW) -> Conv -> Transpose(NCHW->NHWC)`` and
+run the bias, batch-norm and activation in NHWC. Then no conv is followed by its epilogue: the
+transpose sits between, and each transpose is a kernel that moves the whole map. A Conv1d
+computed as a one-row Conv2d (``Conv1dAsConv2d``) is followed by the squeeze of that row in
+the same way. Element-wise ops commute with both views (``op(v(a), v(b), c) == v(op(a, b,
+v⁻¹(c)))``, the constant laid out to match), so each view is pushed below the element-wise ops
+after it; where it meets the view that undoes it (the inverse transpose, the next conv's
+``expand_dims``) the two cancel, and the conv, its epilogue and the next conv sit next to each
+other in one layout.
+
+The rewrite is kept for a function only when it leaves fewer views than it found: pushed
+below an op that has other users, a view can be duplicated instead of cancelled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+# Ops computed per element (with numpy broadcasting): they commute with any transpose.
+ELEMENTWISE_OPS = frozenset({
+    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power", "relax.maximum",
+    "relax.minimum", "relax.where", "relax.clip", "relax.nn.relu", "relax.nn.leakyrelu",
+    "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh",
+    "relax.negative", "relax.abs", "relax.exp", "relax.sqrt", "relax.rsqrt", "relax.erf",
+    "relax.astype", "relax.log", "relax.floor", "relax.ceil", "relax.round",
+})
+VIEW_OPS = ("relax.permute_dims", "relax.squeeze", "relax.expand_dims")
+SUFFIX = "_view"
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.SinkViews")
+class SinkViews:
+    """Transposes and unit-axis squeezes pushed below element-wise ops, cancelled against
+    their inverses."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, relax.Function) or (func.attrs and "Composite" in func.attrs):
+                continue
+            sunk = relax.analysis.remove_all_unused(_Sinker(mod).visit_expr(func))
+            if view_count(sunk) < view_count(func):
+                updates[gvar] = sunk
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+
+def view_count(func: relax.Function, ops: tuple[str, ...] = VIEW_OPS) -> int:
+    """How many calls of ``ops`` (by default every view this pass moves) ``func`` makes."""
+    wanted = {tvm.ir.Op.get(name) for name in ops}
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op in wanted:
+            found.append(expr)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return len(found)
+
+
+def _rank(expr) -> int | None:
+    ty = expr.ty
+    return ty.ndim if isinstance(ty, relax.TensorType) and ty.ndim >= 0 else None
+
+
+def _is_all_ones(expr) -> bool:
+    """A tensor that broadcasts the same way in any layout: a scalar or all dims 1."""
+    shape = expr.ty.shape if isinstance(expr.ty, relax.TensorType) else None
+    if shape is None or not isinstance(shape, relax.ShapeExpr):
+        return _rank(expr) == 0
+    return all(isinstance(dim, tvm.tirx.IntImm) and int(dim) == 1 for dim in shape.values)
+
+
+def _view_of(call, source_rank: int | None) -> tuple | None:
+    """``("permute", axes)`` or ``("squeeze", axis)`` (one axis) for a view this pass sinks,
+    ``("expand", axis)`` for one it only cancels; None for anything else."""
+    if not isinstance(call, relax.Call) or source_rank is None:
+        return None
+    if call.op == tvm.ir.Op.get("relax.permute_dims"):
+        axes = call.attrs.axes
+        return ("permute", tuple(range(source_rank - 1, -1, -1)) if axes is None else tuple(int(a) for a in axes))
+    for op, kind, rank in (("relax.squeeze", "squeeze", source_rank), ("relax.expand_dims", "expand", source_rank + 1)):
+        axis = call.attrs.axis if call.op == tvm.ir.Op.get(op) else None
+        if axis is not None and len(axis) == 1:
+            return (kind, int(axis[0]) % rank)
+    return None
+
+
+def _view_call(source: relax.Expr, view: tuple) -> relax.Call:
+    kind, arg = view
+    if kind == "permute":
+        return relax.op.permute_dims(source, list(arg))
+    return (relax.op.squeeze if kind == "squeeze" else relax.op.expand_dims)(source, [arg])
+
+
+def _compose(inner: tuple, outer: tuple) -> tuple | None:
+    """``outer(inner(x))`` as one view, ``("identity",)`` when they cancel, None when they do
+    not combine."""
+    if inner[0] == outer[0] == "permute":
+        axes = tuple(inner[1][a] for a in outer[1])
+        return ("identity",) if axes == tuple(range(len(axes))) else ("permute", axes)
+    if inner[0] == "squeeze" and outer == ("expand", inner[1]):
+        return ("identity",)
+    return None
+
+
+@mutator
+class _Sinker(PyExprMutator):
+    """One walk in binding order: ``viewed[var] = (source, view)`` for every variable that is a
+    transpose or a unit-axis squeeze of ``source``, so an op reading only such variables (and
+    constants) is re-emitted on the sources and followed by one view of its own."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.viewed: dict = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = self.builder_.normalize(self.visit_expr(binding.value))
+        view = _view_of(value, _rank(value.args[0])) if isinstance(value, relax.Call) and value.args else None
+        if view is not None:
+            self._emit_view(binding.var, value.args[0], view)
+            return
+        sunk = self._sunk(value)
+        if sunk is None:
+            self.set_var_remap(binding.var, self._emit_like(binding.var, binding.var.name, value))
+            return
+        call, view = sunk
+        source = self.builder_.emit(call, str(binding.var.name))
+        self._emit_view(binding.var, source, view)
+
+    def _emit_like(self, old: relax.Var, name: str, value: relax.Expr) -> relax.Var:
+        """``value`` bound to a new variable of ``old``'s kind (graph outputs stay outputs)."""
+        value = self.builder_.normalize(value)
+        var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(name, value.ty)
+        self.builder_.emit_normalized(relax.VarBinding(var, value))
+        return var
+
+    def _emit_view(self, old: relax.Var, source: relax.Expr, view: tuple) -> None:
+        """``old = view(source)``, composed with ``source``'s own view where they combine."""
+        if source in self.viewed:
+            inner, first = self.viewed[source]
+            composed = _compose(first, view)
+            if composed == ("identity",):  # met its inverse
+                cancelled = inner if isinstance(old, relax.DataflowVar) else self._emit_like(old, old.name, inner)
+                self.set_var_remap(old, cancelled)
+                return
+            if composed is not None:
+                source, view = inner, composed
+        # A sunk op took the old name (that is the ONNX node it computes); its view is new.
+        name = f"{old.name}{SUFFIX}" if isinstance(source, relax.Var) and source.name == old.name else str(old.name)
+        var = self._emit_like(old, name, _view_call(source, view))
+        if view[0] != "expand":
+            self.viewed[var] = (source, view)
+        self.set_var_remap(old, var)
+
+    def _sunk(self, call) -> tuple[relax.Call, tuple] | None:
+        """``call`` on the sources of its viewed operands, and the view to apply after it; None
+        when some tensor operand is neither viewed the same way (at full rank), a constant,
+        nor layout-free."""
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                and call.op.name in ELEMENTWISE_OPS):
+            return None
+        view = next((self.viewed[arg][1] for arg in call.args if arg in self.viewed), None)
+        if view is None:
+            return None
+        source_rank = len(view[1]) if view[0] == "permute" else (_rank(call) or 0) + 1
+        if _rank(call) != (source_rank if view[0] == "permute" else source_rank - 1):
+            return None
+        args = []
+        for arg in call.args:
+            if arg in self.viewed:
+                source, arg_view = self.viewed[arg]
+                if arg_view != view or _rank(arg) != _rank(call):
+                    return None
+                args.append(source)
+            elif isinstance(arg, tvm.ir.GenericConst):
+                args.append(_constant_for_source(arg, view, source_rank))
+            elif not isinstance(arg.ty, relax.TensorType) or _is_all_ones(arg):
+                args.append(arg)
+            else:
+                return None
+        return relax.Call(call.op, args, call.attrs, call.ty_args), view
+
+
+def _constant_for_source(constant: tvm.ir.GenericConst, view: tuple, source_rank: int) -> tvm.ir.GenericConst:
+    """The constant that broadcasts against the view's source as ``constant`` did against the
+    view: padded with leading 1s to the view's rank, then laid out back (permuted by the
+    inverse axes, or given the squeezed axis back)."""
+    value = constant.value.numpy()
+    if value.ndim == 0:
+        return constant
+    if view[0] == "permute":
+        value = value.reshape((1,) * (source_rank - value.ndim) + value.shape)
+        value = np.transpose(value, np.argsort(view[1]))
+    else:
+        value = np.expand_dims(value.reshape((1,) * (source_rank - 1 - value.ndim) + value.shape), view[1])
+    return relax.const(np.ascontiguousarray(value), str(value.dtype))
