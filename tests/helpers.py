@@ -187,3 +187,25 @@ def run_python(code: str, *args: str, cwd: Path | None = None, timeout: float = 
 
 def read_metadata(artifact: Path) -> dict:
     return json.loads((Path(artifact) / "metadata.json").read_text())
+
+
+def assert_fused_matches_references(model: onnx.ModelProto, prepared, optimized, inputs: dict[str, np.ndarray],
+                                    rtol: float, atol: float) -> list[np.ndarray]:
+    """Run the fused module (``api.optimize``'s) and the unfused one (TVM's zero pipeline) on
+    ``inputs``; the fused outputs must match ONNX Runtime and the unfused ones. Returns them."""
+    import tvm
+    from tvm import relax
+
+    from tvm_fusion.verify import reference_outputs
+
+    arrays = [tvm.runtime.tensor(inputs[spec.name]) for spec in prepared.inputs]
+    outputs = {}
+    for label, module in (("fused", optimized.module), ("unfused", relax.get_pipeline("zero")(prepared.relax_module))):
+        vm = relax.VirtualMachine(tvm.compile(module, target=prepared.config.tvm_target()), tvm.cpu())
+        result = vm["main"](*arrays)
+        outputs[label] = [result.numpy()] if hasattr(result, "numpy") else [r.numpy() for r in result]
+    expected = list(reference_outputs(model, inputs).values())
+    for fused, unfused, reference in zip(outputs["fused"], outputs["unfused"], expected, strict=True):
+        np.testing.assert_allclose(fused, reference, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(fused, unfused, rtol=rtol, atol=atol)
+    return outputs["fused"]

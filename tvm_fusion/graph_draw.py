@@ -92,7 +92,7 @@ def svg(scene: Scene, heading: str, colors: dict[str, str], interactive: bool) -
            f'font-size="{FONT_SIZE}">',
            '<defs><marker id="arrow" viewBox="0 0 6 6" refX="6" refY="3" markerWidth="6" markerHeight="6" '
            'orient="auto"><path d="M0,0.8 L6,3 L0,5.2 z" fill="#777"/></marker></defs>',
-           f'<rect width="100%" height="100%" fill="white"/>',
+           '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="{pt(_MARGIN)}" y="{pt(0.1 + 9 / 72)}" font-size="9">{html.escape(heading)}</text>']
     for number, entries in enumerate(legend):
         x, y = 0.0, -top + 0.38 + number * LINE * 1.4

@@ -7,17 +7,16 @@ import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
+import helpers
 from tvm_fusion import api
 from tvm_fusion.config import load_config
 from tvm_fusion.passes import fusion_pipeline
 from tvm_fusion.passes.conv1d_as_conv2d import Conv1dAsConv2d
 from tvm_fusion.passes.sink_views import view_count
 from tvm_fusion.patterns import PatternReport
-from tvm_fusion.verify import reference_outputs
 
 # Stated tolerances: float32 convs, summation order differs between the engines.
 RTOL, ATOL = 1e-4, 1e-4
@@ -94,10 +93,4 @@ def test_conv1d_stack_fuses_its_epilogues_and_matches_onnxruntime(tmp_path, widt
     conv_rules = {k: v for k, v in optimized.schedule_rules.items() if "conv" in k}
     assert conv_rules and "Fallback" not in conv_rules.values(), conv_rules
     inputs = {"x": np.random.default_rng(1).standard_normal((1, 4, width)).astype(np.float32)}
-    outputs = {}
-    for label, module in (("fused", optimized.module), ("unfused", relax.get_pipeline("zero")(prepared.relax_module))):
-        vm = relax.VirtualMachine(tvm.compile(module, target=prepared.config.tvm_target()), tvm.cpu())
-        outputs[label] = vm["main"](tvm.runtime.tensor(inputs["x"])).numpy()
-    (expected,) = reference_outputs(model, inputs).values()
-    np.testing.assert_allclose(outputs["fused"], expected, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(outputs["fused"], outputs["unfused"], rtol=RTOL, atol=ATOL)
+    helpers.assert_fused_matches_references(model, prepared, optimized, inputs, RTOL, ATOL)

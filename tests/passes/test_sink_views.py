@@ -10,10 +10,10 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
+import helpers
 from tvm_fusion import api
 from tvm_fusion.config import load_config
 from tvm_fusion.passes.sink_views import SinkViews, view_count
-from tvm_fusion.verify import reference_outputs
 
 # Stated tolerances: float32 convs, summation order differs between the engines.
 RTOL, ATOL = 1e-4, 1e-4
@@ -175,10 +175,4 @@ def test_channels_last_cnn_fuses_every_epilogue_and_matches_onnxruntime(tmp_path
     # The input's transpose and the output's stay; the four around the convs cancelled.
     assert view_count(SinkViews()(relax.transform.ConvertToDataflow()(prepared.relax_module))["main"]) == 2
     inputs = {"image": np.random.default_rng(1).standard_normal((1, 12, 10, 3)).astype(np.float32)}
-    outputs = {}
-    for label, module in (("fused", optimized.module), ("unfused", relax.get_pipeline("zero")(prepared.relax_module))):
-        vm = relax.VirtualMachine(tvm.compile(module, target=prepared.config.tvm_target()), tvm.cpu())
-        outputs[label] = vm["main"](tvm.runtime.tensor(inputs["image"])).numpy()
-    (expected,) = reference_outputs(model, inputs).values()
-    np.testing.assert_allclose(outputs["fused"], expected, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(outputs["fused"], outputs["unfused"], rtol=RTOL, atol=ATOL)
+    helpers.assert_fused_matches_references(model, prepared, optimized, inputs, RTOL, ATOL)

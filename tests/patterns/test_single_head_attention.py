@@ -10,11 +10,11 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
+import helpers
 from tvm_fusion import api
 from tvm_fusion.config import load_config
 from tvm_fusion.passes import ApplyRewriteRules
 from tvm_fusion.patterns import PatternReport, get_pattern
-from tvm_fusion.verify import reference_outputs
 
 # Stated tolerances: float32; the fast-math exp is within ~4e-6 relative of libm's.
 RTOL, ATOL = 1e-4, 1e-5
@@ -136,12 +136,5 @@ def test_decoder_attention_is_one_kernel_and_matches_onnxruntime(tmp_path):
     src_mask[1] = 1
     inputs = {"q": rng.standard_normal((batch, 1, dim)).astype(np.float32),
               "memory": rng.standard_normal((batch, keys, dim)).astype(np.float32), "src_mask": src_mask}
-    arrays = [tvm.runtime.tensor(inputs[spec.name]) for spec in prepared.inputs]
-    outputs = {}
-    for label, module in (("fused", optimized.module), ("unfused", relax.get_pipeline("zero")(prepared.relax_module))):
-        vm = relax.VirtualMachine(tvm.compile(module, target=prepared.config.tvm_target()), tvm.cpu())
-        outputs[label] = vm["main"](*arrays).numpy()
-    (expected,) = reference_outputs(model, inputs).values()
-    np.testing.assert_allclose(outputs["fused"], expected, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(outputs["fused"], outputs["unfused"], rtol=RTOL, atol=ATOL)
-    assert np.isnan(outputs["fused"][1]).all() and not np.isnan(outputs["fused"][0]).any()
+    (fused,) = helpers.assert_fused_matches_references(model, prepared, optimized, inputs, RTOL, ATOL)
+    assert np.isnan(fused[1]).all() and not np.isnan(fused[0]).any()

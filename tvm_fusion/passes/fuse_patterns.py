@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.tirx.analysis import undefined_vars
 
