@@ -30,9 +30,8 @@ def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = Non
     ``main`` dispatches to it (``buckets.py``); the report is the dynamic module's.
     """
     from .buckets import bucket_points, bucket_suffix, with_buckets
-    from .frontend import onnx as onnx_frontend
     from .passes import fusion_pipeline
-    from .preparation import prepare
+    from .preparation import prepare_at
 
     report = PatternReport()
     schedule_log: dict[str, str] = {}
@@ -44,8 +43,7 @@ def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = Non
     ranges = ranges_of(prepared.inputs)
     specialized = []
     for point in bucket_points(prepared.config.buckets, ranges):
-        shapes = {spec.name: spec.shape for spec in onnx_frontend.inputs_at(prepared.inputs, point)}
-        static = optimize(prepare(prepared.path, dataclasses.replace(prepared.config, buckets=()), shapes, progress),
+        static = optimize(prepare_at(prepared, dataclasses.replace(prepared.config, buckets=()), point, progress),
                           tuning_log, progress)
         suffix = bucket_suffix(point)
         schedule_log.update({name + suffix: rule for name, rule in static.schedule_rules.items()})

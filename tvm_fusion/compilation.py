@@ -20,7 +20,7 @@ from .frontend.dims import ranges_of, size_points
 from .metadata import artifact_metadata
 from .native_log import captured_native_stderr, summarize
 from .patterns import PatternReport
-from .preparation import PreparedModel, Progress, ShapeArg, prepare, quiet, resolve_config
+from .preparation import PreparedModel, Progress, ShapeArg, prepare, prepare_at, quiet, resolve_config
 from .runtime import CompiledModel
 from .verify import OutputComparison, ReferenceUnavailable, check_outputs, compare_outputs, reference_outputs
 
@@ -166,8 +166,7 @@ class _SharedWork:
         """``prepared``'s model at one exact size of its ranges (a shape bucket): imported static."""
         key = (id(prepared), tuple(sorted(sizes.items())))
         if key not in self.prepared:
-            shapes = {spec.name: spec.shape for spec in onnx_frontend.inputs_at(prepared.inputs, sizes)}
-            self.prepared[key] = prepare(self.model_path, cfg, shapes, self.progress)
+            self.prepared[key] = prepare_at(prepared, cfg, sizes, self.progress)
         return self.prepared[key]
 
     def inputs_and_reference(self, cfg: PipelineConfig, prepared: PreparedModel, with_reference: bool,

@@ -150,6 +150,12 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                          onnx_frontend.output_specs(model), module, Path(model_path).resolve())
 
 
+def prepare_at(prepared: PreparedModel, config, sizes: dict[str, int], progress: Progress = quiet) -> PreparedModel:
+    """``prepared``'s model imported static at one exact size of its ranges (a shape bucket)."""
+    shapes = {spec.name: spec.shape for spec in onnx_frontend.inputs_at(prepared.inputs, sizes)}
+    return prepare(prepared.path, config, shapes, progress)
+
+
 def at_one_size(prepared: PreparedModel, command: str) -> None:
     """Commands that time or tune kernels run at fixed sizes: a ShapeError for a range."""
     ranges = ranges_of(prepared.inputs)

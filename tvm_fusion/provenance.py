@@ -16,6 +16,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .passes.rebinding import rebind
+
 _NAME = re.compile(r"^onnx(\d+)(?:_\d+)?$")
 
 
@@ -92,6 +94,4 @@ class _Rename(PyExprMutator):
         # An alias (the graph output ``gv = lv``) takes its value's name: passes fold it away.
         alias = binding.value if isinstance(binding.value, relax.Var) else None
         name = self.names.get(old) or (self.names.get(alias) if alias is not None else None) or old.name
-        var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(name, old.ty)
-        self.builder_.emit_normalized(relax.VarBinding(var, value))
-        self.set_var_remap(old, var)
+        self.set_var_remap(old, rebind(self.builder_, old, value, name))

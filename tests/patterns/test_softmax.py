@@ -13,11 +13,11 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
+import helpers
 from tvm_fusion import api
 from tvm_fusion.config import load_config
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.patterns import PatternReport, get_pattern
-from tvm_fusion.verify import reference_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 # Stated tolerances: float32; the fast-math exp is within ~4e-6 relative of libm's.
@@ -177,17 +177,7 @@ def _check_against_references(model, tmp_path, inputs, fired):
     optimized = api.optimize(prepared)
     assert {name: optimized.report.fired[name] for name in fired} == fired
     assert "Softmax" in optimized.schedule_rules.values()
-    arrays = [inputs[spec.name] for spec in prepared.inputs]
-    outputs = {}
-    for label, module in (("fused", optimized.module), ("unfused", relax.get_pipeline("zero")(prepared.relax_module))):
-        vm = relax.VirtualMachine(tvm.compile(module, target=prepared.config.tvm_target()), tvm.cpu())
-        result = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
-        outputs[label] = [result.numpy()] if hasattr(result, "numpy") else [r.numpy() for r in result]
-    expected = list(reference_outputs(model, inputs).values())
-    for fused, unfused, reference in zip(outputs["fused"], outputs["unfused"], expected, strict=True):
-        np.testing.assert_allclose(fused, reference, rtol=RTOL, atol=ATOL)
-        np.testing.assert_allclose(fused, unfused, rtol=RTOL, atol=ATOL)
-    return outputs["fused"]
+    return helpers.assert_fused_matches_references(model, prepared, optimized, inputs, RTOL, ATOL)
 
 
 def _onnx_model(nodes, inputs, outputs, initializers):

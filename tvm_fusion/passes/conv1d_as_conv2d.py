@@ -15,6 +15,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .rebinding import rebind
+
 CONV1D = "relax.nn.conv1d"
 
 
@@ -33,9 +35,7 @@ class _Rewriter(PyExprMutator):
         value = self.visit_expr(binding.value)
         old = binding.var
         if not _is_plain_conv1d(value):
-            var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(old.name, old.ty)
-            self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(value)))
-            self.set_var_remap(old, var)
+            self.set_var_remap(old, rebind(self.builder_, old, value))
             return
         attrs = value.attrs
         data, weight = value.args
@@ -44,10 +44,7 @@ class _Rewriter(PyExprMutator):
             strides=[1, int(attrs.strides[0])], padding=[0, int(attrs.padding[0]), 0, int(attrs.padding[1])],
             dilation=[1, int(attrs.dilation[0])], groups=int(attrs.groups), out_dtype=attrs.out_dtype),
             str(old.name))  # the conv keeps the name: it is the ONNX node
-        row = self.builder_.normalize(relax.op.squeeze(conv, [2]))
-        var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(f"{old.name}_row", row.ty)
-        self.builder_.emit_normalized(relax.VarBinding(var, row))
-        self.set_var_remap(old, var)
+        self.set_var_remap(old, rebind(self.builder_, old, relax.op.squeeze(conv, [2]), f"{old.name}_row"))
 
 
 def _is_plain_conv1d(value) -> bool:

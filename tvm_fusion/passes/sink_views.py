@@ -23,6 +23,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .rebinding import rebind
+
 # Ops computed per element (with numpy broadcasting): they commute with any transpose.
 ELEMENTWISE_OPS = frozenset({
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power", "relax.maximum",
@@ -53,9 +55,9 @@ class SinkViews:
         return mod
 
 
-def view_count(func: relax.Function, ops: tuple[str, ...] = VIEW_OPS) -> int:
-    """How many calls of ``ops`` (by default every view this pass moves) ``func`` makes."""
-    wanted = {tvm.ir.Op.get(name) for name in ops}
+def view_count(func: relax.Function) -> int:
+    """How many transposes, squeezes and expand_dims ``func`` calls."""
+    wanted = {tvm.ir.Op.get(name) for name in VIEW_OPS}
     found = []
 
     def visit(expr):
@@ -130,18 +132,11 @@ class _Sinker(PyExprMutator):
             return
         sunk = self._sunk(value)
         if sunk is None:
-            self.set_var_remap(binding.var, self._emit_like(binding.var, binding.var.name, value))
+            self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value))
             return
         call, view = sunk
         source = self.builder_.emit(call, str(binding.var.name))
         self._emit_view(binding.var, source, view)
-
-    def _emit_like(self, old: relax.Var, name: str, value: relax.Expr) -> relax.Var:
-        """``value`` bound to a new variable of ``old``'s kind (graph outputs stay outputs)."""
-        value = self.builder_.normalize(value)
-        var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(name, value.ty)
-        self.builder_.emit_normalized(relax.VarBinding(var, value))
-        return var
 
     def _emit_view(self, old: relax.Var, source: relax.Expr, view: tuple) -> None:
         """``old = view(source)``, composed with ``source``'s own view where they combine."""
@@ -149,14 +144,14 @@ class _Sinker(PyExprMutator):
             inner, first = self.viewed[source]
             composed = _compose(first, view)
             if composed == ("identity",):  # met its inverse
-                cancelled = inner if isinstance(old, relax.DataflowVar) else self._emit_like(old, old.name, inner)
+                cancelled = inner if isinstance(old, relax.DataflowVar) else rebind(self.builder_, old, inner)
                 self.set_var_remap(old, cancelled)
                 return
             if composed is not None:
                 source, view = inner, composed
         # A sunk op took the old name (that is the ONNX node it computes); its view is new.
         name = f"{old.name}{SUFFIX}" if isinstance(source, relax.Var) and source.name == old.name else str(old.name)
-        var = self._emit_like(old, name, _view_call(source, view))
+        var = rebind(self.builder_, old, _view_call(source, view), name)
         if view[0] != "expand":
             self.viewed[var] = (source, view)
         self.set_var_remap(old, var)
@@ -169,11 +164,9 @@ class _Sinker(PyExprMutator):
                 and call.op.name in ELEMENTWISE_OPS):
             return None
         view = next((self.viewed[arg][1] for arg in call.args if arg in self.viewed), None)
-        if view is None:
+        if view is None or _rank(call) is None or view[0] == "permute" and _rank(call) != len(view[1]):
             return None
-        source_rank = len(view[1]) if view[0] == "permute" else (_rank(call) or 0) + 1
-        if _rank(call) != (source_rank if view[0] == "permute" else source_rank - 1):
-            return None
+        source_rank = _rank(call) + (view[0] == "squeeze")
         args = []
         for arg in call.args:
             if arg in self.viewed:

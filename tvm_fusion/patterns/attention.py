@@ -44,13 +44,13 @@ QK_FORMS = {"packed": "qkv_", "stacked": "qkv_stacked_", "projections": "", "hea
 # exporter), or nowhere (folded into the Q weights).
 SCALES = {"scores": "", "query": "_query_scaled", "query_and_key": "_qk_scaled", "none": "_unscaled"}
 
-MASKS = {  # name: (select mask (softmax.WHERE_MASKS), additive mask), longest first
-    "causal_masked": ("keep", True),
-    "masked_fill_masked": ("fill", True),
-    "causal": ("keep", False),
-    "masked_fill": ("fill", False),
-    "masked": (False, True),
-    "unmasked": (False, False),
+MASKS = {  # name: (select mask (one of softmax.WHERE_MASKS), additive mask), longest first
+    "causal_masked": ("causal", True),
+    "masked_fill_masked": ("masked_fill", True),
+    "causal": ("causal", False),
+    "masked_fill": ("masked_fill", False),
+    "masked": (None, True),
+    "unmasked": (None, False),
 }
 
 
@@ -99,7 +99,7 @@ def _qkv_operands(found: dict, qk_form: str):
     return _split_heads(found, "q"), _split_heads(found, "k"), _split_heads(found, "v")
 
 
-def attention_pattern(causal: bool | str, masked: bool, qk_form: str = "projections", scale_at: str = "scores",
+def attention_pattern(where: str | None, masked: bool, qk_form: str = "projections", scale_at: str = "scores",
                       nan_guard: bool = False):
     """The attention chain and its annotations."""
     found: dict = {}
@@ -111,7 +111,7 @@ def attention_pattern(causal: bool | str, masked: bool, qk_form: str = "projecti
         found["k_scale"] = wildcard()
         k_transposed = found["k_scaled"] = is_op("relax.multiply")(k_transposed, found["k_scale"])
     scores = found["scores"] = is_op("relax.matmul")(q, k_transposed)
-    probs = masked_softmax(found, scores, scale_at == "scores", causal, masked)
+    probs = masked_softmax(found, scores, scale_at == "scores", where, masked)
     if nan_guard:  # where(isnan(p), 0, p): torch's SDPA zeroes the rows a mask left all -inf
         found["nan_fill"] = wildcard()
         probs = found["guarded"] = is_op("relax.where")(is_op("relax.isnan")(probs), found["nan_fill"], probs)

@@ -24,7 +24,7 @@ def single_head_pattern(scale: bool, where: str | None, mask: bool) -> tuple:
     found["k_transposed"] = is_op("relax.permute_dims")(found["k"])
     # Only 3-D scores: the per-head 4-D form is the attention fusion's own (no near miss there).
     found["scores"] = is_op("relax.matmul")(found["q"], found["k_transposed"]).has_ty(relax.TensorType(ndim=3, dtype=""))
-    probs = masked_softmax(found, found["scores"], scale, WHERE_MASKS.get(where, False), mask)
+    probs = masked_softmax(found, found["scores"], scale, where, mask)
     found["context"] = is_op("relax.matmul")(probs, found["v"])
     return found["context"], found
 

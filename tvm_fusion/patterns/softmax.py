@@ -23,32 +23,32 @@ EPILOGUES = {
 }
 
 
-# The two spellings of a select-mask: ``where(keep, x, fill)`` (GPT-2's causal triangle) and
-# ``where(masked, fill, x)`` (torch's ``masked_fill``); False: none.
-WHERE_MASKS = {"causal": "keep", "masked_fill": "fill"}
+# The two spellings of a select-mask, by the name variants carry: ``where(keep, x, fill)``
+# (GPT-2's causal triangle) and ``where(masked, fill, x)`` (torch's ``masked_fill``).
+WHERE_MASKS = ("causal", "masked_fill")
 
 
-def softmax_pattern(scale: bool, causal: bool | str, mask: bool, epilogue: str | None):
+def softmax_pattern(scale: bool, where: str | None, mask: bool, epilogue: str | None):
     """``[epilogue](softmax([mask +] [where(cond, ] [x * s | x / s] [, fill)]))`` and its annotations."""
     found = {"x": wildcard()}
-    out = masked_softmax(found, found["x"], scale, causal, mask)
+    out = masked_softmax(found, found["x"], scale, where, mask)
     if epilogue:
         found["epilogue_operand"] = wildcard()
         out = found["epilogue"] = EPILOGUES[epilogue](out, found["epilogue_operand"])
     return out, found
 
 
-def masked_softmax(found: dict, logits, scale: bool, causal: bool | str, mask: bool):
+def masked_softmax(found: dict, logits, scale: bool, where: str | None, mask: bool):
     """``softmax([mask +] [where(cond, ] [logits * s | logits / s] [, fill)]))``, the prologue
-    steps exporters put before a softmax (in attention too), named in ``found``. ``causal``:
-    False, True or "keep" (``where(cond, logits, fill)``), or "fill" (``where(cond, fill, logits)``)."""
+    steps exporters put before a softmax (in attention too), named in ``found``. ``where``: one
+    of ``WHERE_MASKS`` ("masked_fill": ``where(cond, fill, logits)``), or None."""
     if scale:
         found["scale"] = wildcard()
         logits = found["scaled"] = (is_op("relax.divide")(logits, found["scale"])
                                     | is_op("relax.multiply")(logits, found["scale"]))
-    if causal:
+    if where:
         found["causal_cond"], found["causal_fill"] = wildcard(), wildcard()
-        chosen = (found["causal_fill"], logits) if causal == "fill" else (logits, found["causal_fill"])
+        chosen = (found["causal_fill"], logits) if where == "masked_fill" else (logits, found["causal_fill"])
         logits = found["causal"] = is_op("relax.where")(found["causal_cond"], *chosen)
     if mask:
         found["mask"] = wildcard()
@@ -57,8 +57,8 @@ def masked_softmax(found: dict, logits, scale: bool, causal: bool | str, mask: b
     return probs
 
 
-def variant_name(scale: bool, causal: str | None, mask: bool, epilogue: str | None) -> str:
-    parts = [name for name, on in (("scale", scale), (causal, causal), ("mask", mask)) if on]
+def variant_name(scale: bool, where: str | None, mask: bool, epilogue: str | None) -> str:
+    parts = [name for name, on in (("scale", scale), (where, where), ("mask", mask)) if on]
     return "_".join(parts + ["softmax"] + ([epilogue] if epilogue else []))
 
 
@@ -69,10 +69,8 @@ class Softmax(FusionRule):
 
     def variants(self):
         choices = itertools.product((True, False), (*WHERE_MASKS, None), (True, False), (*EPILOGUES, None))
-        variants = [(variant_name(scale, where, mask, epilogue),
-                     *softmax_pattern(scale, WHERE_MASKS.get(where, False), mask, epilogue))
-                    for scale, where, mask, epilogue in choices
-                    if scale or where or mask]  # a bare softmax is one kernel already
+        variants = [(variant_name(*choice), *softmax_pattern(*choice))
+                    for choice in choices if any(choice[:3])]  # a bare softmax is one kernel already
         return sorted(variants, key=lambda v: -len(v[0].split("_")))
 
     def anchor(self, context):
