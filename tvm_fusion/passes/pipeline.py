@@ -9,7 +9,9 @@
     fuse          our fusion patterns: each match becomes one composite = one kernel
     lower         LegalizeOps (vectorizable exp/erf/tanh when fast_math is on) + TVM's own
                   FuseOps/FuseTIR for everything our patterns left
-    schedule      a hand-written TensorIR schedule for every kernel (stock CPU schedules none)
+    schedule      a tuned schedule from the tuning log, else a hand-written TensorIR schedule
+                  (stock CPU schedules none); constant matmul weights of the hand-scheduled
+                  kernels are packed in column panels first
 
 The stock comparison pipeline is TVM's "zero" pipeline: the same lowering without our
 patterns or schedules.
@@ -30,6 +32,7 @@ from .fast_math import fast_math_legalize_map
 from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
 from .conv1d_as_conv2d import Conv1dAsConv2d
+from .pack_matmul_weights import PackMatmulWeights
 from .sink_views import SinkViews
 
 
@@ -109,7 +112,7 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
         from ..tuning.apply import ApplyTuningRecords
 
         tuned = [ApplyTuningRecords(tuning, config.tvm_target(), log=schedule_log)]
-    return [*tuned, ApplySchedules(config.tvm_target(), log=schedule_log)]
+    return [*tuned, PackMatmulWeights(config.tvm_target()), ApplySchedules(config.tvm_target(), log=schedule_log)]
 
 
 def stock_fusion_pipeline() -> tvm.transform.Pass:

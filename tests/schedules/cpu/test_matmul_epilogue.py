@@ -1,10 +1,13 @@
 """MatmulEpilogue: register-tiled matmul with its epilogue fused per tile."""
 
+import numpy as np
 import pytest
+import tvm
 from loop_structure import largest_divisor, loop_kinds, matmul_row_tiles, whole_vectors
 from tvm import relax, te
 from tvm.relax.op import add, divide, matmul, multiply, nn, permute_dims, sigmoid
 
+from tvm_fusion.passes.pack_matmul_weights import PackMatmulWeights, pack_columns
 from tvm_fusion.schedules.cpu import MatmulEpilogue
 
 
@@ -75,6 +78,19 @@ def test_weight_broadcast_over_batch(assert_schedule_matches, lanes):
     assert_register_tiled(funcs, lanes, 3, 10, 16, 32)
 
 
+def test_one_row_per_batch_item_tiles_the_batch_as_rows(assert_schedule_matches, lanes):
+    """An RNN's outputs [steps, 1, K] times a shared weight: the steps are the rows of one GEMM
+    (tiles of several steps, each weight panel read once per tile), not a matrix-vector product
+    per step."""
+    funcs = assert_schedule_matches(MatmulEpilogue(), matmul, rtol=1e-4, atol=1e-4, x=(30, 1, 16), w=(16, 32))
+    assert_register_tiled(funcs, lanes, 1, 30, 16, 32)
+
+
+def test_must_not_tile_the_batch_as_rows_when_the_weight_differs_per_item(assert_schedule_matches, lanes):
+    funcs = assert_schedule_matches(MatmulEpilogue(), matmul, rtol=1e-4, atol=1e-4, x=(6, 1, 16), w=(6, 16, 32))
+    assert_register_tiled(funcs, lanes, 6, 1, 16, 32)
+
+
 def test_declines_softmax(lowered, prim_funcs, target):
     mod = lowered(lambda x: nn.softmax(x, axis=-1), x=(8, 32))
     for func in prim_funcs(mod).values():
@@ -97,3 +113,38 @@ def test_declines_a_matmul_reading_its_weight_transposed(target):
     k = te.reduce_axis((0, 32), name="k")
     c = te.compute((8, 16), lambda i, j: te.sum(a[i, k] * b[j, k], axis=k), name="matmul")
     assert MatmulEpilogue().apply(te.create_prim_func([a, b, c]), target, False) is None
+
+
+@pytest.mark.parametrize("m, batch, n_panels, extra", [(13, 1, 8, 5), (1, 1, 4, 0), (7, 3, 2, 0)],
+                         ids=["odd rows, padded last panel", "one row", "batched rows"])
+def test_packed_weight_tiles_one_panel_per_column_tile(target, lanes, m, batch, n_panels, extra):
+    """With the weight in column panels (passes/pack_matmul_weights.py), a column tile is one
+    panel: the parallel loop runs row tiles x panels, the panel's columns are one vectorized
+    loop, and only the real columns are stored."""
+    panel = 2 * lanes
+    k, n = 24, n_panels * panel + extra
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, m, k)).astype("float32")
+    w = rng.standard_normal((k, n)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    params = [relax.Var("x", relax.TensorType((batch, m, k), "float32")), relax.Var("b", relax.TensorType((n,), "float32"))]
+    builder = relax.BlockBuilder()
+    with builder.function("main", params):
+        with builder.dataflow():
+            out = builder.emit_output(nn.relu(add(matmul(params[0], relax.const(w)), params[1])))
+        builder.emit_func_output(out)
+    mod = PackMatmulWeights(target)(relax.get_pipeline("zero")(builder.get()))
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert [int(d) for d in func.params[1].ty.shape] == [-(-n // panel), k, panel]
+    sch = MatmulEpilogue().apply(func, target, False)
+    assert sch is not None
+    scheduled = sch.mod["main"]
+    rows, row_tiles = matmul_row_tiles(m, lanes)
+    loops = loop_kinds(scheduled)
+    assert loops.parallel == [batch * row_tiles * -(-n // panel)]
+    assert loops.vectorized.count(panel) >= 2  # the update and the init
+    assert rows in loops.unrolled
+    result = tvm.runtime.tensor(np.zeros((batch, m, n), "float32"))
+    kernel = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target=target)
+    kernel["main"](*[tvm.runtime.tensor(a) for a in (x, pack_columns(w, panel), b)], result)
+    np.testing.assert_allclose(result.numpy(), np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)

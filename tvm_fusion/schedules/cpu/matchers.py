@@ -6,6 +6,7 @@ A helper module like ``helpers``: rules import from it, it defines no ScheduleRu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,12 +32,15 @@ _TILE_VECTORS = 2
 
 @dataclass
 class MatmulAxes:
-    """Positions of the matmul block's loops: batch loops, then i, j, k."""
+    """Positions of the matmul block's loops: batch loops, then i, j, k; with a weight in
+    column panels (``passes/pack_matmul_weights.py``), j is the panel and ``n_inner`` the
+    column within it (batch, i, panel, column, k)."""
 
     num_batch: int
     m: int
     n: int
     k: int
+    n_inner: int | None = None
 
 
 def match_matmul(block: s_tir.SBlock) -> MatmulAxes | None:
@@ -47,11 +51,59 @@ def match_matmul(block: s_tir.SBlock) -> MatmulAxes | None:
         return None
     if any(kind != tirx.IterVar.DataPar for kind in kinds[:-1]):
         return None
-    store = block.body
-    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
+    operands = _product_operands(block.body)
+    if operands is None:
         return None
+    store, lhs, rhs = operands
     *batch, i, j, k = iter_vars
-    if not _indices_are(store.indices, [*batch, i, j]):
+    if _indices_are(store.indices, [*batch, i, j]) and _reads_as(lhs, batch, i, k) and _reads_as(rhs, batch, k, j):
+        return MatmulAxes(num_batch=len(batch), m=len(batch), n=len(batch) + 1, k=len(batch) + 2)
+    if len(iter_vars) < 4:
+        return None
+    *batch, i, panel, column, k = iter_vars
+    if (_indices_are(store.indices, [*batch, i, panel, column]) and _reads_as(lhs, batch, i, k)
+            and _indices_are(rhs.indices, [panel, k, column])):
+        return MatmulAxes(num_batch=len(batch), m=len(batch), n=len(batch) + 1, k=len(batch) + 3,
+                          n_inner=len(batch) + 2)
+    return None
+
+
+def rows_from_batch(block: s_tir.SBlock, axes: MatmulAxes) -> MatmulAxes:
+    """``axes`` with a batch axis as the rows when the matmul has one row per batch item and a
+    weight shared by the batch: an LSTM's outputs [steps, 1, K] times a classifier's [K, N] are
+    ``steps`` rows of one GEMM (the weight read once per row tile), not ``steps`` matrix-vector
+    products that each read the whole weight. The unit row axis then counts as a batch axis."""
+    rows = block.iter_vars[axes.m].dom.extent
+    if not (is_static(rows) and int(rows) == 1) or axes.num_batch == 0:
+        return axes
+    _, lhs, rhs = _product_operands(block.body)
+    weight_vars = _vars_in(rhs.indices)
+    lhs_batch = list(lhs.indices[:-2])
+    for axis in reversed(range(axes.num_batch)):
+        var = block.iter_vars[axis].var
+        extent = block.iter_vars[axis].dom.extent
+        if any(v.same_as(var) for v in weight_vars) or not any(index.same_as(var) for index in lhs_batch):
+            continue  # the weight differs per item, or the item does not pick lhs rows
+        if not is_static(extent) or int(extent) > 1:
+            return dataclasses.replace(axes, m=axis)
+    return axes
+
+
+def batch_axes(axes: MatmulAxes) -> list[int]:
+    """The positions of the batch axes: those before the columns, except the rows."""
+    return [axis for axis in range(axes.num_batch + 1) if axis != axes.m]
+
+
+def _vars_in(exprs) -> list:
+    found = []
+    for expr in exprs:
+        tvm_ffi.structural_walk(expr, (tirx.Var, found.append))
+    return found
+
+
+def _product_operands(store) -> tuple | None:
+    """(store, A load, B load) of ``C[..] = C[..] + A[..] * B[..]``, or None."""
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
         return None
     acc, product = store.value.a, store.value.b
     if not (isinstance(acc, TensorLoad) and acc.source.same_as(store.buffer)):
@@ -61,9 +113,56 @@ def match_matmul(block: s_tir.SBlock) -> MatmulAxes | None:
     lhs, rhs = _strip_cast(product.a), _strip_cast(product.b)
     if not (isinstance(lhs, TensorLoad) and isinstance(rhs, TensorLoad)):
         return None
-    if not (_reads_as(lhs, batch, i, k) and _reads_as(rhs, batch, k, j)):
+    return store, lhs, rhs
+
+
+def _written_params(func: tirx.PrimFunc) -> list:
+    written = []
+
+    def visit(block):
+        for region in block.writes:
+            if any(region.source.same_as(p) for p in func.params) and not any(region.source.same_as(w) for w in written):
+                written.append(region.source)
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
+    return written
+
+
+# Columns below which a weight whose width the panel does not divide stays unpacked: the
+# zero-padded last panel then costs at most 1/8 more multiply-adds.
+_MIN_PADDED_PANELS = 8
+
+
+def packable_weight(func: tirx.PrimFunc, target: Target) -> tuple[int, int] | None:
+    """(the parameter position of B, the panel width) when ``func`` is a kernel MatmulEpilogue
+    schedules (one matmul, no prologue) whose B is a 2-D float32 parameter [K, N] of static size
+    that column panels fit (``passes/pack_matmul_weights.py``); None otherwise."""
+    sch = cpu_schedule(func, target)
+    kernel = None if sch is None else only_reduction(sch)
+    if kernel is None or kernel.prologue:
         return None
-    return MatmulAxes(num_batch=len(batch), m=len(batch), n=len(batch) + 1, k=len(batch) + 2)
+    block = kernel.stmt
+    axes = match_matmul(block)
+    if axes is None or axes.n_inner is not None:
+        return None
+    _, _, rhs = _product_operands(block.body)
+    if len(rhs.indices) != 2 or rhs.source.dtype != "float32":
+        return None
+    extents = [block.iter_vars[axis].dom.extent for axis in (axes.n, axes.k)]
+    if not all(is_static(e) for e in extents):
+        return None
+    columns, depth = (int(e) for e in extents)
+    panel = _TILE_VECTORS * vector_lanes(target, "float32")
+    if columns <= panel or depth < 2:
+        return None  # one panel is the matrix itself (and a unit panel or K axis would be folded away)
+    if columns % panel and columns < _MIN_PADDED_PANELS * panel:
+        return None
+    if len(_written_params(func)) != 1:
+        return None  # several outputs (training dropout's values and mask): MatmulMultiOutput's
+    for index, param in enumerate(func.params):
+        if param.same_as(rhs.source):
+            return index, panel
+    return None  # B is computed inside the kernel
 
 
 def matmul_tile_rows(target: Target) -> int:

@@ -6,7 +6,8 @@ from tvm.target import Target
 
 from .helpers import (compute_epilogue_at, cpu_schedule, extent, largest_divisor, only_reduction,
                       tile_factor, vectorized_init)
-from .matchers import MATMUL_K_UNROLL, MatmulAxes, match_matmul, matmul_tile_columns, matmul_tile_rows
+from .matchers import (MATMUL_K_UNROLL, MatmulAxes, batch_axes, match_matmul, matmul_tile_columns, matmul_tile_rows,
+                       rows_from_batch)
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
 from .target_info import vector_lanes
 
@@ -28,6 +29,7 @@ class MatmulEpilogue(ScheduleRule):
         axes = match_matmul(sch.get(matmul))
         if axes is None:
             return None
+        axes = rows_from_batch(sch.get(matmul), axes)
         if not isinstance(sch.get(matmul).iter_vars[axes.n].dom.extent, tirx.IntImm):
             return None  # symbolic columns: a predicated vector loop would run scalar
         dtype = sch.get(matmul).writes[0].source.dtype
@@ -42,16 +44,18 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, max_rows: int
         padded_lhs, unpad = _pad_rows(sch, matmul, axes, max_rows)
         epilogue = [unpad, *epilogue]
     loops = sch.get_loops(matmul)
-    batch = loops[: axes.num_batch]
-    m_loop, n_loop, k_loop = loops[axes.m], loops[axes.n], loops[axes.k]
+    batch = [loops[axis] for axis in batch_axes(axes)]
+    m_loop, k_loop = loops[axes.m], loops[axes.k]
     tile_rows = tile_factor(sch.get(m_loop).extent, max_rows)
-    tile_cols = matmul_tile_columns(extent(sch, n_loop), lanes)
     k_extent = extent(sch, k_loop)
     # A symbolic K is left unsplit: a predicated unrolled step would test every product.
     k_unroll = largest_divisor(k_extent, MATMUL_K_UNROLL) if isinstance(k_extent, int) else 1
 
     m_outer, m_inner = sch.split(m_loop, [None, tile_rows])
-    n_outer, n_inner = sch.split(n_loop, [None, tile_cols])
+    if axes.n_inner is None:
+        n_outer, n_inner = sch.split(loops[axes.n], [None, matmul_tile_columns(extent(sch, loops[axes.n]), lanes)])
+    else:  # a weight in column panels: a tile is one panel
+        n_outer, n_inner = loops[axes.n], loops[axes.n_inner]
     k_outer, k_inner = sch.split(k_loop, [None, k_unroll])
     # Column panels outermost: a K x tile_cols panel of B stays in cache while the
     # row tiles of A stream past it.
@@ -90,7 +94,7 @@ def _pad_rows(sch, matmul, axes: MatmulAxes, rows: int):
     tile's store (the unpad and epilogue) tests which rows exist. Returns the padding block
     (A's rows, copied once) and the unpad block (padded accumulator -> matmul result).
     """
-    factors = [1] * (axes.num_batch + 3)
+    factors = [1] * len(sch.get(matmul).iter_vars)
     factors[axes.m] = rows
     sch.pad_einsum(matmul, factors)
     (padded_lhs,) = sch.get_producers(matmul)
