@@ -11,9 +11,9 @@ kernel's parameter takes the panel layout (``transform_layout``) and every call 
 packed constant. A width that P does not divide is padded with zero columns: the kernel
 computes whole panels and its epilogue stores only the real columns.
 
-This runs in the schedule phase, on kernels the tuning log did not schedule (a tuned kernel
-keeps the layout it was tuned in), and only on kernels MatmulEpilogue schedules
-(``packable_weight``).
+This runs first in the schedule phase, before the tuning log is applied, and when tuning
+tasks are extracted (``tuning/tasks.py``): MetaSchedule tunes the packed kernel that compile
+runs. It takes only kernels MatmulEpilogue schedules (``packable_weight``).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@
     fuse          our fusion patterns: each match becomes one composite = one kernel
     lower         LegalizeOps (vectorizable exp/erf/tanh when fast_math is on) + TVM's own
                   FuseOps/FuseTIR for everything our patterns left
-    schedule      a tuned schedule from the tuning log, else a hand-written TensorIR schedule
-                  (stock CPU schedules none); constant matmul weights of the hand-scheduled
-                  kernels are packed in column panels first
+    schedule      constant matmul weights packed in column panels, then a tuned schedule
+                  from the tuning log, else a hand-written TensorIR schedule (stock CPU
+                  schedules none)
 
 The stock comparison pipeline is TVM's "zero" pipeline: the same lowering without our
 patterns or schedules.
@@ -112,7 +112,9 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
         from ..tuning.apply import ApplyTuningRecords
 
         tuned = [ApplyTuningRecords(tuning, config.tvm_target(), log=schedule_log)]
-    return [*tuned, PackMatmulWeights(config.tvm_target()), ApplySchedules(config.tvm_target(), log=schedule_log)]
+    # Weights are packed before the tuning log is read: MetaSchedule tunes the packed kernels
+    # (tuning/tasks.py), so records and hand schedules see the same kernel.
+    return [PackMatmulWeights(config.tvm_target()), *tuned, ApplySchedules(config.tvm_target(), log=schedule_log)]
 
 
 def stock_fusion_pipeline() -> tvm.transform.Pass:
