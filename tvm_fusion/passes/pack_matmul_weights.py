@@ -25,6 +25,7 @@ from tvm import relax, s_tir, tirx
 from tvm.ir.expr import Call
 from tvm.target import Target
 
+from ..schedules import unscheduled_kernels
 from ..schedules.cpu.helpers import only_reduction
 from ..schedules.cpu.matchers import packable_weight
 
@@ -41,10 +42,7 @@ class PackMatmulWeights:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         calls = _calls_by_kernel(mod)
         packed = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or (func.attrs and func.attrs.get("tirx.is_scheduled", False)):
-                continue
-            target = func.attrs.get("target", self.target) if func.attrs else self.target
+        for gvar, func, target in unscheduled_kernels(mod, self.target):
             weight = packable_weight(func, target)
             if weight is None:
                 continue

@@ -30,10 +30,7 @@ class ApplySchedules:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
-                continue
-            target = func.attrs.get("target", self.target) if func.attrs else self.target
+        for gvar, func, target in unscheduled_kernels(mod, self.target):
             rule, sch = hand_schedule(func, target)
             if sch is not None:
                 updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
@@ -52,8 +49,12 @@ def hand_schedule(func: tirx.PrimFunc, target: Target) -> tuple[str | None, s_ti
     return None, None
 
 
-def _is_scheduled(func: tirx.PrimFunc) -> bool:
-    return bool(func.attrs and func.attrs.get("tirx.is_scheduled", False))
+def unscheduled_kernels(mod: tvm.IRModule, target: Target):
+    """(GlobalVar, PrimFunc, its target) for every PrimFunc of ``mod`` not yet marked
+    ``tirx.is_scheduled``; a function's own ``target`` attribute wins over ``target``."""
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled", False)):
+            yield gvar, func, func.attrs.get("target", target) if func.attrs else target
 
 
 def _first_schedule(space) -> s_tir.Schedule | None:

@@ -19,7 +19,7 @@ from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
-from ..schedules import hand_schedule
+from ..schedules import hand_schedule, unscheduled_kernels
 from .store_contents import StoreContents, read_store, store_dirs, target_key, workload_id
 from .store_database import usable_database
 
@@ -89,9 +89,7 @@ class ApplyTuningRecords:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         database = self.records.database
         updates = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or (func.attrs and func.attrs.get("tirx.is_scheduled", False)):
-                continue
+        for gvar, func, _ in unscheduled_kernels(mod, self.target):
             workload_mod = _normalize(func)
             if not database.has_workload(workload_mod):
                 continue

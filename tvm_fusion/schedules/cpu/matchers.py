@@ -16,7 +16,8 @@ from tvm.ir.expr import TensorLoad
 from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
-from .helpers import cpu_schedule, inline_cheap_blocks, iter_kinds, largest_divisor, only_reduction, row_tile
+from .helpers import (OneReduction, cpu_schedule, inline_cheap_blocks, iter_kinds, largest_divisor, only_reduction,
+                      row_tile)
 from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
                              width_tiles)
 from .target_info import vector_lanes, vector_registers
@@ -133,23 +134,33 @@ def _written_params(func: tirx.PrimFunc) -> list:
 _MIN_PADDED_PANELS = 8
 
 
-def packable_weight(func: tirx.PrimFunc, target: Target) -> tuple[int, int] | None:
-    """(the parameter position of B, the panel width) when ``func`` is a kernel MatmulEpilogue
-    schedules (one matmul, no prologue) whose B is a 2-D float32 parameter [K, N] of static size
-    that column panels fit (``passes/pack_matmul_weights.py``); None otherwise."""
+def matmul_kernel(func: tirx.PrimFunc, target: Target) -> tuple[OneReduction, MatmulAxes] | None:
+    """The kernel MatmulEpilogue schedules: for a CPU target, one matmul (``match_matmul``) of
+    static columns with only spatial blocks after it; its blocks and axes, else None. The blocks
+    are read as legalized: normalizing would drop unit loops (M=1) and fuse batch loops."""
     sch = cpu_schedule(func, target)
     kernel = None if sch is None else only_reduction(sch)
     if kernel is None or kernel.prologue:
+        return None  # a prologue or a second reduction
+    axes = match_matmul(kernel.stmt)
+    if axes is None or not is_static(kernel.stmt.iter_vars[axes.n].dom.extent):
+        return None  # symbolic columns: a predicated vector loop would run scalar
+    return kernel, axes
+
+
+def packable_weight(func: tirx.PrimFunc, target: Target) -> tuple[int, int] | None:
+    """(the parameter position of B, the panel width) when ``func`` is a kernel MatmulEpilogue
+    schedules (``matmul_kernel``) whose B is a 2-D float32 parameter [K, N] of static size
+    that column panels fit (``passes/pack_matmul_weights.py``); None otherwise."""
+    found = matmul_kernel(func, target)
+    if found is None or found[1].n_inner is not None:
         return None
-    block = kernel.stmt
-    axes = match_matmul(block)
-    if axes is None or axes.n_inner is not None:
-        return None
+    block, axes = found[0].stmt, found[1]
     _, _, rhs = _product_operands(block.body)
     if len(rhs.indices) != 2 or rhs.source.dtype != "float32":
         return None
     extents = [block.iter_vars[axis].dom.extent for axis in (axes.n, axes.k)]
-    if not all(is_static(e) for e in extents):
+    if not is_static(extents[1]):
         return None
     columns, depth = (int(e) for e in extents)
     panel = _TILE_VECTORS * vector_lanes(target, "float32")

@@ -4,9 +4,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (compute_epilogue_at, cpu_schedule, extent, largest_divisor, only_reduction,
-                      tile_factor, vectorized_init)
-from .matchers import (MATMUL_K_UNROLL, MatmulAxes, batch_axes, match_matmul, matmul_tile_columns, matmul_tile_rows,
+from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorized_init
+from .matchers import (MATMUL_K_UNROLL, MatmulAxes, batch_axes, matmul_kernel, matmul_tile_columns, matmul_tile_rows,
                        rows_from_batch)
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
 from .target_info import vector_lanes
@@ -20,18 +19,12 @@ class MatmulEpilogue(ScheduleRule):
     """
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        sch = cpu_schedule(func, target)
-        # Read the blocks as legalized: normalizing would drop unit loops (M=1) and fuse batch loops.
-        kernel = None if sch is None else only_reduction(sch)
-        if kernel is None or kernel.prologue:
-            return None  # a prologue or a second reduction: not this rule's shape
-        matmul = kernel.block
-        axes = match_matmul(sch.get(matmul))
-        if axes is None:
+        found = matmul_kernel(func, target)
+        if found is None:
             return None
+        kernel, axes = found
+        sch, matmul = kernel.sch, kernel.block
         axes = rows_from_batch(sch.get(matmul), axes)
-        if not isinstance(sch.get(matmul).iter_vars[axes.n].dom.extent, tirx.IntImm):
-            return None  # symbolic columns: a predicated vector loop would run scalar
         dtype = sch.get(matmul).writes[0].source.dtype
         sch = _schedule(sch, matmul, kernel.epilogue, axes, vector_lanes(target, dtype), matmul_tile_rows(target))
         return serial_when_small(sch, MIN_PARALLEL_TILE_WORK)  # a few symbolic rows: one core
