@@ -41,7 +41,7 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
                  "input_shapes": list(model.input_shapes)}
     try:
         started = time.perf_counter()
-        compiled = api.compile_model(path, None, list(model.input_shapes), output_dir=out_dir)
+        compiled = api.compile_model(path, model.config(), list(model.input_shapes), output_dir=out_dir)
         row["compile_s"] = round(time.perf_counter() - started, 1)
         outputs = compiled.metadata["verification"]["outputs"]
         row["compiles"] = True

@@ -170,6 +170,20 @@ def write_config(path: Path, schedule: str = "none", patterns: list[str] | None 
     return path
 
 
+def run_imported(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The model as imported (no fusion, TVM's zero pipeline) run on ``inputs``: converters' numerics."""
+    import tvm
+    from tvm import relax
+
+    from tvm_fusion.frontend import onnx as onnx_frontend
+
+    specs = [onnx_frontend.TensorSpec(name, value.shape, str(value.dtype)) for name, value in inputs.items()]
+    module = onnx_frontend.import_model(model, specs)
+    vm = relax.VirtualMachine(tvm.compile(relax.get_pipeline("zero")(module), target="llvm"), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()])
+    return [got.numpy()] if isinstance(got, tvm.runtime.Tensor) else [g.numpy() for g in got]
+
+
 def ort_outputs(model_path: Path | str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 

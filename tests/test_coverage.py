@@ -79,6 +79,18 @@ def test_decomposed_layer_norm_rms_norm_and_softmax_by_what_they_compute():
                                 ("softmax", ["sm_max", "sm_exp", "sm_div"])]
 
 
+def test_a_whole_norm_op_is_a_chain_only_with_the_add_before_it():
+    """LayerNormalization after a residual add: the add is what skip_layernorm fuses. On a
+    model input there is nothing to fuse: one kernel either way."""
+    node = helper.make_node
+    model = graph_model(
+        [node("Add", ["x", "r"], ["s"], name="residual"),
+         node("LayerNormalization", ["s", "gamma", "beta"], ["y"], name="ln", axis=-1),
+         node("LayerNormalization", ["z", "gamma", "beta"], ["u"], name="input_ln", axis=-1)],
+        [("x", [2, 8]), ("r", [2, 8]), ("z", [2, 8])], ["y", "u"], {"gamma": np.ones(8), "beta": np.zeros(8)})
+    assert chains_of(model) == [("layer_norm", ["residual", "ln"])]
+
+
 def test_an_epilogue_is_all_the_element_wise_work_after_the_matmul_in_any_spelling():
     node = helper.make_node
     model = graph_model(

@@ -58,7 +58,7 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     peaks (tvm_fusion.machine_peak), probed once per machine class.
     """
     from .peers import OpenVinoRunner, check_peers
-    from .verify import onnxruntime_feeds, onnxruntime_session, run_onnxruntime
+    from .verify import onnxruntime_feeds, onnxruntime_session, reference_outputs, run_onnxruntime
 
     peers = check_peers(peers)  # a missing package fails now, not after the builds
     native: list[str] = []
@@ -84,7 +84,8 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     session = onnxruntime_session(prepared.onnx_model, cfg.threads)
     feeds = onnxruntime_feeds(inputs)  # converted once, as the TVM runners' tensors are
     runners = {"onnxruntime": lambda: run_onnxruntime(session, feeds)}
-    reference = runners["onnxruntime"]()
+    runners["onnxruntime"]()
+    reference = reference_outputs(prepared.onnx_model, inputs, cfg.threads)  # timed ORT may be CPU-dependent
     errors = {}
 
     def max_abs_error(produced: dict) -> float:

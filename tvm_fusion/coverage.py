@@ -184,10 +184,11 @@ def find_chains(model: onnx.ModelProto) -> list[Chain]:
         if op == "Exp" and g.op(g.parent(i)) == "Sub" and g.op(g.parent(g.parent(i), 1)) == "ReduceMax":
             divide = [c for c in g.children(i) if g.op(c) == "Div"]
             chains.append(Chain("softmax", (g.parent(g.parent(i), 1), i, *divide)))
-        elif op == "LayerNormalization":
-            chains.append(Chain("layer_norm", (i,)))
-        elif op in ("SimplifiedLayerNormalization", "RMSNormalization"):
-            chains.append(Chain("rms_norm", (i,)))
+        elif op in ("LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"):
+            # A whole norm op is one kernel already; the add before it (skip_layernorm,
+            # skip_rms_norm) is what there is to fuse.
+            if g.op(g.parent(i)) == "Add":
+                chains.append(Chain("layer_norm" if op == "LayerNormalization" else "rms_norm", (g.parent(i), i)))
         elif op == "ReduceMean":
             chains.extend(_norm_chain(g, i))
         elif op in ("Gelu", "Erf") or (op == "Tanh" and g.has_constant_near(i, 0.044715, 4)):

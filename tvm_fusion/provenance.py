@@ -66,17 +66,17 @@ def _binding_names(func: relax.Function, converted: list[tuple[int, relax.Expr]]
     for node, expr in converted:
         if node < 0:
             continue
-        extra = [0]
-
-        def claim(e, node=node, extra=extra):
-            # A binding's variable, or a value bound later as is (a tuple field, an output).
-            var = e if isinstance(e, relax.Var) and e in var2val else bound.get(e)
-            if var is not None and var not in names:
-                extra[0] += 1
-                names[var] = f"onnx{node}_{extra[0]}"
-                relax.analysis.post_order_visit(var2val[var], claim)  # what it was computed from
-
-        relax.analysis.post_order_visit(expr, claim)
+        claimed, pending = 0, [expr]
+        while pending:  # a worklist, not recursion: an unrolled LSTM's chain is thousands deep
+            visited: list = []
+            relax.analysis.post_order_visit(pending.pop(), visited.append)
+            for e in visited:
+                # A binding's variable, or a value bound later as is (a tuple field, an output).
+                var = e if isinstance(e, relax.Var) and e in var2val else bound.get(e)
+                if var is not None and var not in names:
+                    claimed += 1
+                    names[var] = f"onnx{node}_{claimed}"
+                    pending.append(var2val[var])  # what it was computed from
     return names
 
 

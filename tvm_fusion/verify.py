@@ -30,7 +30,10 @@ class OutputComparison:
         return dataclasses.asdict(self)
 
 
-def onnxruntime_session(model: onnx.ModelProto, threads: int):
+def onnxruntime_session(model: onnx.ModelProto, threads: int, exact_integer_products: bool = False):
+    """``exact_integer_products``: for a reference. On x86 without VNNI, ONNX Runtime's fast
+    uint8 x int8 products (quantize_dynamic's LSTM and MatMul) saturate pairs of terms at int16,
+    so its outputs depend on the CPU; this makes it use exact (slower) uint8 x uint8 products."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -39,6 +42,8 @@ def onnxruntime_session(model: onnx.ModelProto, threads: int):
     # Spinning intra-op threads would keep both cores busy between ORT runs and starve the TVM
     # runs interleaved with them in one benchmark process.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if exact_integer_products:
+        options.add_session_config_entry("session.x64quantprecision", "1")
     try:
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # ORT raises its own classes (NotImplemented, Fail, ...)
@@ -69,7 +74,8 @@ def run_onnxruntime(session, feeds: dict) -> dict[str, np.ndarray]:
 
 
 def reference_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray], threads: int = 1):
-    return run_onnxruntime(onnxruntime_session(model, threads), onnxruntime_feeds(inputs))
+    return run_onnxruntime(onnxruntime_session(model, threads, exact_integer_products=True),
+                           onnxruntime_feeds(inputs))
 
 
 def _to_numpy(value) -> np.ndarray:

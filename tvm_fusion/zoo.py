@@ -47,6 +47,15 @@ class ZooModel:
     architecture: str
     input_shapes: tuple[str, ...]  # --input-shape flags to compile at
     note: str = ""
+    # Verification tolerance in place of the config's, for models that quantize activations at
+    # run time: a last-bit difference before a rounding to uint8 moves a value a whole step.
+    atol: float | None = None
+
+    def config(self):
+        """The pipeline config to compile this model with: the host config, with ``atol``."""
+        from .config import load_config
+
+        return dataclasses.replace(load_config(), atol=self.atol) if self.atol is not None else None
 
     @property
     def wheel(self) -> str:

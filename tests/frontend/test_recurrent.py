@@ -10,6 +10,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
+from helpers import run_imported
 from tvm_fusion.errors import ModelError
 from tvm_fusion.frontend import onnx as onnx_frontend
 
@@ -89,14 +90,6 @@ def test_directions_match_onnxruntime(kind, direction):
 @pytest.mark.parametrize("bias, initial", [(False, False), (True, True), (False, True)])
 def test_with_and_without_biases_and_initial_states(kind, bias, initial):
     assert_matches_onnxruntime(recurrent_model(kind, "bidirectional", bias=bias, initial=initial))
-
-
-def run_imported(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    specs = [onnx_frontend.TensorSpec(name, value.shape, "float32") for name, value in inputs.items()]
-    module = onnx_frontend.import_model(model, specs)
-    vm = relax.VirtualMachine(tvm.compile(relax.get_pipeline("zero")(module), target="llvm"), tvm.cpu())
-    got = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()])
-    return [got.numpy()] if isinstance(got, tvm.runtime.Tensor) else [g.numpy() for g in got]
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])

@@ -40,7 +40,7 @@ def test_zoo_model_compiles_verifies_and_fuses(name, zoo_models, tmp_path):
     # Without the fusion gate (tests/test_fusion_gate.py tests it; it doubles the compile here):
     # a fusion that disagreed with its unfused nodes would fail the verification below instead
     # of being undone.
-    compiled = api.compile_model(zoo_models[name], None, shapes, output_dir=tmp_path, fusion_gate=False)
+    compiled = api.compile_model(zoo_models[name], model.config(), shapes, output_dir=tmp_path, fusion_gate=False)
     assert all(o["within_tolerance"] for o in compiled.metadata["verification"]["outputs"])
     rules = compiled.metadata["schedule_rules"]
     assert len(rules) >= 10 and not [k for k, rule in rules.items() if "conv" in k and rule == "Fallback"], rules

@@ -12,6 +12,10 @@
   import opset 9, where the scales are an input. Ours is ``resize2d`` with Upsample's
   asymmetric coordinates and floor.
 * LSTM, GRU: TVM has no converter (CRNN OCR recognizers use them); ours are in ``recurrent.py``.
+* ConvInteger, ``com.microsoft`` DynamicQuantizeLSTM (``quantize_dynamic`` output): not in TVM;
+  ours compute the integer products in float32, exactly (``quantized.py``). MatMulInteger of a
+  constant weight too (TVM's runs an int32 matmul no schedule of ours takes). DynamicQuantizeLinear:
+  TVM's divides by zero on an all-zero tensor (ONNX Runtime then takes scale 1); ours does not.
 * Range over a symbolic size (GPT-2's position ids, ``Range(0, sequence, 1)``): TVM gives the
   result a fresh length var, so ``embeddings + positions`` loses its shape and the import
   fails. Ours is ``arange`` with the length as an expression of the input dims.
@@ -40,6 +44,7 @@ from ..kernels import CLIP_KERNELS, kernel_attrs
 from ..kernels.dropout_training import emit_dropout_training
 from ..kernels.eye_like import emit_eye_like
 from .op_support import unsupported_ops, unsupported_ops_message
+from .quantized import DynamicQuantization, centered_constant, integer_input
 from .recurrent import convert_gru, convert_lstm
 
 _DEFAULT_RATIO = 0.5
@@ -57,7 +62,9 @@ class Importer(ONNXGraphImporter):
                    "Upsample": self._upsample, "LSTM": self._recurrent(convert_lstm),
                    "GRU": self._recurrent(convert_gru), "Range": self._range,
                    "Expand": self._expand, "Resize": self._resize, "Clip": self._clip,
-                   "Scaler": self._scaler}.get(op_name)
+                   "Scaler": self._scaler, "ConvInteger": self._conv_integer,
+                   "DynamicQuantizeLinear": self._dynamic_quantize_linear, "MatMulInteger": self._matmul_integer,
+                   "DynamicQuantizeLSTM": self._recurrent(convert_lstm, quantized=True)}.get(op_name)
         converted = convert(inputs, attrs, opset) if convert is not None else None
         if converted is None:
             return super()._convert_operator(op_name, inputs, attrs, opset)
@@ -84,17 +91,58 @@ class Importer(ONNXGraphImporter):
         scale = relax.const(np.asarray(attrs.get("scale", [1.0]), "float32"))
         return relax.op.multiply(self.bb.emit(relax.op.subtract(data, offset)), scale)
 
-    def _recurrent(self, convert):
+    def _recurrent(self, convert, **options):
         def run(inputs, attrs, _opset):
-            return convert(self.bb, inputs, attrs, lambda e: get_constant(e, [self._nodes, self._params]))
+            return convert(self.bb, inputs, attrs, self._constant, **options)
 
         return run
+
+    def _constant(self, value):
+        return get_constant(value, [self._nodes, self._params])
+
+    def _conv_integer(self, inputs, attrs, opset):
+        """ConvInteger as TVM's float32 Conv of ``x - x_zero_point`` and ``w - w_zero_point``
+        (whole numbers: the result is exact), cast to ConvInteger's int32."""
+        data_zero_point, weight_zero_point = (inputs[i] if len(inputs) > i else None for i in (2, 3))
+        data = integer_input(self.bb, inputs[0], data_zero_point)
+        weights = self._constant(inputs[1])
+        zero_point = None if weight_zero_point is None else self._constant(weight_zero_point)
+        if isinstance(weights, tvm.ir.GenericConst) and (zero_point is None or isinstance(zero_point, tvm.ir.GenericConst)):
+            weights = relax.const(centered_constant(
+                weights.value.numpy(), None if zero_point is None else zero_point.value.numpy(), channel_axis=0))
+        else:  # weights computed at run time; a zero point per output channel ([M]) broadcasts as [M, 1, ...]
+            if weight_zero_point is not None and weight_zero_point.ty.ndim == 1:
+                weight_zero_point = relax.op.reshape(weight_zero_point, [-1] + [1] * (inputs[1].ty.ndim - 1))
+            weights = integer_input(self.bb, inputs[1], weight_zero_point)
+        conv = self.bb.normalize(super()._convert_operator("Conv", [data, weights, None], attrs, opset))
+        return relax.op.astype(conv, "int32")
+
+    def _matmul_integer(self, inputs, _attrs, _opset):
+        """MatMulInteger of a constant B as a float32 MatMul of whole numbers (exact, like
+        ``_conv_integer``), cast to int32: the weight is then packed for our matmul kernel.
+        A zero point per row of A, or a B computed at run time, goes to TVM's int32 converter."""
+        data_zero_point, weight_zero_point = (inputs[i] if len(inputs) > i else None for i in (2, 3))
+        weights = self._constant(inputs[1])
+        zero_point = None if weight_zero_point is None else self._constant(weight_zero_point)
+        if (not isinstance(weights, tvm.ir.GenericConst) or weights.ty.ndim != 2
+                or (zero_point is not None and not isinstance(zero_point, tvm.ir.GenericConst))
+                or (data_zero_point is not None and _size(data_zero_point) != 1)):
+            return None
+        weights = relax.const(centered_constant(
+            weights.value.numpy(), None if zero_point is None else zero_point.value.numpy(), channel_axis=1))
+        product = relax.op.matmul(integer_input(self.bb, inputs[0], data_zero_point), weights)
+        return relax.op.astype(self.bb.normalize(product), "int32")
+
+    def _dynamic_quantize_linear(self, inputs, _attrs, _opset):
+        quantized = DynamicQuantization(self.bb, inputs[0])
+        return relax.Tuple([relax.op.astype(quantized.values, "uint8"), quantized.scale,
+                            relax.op.astype(quantized.zero_point, "uint8")])
 
     def _dropout(self, inputs, attrs, opset):
         if opset < 12 or len(inputs) < 3 or inputs[2] is None:
             return self._inference_dropout(inputs, attrs, opset)
         name = attrs["tvm_custom"]["name"] or "(unnamed)"
-        training = get_constant(inputs[2], [self._nodes, self._params])
+        training = self._constant(inputs[2])
         if not isinstance(training, tvm.ir.GenericConst):
             raise ModelError(f"Dropout node {name!r}: training_mode is computed at run time",
                              "make training_mode a constant (an initializer) of the mode you "
@@ -102,7 +150,7 @@ class Importer(ONNXGraphImporter):
         if not bool(training.value.numpy()):
             return self._inference_dropout(inputs, attrs, opset)
         ratio = inputs[1] if len(inputs) > 1 and inputs[1] is not None else relax.const(_DEFAULT_RATIO)
-        ratio = get_constant(ratio, [self._nodes, self._params])
+        ratio = self._constant(ratio)
         if ratio.ty.ndim != 0:  # some exporters write the scalar as a 1-element tensor
             ratio = self.bb.emit(relax.op.reshape(ratio, ()))
         if ratio.ty.dtype != "float32":
@@ -136,7 +184,7 @@ class Importer(ONNXGraphImporter):
     def _range(self, inputs, _attrs, _opset):
         """An integer Range whose bounds are shape expressions, as ``arange`` of known length;
         anything else (constant or data-dependent bounds, floats) goes to TVM's converter."""
-        bounds = [get_constant(value, [self._nodes, self._params]) for value in inputs]
+        bounds = [self._constant(value) for value in inputs]
         if not any(tvm.ir.is_prim_expr(b) and not isinstance(b, tvm.tirx.IntImm) for b in bounds):
             return None
         values = []
@@ -156,7 +204,7 @@ class Importer(ONNXGraphImporter):
         """TVM's converter, with whole-number float scales given to it as integers when the
         input has symbolic dims (so each output size is an exact multiple of the input's)."""
         dims = getattr(inputs[0].ty, "shape", None)
-        scales = get_constant(inputs[2], [self._nodes, self._params]) if len(inputs) > 2 and inputs[2] is not None else None
+        scales = self._constant(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else None
         if dims is None or all(isinstance(d, tvm.tirx.IntImm) for d in dims) or not isinstance(
                 scales, tvm.ir.GenericConst):
             return None
@@ -168,7 +216,7 @@ class Importer(ONNXGraphImporter):
 
     def _expand(self, inputs, _attrs, _opset):
         """Expand of a symbolically shaped tensor to a constant shape (TVM's handles the rest)."""
-        data, shape = inputs[0], get_constant(inputs[1], [self._nodes, self._params])
+        data, shape = inputs[0], self._constant(inputs[1])
         dims = getattr(data.ty, "shape", None)
         if not isinstance(shape, tvm.ir.GenericConst) or dims is None or all(
                 isinstance(d, tvm.tirx.IntImm) for d in dims):
@@ -188,7 +236,7 @@ class Importer(ONNXGraphImporter):
         goes to TVM's converter (which then names what it does not support)."""
         x = inputs[0]
         if opset >= 9:
-            scales = get_constant(inputs[1], [self._nodes, self._params]) if len(inputs) > 1 else None
+            scales = self._constant(inputs[1]) if len(inputs) > 1 else None
             if not isinstance(scales, tvm.ir.GenericConst):
                 return None
             scales = [float(v) for v in scales.value.numpy().reshape(-1)]
@@ -207,6 +255,14 @@ class Importer(ONNXGraphImporter):
         return relax.op.image.resize2d(x, size, layout="NCHW", method=method,
                                        coordinate_transformation_mode="asymmetric",
                                        rounding_method="floor")
+
+
+def _size(expr: relax.Expr) -> int | None:
+    """The element count of a statically shaped tensor, else None."""
+    dims = getattr(expr.ty, "shape", None)
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return int(np.prod([int(d) for d in dims]))
 
 
 class _MarkingBuilder:

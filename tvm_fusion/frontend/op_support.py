@@ -11,12 +11,13 @@ import collections
 import onnx
 
 # Ops converted only by converters.py: TVM's importer (and its unsupported-op check) does not know them.
-OWN_OPS = frozenset({"LSTM", "GRU"})
+OWN_OPS = frozenset({"LSTM", "GRU", "ConvInteger"})
 # Ops TVM's importer builds itself, outside its converter table: If becomes a Relax ``If`` whose
 # branches are imported from its subgraphs (checked here like the main graph).
 DIRECT_OPS = frozenset({"If"})
-# The same for ops of other domains, as "<domain>.<op>" (skl2onnx writes StandardScaler as one).
-OWN_DOMAIN_OPS = frozenset({"ai.onnx.ml.Scaler"})
+# The same for ops of other domains, as "<domain>.<op>" (skl2onnx writes StandardScaler as one,
+# onnxruntime's quantize_dynamic a quantized LSTM).
+OWN_DOMAIN_OPS = frozenset({"ai.onnx.ml.Scaler", "com.microsoft.DynamicQuantizeLSTM"})
 
 
 def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[str]]:

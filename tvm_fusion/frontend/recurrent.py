@@ -6,6 +6,9 @@ multiplies the hidden state by ``Rᵀ`` and applies the gate math, which TVM's F
 ``gemm_epilogue`` turn into a few kernels per step. Directions are forward, reverse and
 bidirectional; layouts 0 (time-major) and 1 (batch-major); biases, initial states and LSTM
 peepholes are optional; ``clip`` bounds the gate pre-activations as ONNX Runtime does.
+ONNX Runtime's DynamicQuantizeLSTM (``quantize_dynamic``'s LSTM: int8 weights, each product's
+left operand quantized to uint8 at run time) is the LSTM with those products computed as
+ONNX Runtime computes them (``quantized.py``).
 ``sequence_lens`` is taken only when it is absent or a constant equal to the sequence length
 for every batch entry; ``input_forget`` is refused. Both name the node when they refuse.
 """
@@ -20,9 +23,11 @@ from tvm import relax
 from tvm.relax import op as R
 
 from ..errors import ModelError
+from .quantized import DynamicQuantization, centered_constant, constant_array
 
 # ONNX's default activations: LSTM (f, g, h), GRU (f, g); repeated per direction.
-_DEFAULTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh")}
+_DEFAULTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "DynamicQuantizeLSTM": ("Sigmoid", "Tanh", "Tanh"),
+             "GRU": ("Sigmoid", "Tanh")}
 
 
 def _activation(name: str, alpha: float | None, beta: float | None, dtype: str) -> Callable[[relax.Expr], relax.Expr]:
@@ -38,10 +43,64 @@ def _activation(name: str, alpha: float | None, beta: float | None, dtype: str) 
     raise KeyError(name)
 
 
+class _FloatProducts:
+    """``x · W[d]ᵀ`` and ``h · R[d]ᵀ`` with ONNX's float weights ([dirs, gates*hidden, K])."""
+
+    def __init__(self, rnn: "_Recurrence", weights: relax.Expr, recurrent: relax.Expr):
+        self.rnn, self.weights, self.recurrent_weights = rnn, weights, recurrent
+
+    def _product(self, weights: relax.Expr, direction: int) -> Callable[[relax.Expr], relax.Expr]:
+        transposed = self.rnn.bb.emit(R.permute_dims(self.rnn.direction_slice(weights, direction), [1, 0]))
+        return lambda left: R.matmul(left, transposed)
+
+    def input(self, direction: int) -> Callable[[relax.Expr], relax.Expr]:
+        return self._product(self.weights, direction)
+
+    def recurrent(self, direction: int) -> Callable[[relax.Expr], relax.Expr]:
+        return self._product(self.recurrent_weights, direction)
+
+
+class _QuantizedProducts:
+    """DynamicQuantizeLSTM's products: int8 weights stored transposed ([dirs, K, gates*hidden])
+    with a scale and zero point per direction or per gate column. Each product quantizes its
+    left operand (all of it: every step's input at once, or one step's hidden state), as
+    ONNX Runtime's quantized LSTM does, and scales the whole-number product by both scales."""
+
+    def __init__(self, rnn: "_Recurrence", inputs: list, constant):
+        node = f"{rnn.kind} node {rnn.name!r}"
+
+        def weight(what: str, indices: tuple[int, int, int]) -> tuple[list, list]:
+            values, scale, zero_point = (constant_array(inputs[i], constant, node, f"{what} {part}")
+                                         for i, part in zip(indices, ("weights", "scale", "zero point")))
+            centered = [centered_constant(values[d], zero_point[d], channel_axis=1) for d in range(len(values))]
+            return centered, [np.asarray(scale[d], np.float32) for d in range(len(values))]
+
+        self.rnn = rnn
+        self.input_weights = weight("input", (1, 8, 9))  # W, W_scale, W_zero_point
+        self.recurrent_weights = weight("recurrent", (2, 10, 11))  # R, R_scale, R_zero_point
+
+    def _product(self, weights: tuple, direction: int) -> Callable[[relax.Expr], relax.Expr]:
+        bb = self.rnn.bb
+        centered, scale = relax.const(weights[0][direction]), relax.const(weights[1][direction])
+
+        def product(left: relax.Expr) -> relax.Expr:
+            quantized = DynamicQuantization(bb, bb.normalize(left))
+            return R.multiply(R.matmul(quantized.centered(bb), centered), R.multiply(quantized.scale, scale))
+
+        return product
+
+    def input(self, direction: int) -> Callable[[relax.Expr], relax.Expr]:
+        return self._product(self.input_weights, direction)
+
+    def recurrent(self, direction: int) -> Callable[[relax.Expr], relax.Expr]:
+        return self._product(self.recurrent_weights, direction)
+
+
 class _Recurrence:
     """What LSTM and GRU share: attributes, inputs in time-major form, per-direction weights."""
 
-    def __init__(self, bb: relax.BlockBuilder, kind: str, inputs: list, attrs: dict, constant):
+    def __init__(self, bb: relax.BlockBuilder, kind: str, inputs: list, attrs: dict, constant,
+                 quantized: bool = False):
         self.bb, self.kind = bb, kind
         self.name = attrs["tvm_custom"]["name"] or "(unnamed)"
         direction = attrs.get("direction", b"forward")
@@ -62,7 +121,9 @@ class _Recurrence:
         self.dtype = str(x.ty.dtype)
         self.activations = self._activations(attrs)
         self.weights, self.recurrent = inputs[1], inputs[2]
-        self.hidden = int(attrs.get("hidden_size", int(self.recurrent.ty.shape[-1])))
+        self.hidden = int(attrs.get("hidden_size", int(self.recurrent.ty.shape[1 if quantized else -1])))
+        self.products = (_QuantizedProducts(self, inputs, constant) if quantized
+                         else _FloatProducts(self, self.weights, self.recurrent))
         self.bias = self._optional(inputs, 3)
         self._check_sequence_lens(self._optional(inputs, 4), constant)
         self.initial_h = self._state(self._optional(inputs, 5))
@@ -111,8 +172,7 @@ class _Recurrence:
     def gate_input(self, gates: int, direction: int, recurrent_bias_gates: int):
         """``X·Wᵀ + Wb (+ Rb for the first ``recurrent_bias_gates`` gates)`` for all steps: [seq, batch, gates*hidden]."""
         bb, h = self.bb, self.hidden
-        w = self.direction_slice(self.weights, direction)
-        projected = bb.emit(R.matmul(self.x, R.permute_dims(w, [1, 0])))
+        projected = bb.emit(self.products.input(direction)(self.x))
         if self.bias is None:
             return projected
         bias = self.direction_slice(self.bias, direction)
@@ -158,9 +218,9 @@ class _Recurrence:
         return relax.Tuple([y, *stacked_finals])
 
 
-def convert_lstm(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant) -> relax.Tuple:
-    """ONNX LSTM (gate order i, o, f, c) -> (Y, Y_h, Y_c)."""
-    rnn = _Recurrence(bb, "LSTM", inputs, attrs, constant)
+def convert_lstm(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant, quantized: bool = False) -> relax.Tuple:
+    """ONNX LSTM (gate order i, o, f, c) -> (Y, Y_h, Y_c); ``quantized``: DynamicQuantizeLSTM's inputs."""
+    rnn = _Recurrence(bb, "DynamicQuantizeLSTM" if quantized else "LSTM", inputs, attrs, constant, quantized)
     initial_c = rnn._state(rnn._optional(inputs, 6))
     peepholes = rnn._optional(inputs, 7)
     h = rnn.hidden
@@ -168,7 +228,7 @@ def convert_lstm(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant) ->
     for direction in range(rnn.directions):
         f, g, act_h = rnn.activations[direction]
         projected = rnn.gate_input(4, direction, recurrent_bias_gates=4)
-        recurrent_t = bb.emit(R.permute_dims(rnn.direction_slice(rnn.recurrent, direction), [1, 0]))
+        recurrent_product = rnn.products.recurrent(direction)
         hidden = rnn.direction_slice(rnn.initial_h, direction) if rnn.initial_h is not None else rnn.zeros_state()
         cell = rnn.direction_slice(initial_c, direction) if initial_c is not None else rnn.zeros_state()
         peep = None
@@ -177,7 +237,7 @@ def convert_lstm(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant) ->
             peep = [bb.emit(R.strided_slice(p, [0], [k * h], [(k + 1) * h])) for k in range(3)]  # i, o, f
         outputs = {}
         for step in rnn.time_order(direction):
-            gates = bb.emit(R.add(rnn.step_input(projected, step), R.matmul(hidden, recurrent_t)))
+            gates = bb.emit(R.add(rnn.step_input(projected, step), recurrent_product(hidden)))
             i, o, fg, c = (bb.emit(R.strided_slice(gates, [1], [k * h], [(k + 1) * h])) for k in range(4))
             if peep is not None:
                 i = R.add(i, R.multiply(peep[0], cell))

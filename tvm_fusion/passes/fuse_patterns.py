@@ -6,6 +6,7 @@ import collections
 
 import tvm
 from tvm import relax
+from tvm.relax import dpl
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.tirx.analysis import undefined_vars
 
@@ -27,12 +28,17 @@ class FusePatterns:
         declined: dict[str, NearMiss] = {}
         accepted: list[tuple[str, str, relax.Var, list[relax.Var]]] = []
         original = _OriginalVars(mod)
+        # A variant needing an op the module does not call cannot match: FuseOpsByPattern, a
+        # whole-graph walk per variant, is skipped for it (an unrolled LSTM has thousands of
+        # bindings; the rules have hundreds of variants, most of them conv and attention forms).
+        present = called_ops(mod)
         patterns = [
             relax.transform.FusionPattern(f"{rule.name}.{variant}", root, annotations,
                                           self._check(rule, declined, accepted, variant, self.excluded, original,
                                                       mod))
             for rule in self.rules
             for variant, root, annotations in rule.variants()
+            if required_ops(root) <= present
         ]
         position_values = original.values
         position = {var: index for index, var in enumerate(position_values)}
@@ -182,6 +188,40 @@ class _DropArguments(PyExprMutator):
             return relax.Call(new_gvar, [arg for i, arg in enumerate(call.args) if i not in positions],
                               call.attrs, call.ty_args)
         return call
+
+
+def called_ops(mod: tvm.IRModule) -> set[str]:
+    """Names of the ops the module's Relax functions call."""
+    found: set[str] = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            found.add(expr.op.name)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def required_ops(pattern: dpl.DFPattern) -> frozenset[str]:
+    """The ops every match of ``pattern`` calls: those of its calls, except where an alternative
+    (``|``) needs only those both sides need. Patterns of other kinds require none."""
+    if isinstance(pattern, dpl.CallPattern):
+        own = ({pattern.op.expr.name} if isinstance(pattern.op, dpl.ExprPattern)
+               and isinstance(pattern.op.expr, tvm.ir.Op) else set())
+        return frozenset(own).union(*(required_ops(arg) for arg in pattern.args or ()))
+    if isinstance(pattern, dpl.OrPattern):
+        return required_ops(pattern.left) & required_ops(pattern.right)
+    if isinstance(pattern, dpl.AndPattern):
+        return required_ops(pattern.left) | required_ops(pattern.right)
+    if isinstance(pattern, (dpl.TuplePattern, dpl.UnorderedTuplePattern)):
+        return frozenset().union(*(required_ops(field) for field in pattern.fields))
+    if isinstance(pattern, dpl.TupleGetItemPattern):
+        return required_ops(pattern.tuple)
+    if isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
+        return required_ops(pattern.pattern)
+    return frozenset()
 
 
 def composite_calls(mod: tvm.IRModule) -> list[str]:

@@ -16,7 +16,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
-from .helpers import (OneReduction, cpu_schedule, inline_cheap_blocks, iter_kinds, largest_divisor, only_reduction,
+from .helpers import (OneReduction, among, cpu_schedule, inline_cheap_blocks, iter_kinds, largest_divisor, only_reduction,
                       row_tile)
 from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
                              width_tiles)
@@ -140,12 +140,30 @@ def matmul_kernel(func: tirx.PrimFunc, target: Target) -> tuple[OneReduction, Ma
     are read as legalized: normalizing would drop unit loops (M=1) and fuse batch loops."""
     sch = cpu_schedule(func, target)
     kernel = None if sch is None else only_reduction(sch)
+    if kernel is not None and kernel.prologue:
+        kernel = _without_side_inputs(kernel)
     if kernel is None or kernel.prologue:
         return None  # a prologue or a second reduction
     axes = match_matmul(kernel.stmt)
     if axes is None or not is_static(kernel.stmt.iter_vars[axes.n].dom.extent):
         return None  # symbolic columns: a predicated vector loop would run scalar
     return kernel, axes
+
+
+def _without_side_inputs(kernel: OneReduction) -> OneReduction | None:
+    """The kernel with the blocks before its matmul that only the epilogue reads (an LSTM
+    step's slice of the input projection, added to ``h · R``) inlined into their readers; None
+    when one of them feeds the matmul (a real prologue) or cannot be inlined."""
+    sch = kernel.sch
+    operands = [region.source for region in kernel.stmt.reads]
+    for block in kernel.prologue:
+        if any(among(region.source, operands) for region in sch.get(block).writes):
+            return None
+        try:
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            return None
+    return only_reduction(sch)
 
 
 def packable_weight(func: tirx.PrimFunc, target: Target) -> tuple[int, int] | None:
