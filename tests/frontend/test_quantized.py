@@ -193,3 +193,6 @@ def test_quantized_model_compiles_through_the_pipeline_and_verifies(tmp_path, co
     result = compile_model(path, config_path(), [], output_dir=tmp_path / "build")
     outputs = result.metadata["verification"]["outputs"]
     assert len(outputs) == 3 and all(o["within_tolerance"] for o in outputs)
+    rules = result.metadata["schedule_rules"]
+    assert [rule for kernel, rule in rules.items() if "conv2d" in kernel] == ["Conv2dNCHW"], rules
+    assert [rule for kernel, rule in rules.items() if "matmul" in kernel].count("MatmulEpilogue") >= 2, rules

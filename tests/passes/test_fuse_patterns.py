@@ -85,3 +85,21 @@ def test_the_stepped_fpn_merge_lowers_and_matches_the_unfused_module_at_several_
         steps = tvm.runtime.ShapeTuple([h, w])
         np.testing.assert_allclose(fused["main"](steps, x, top).numpy(), plain["main"](steps, x, top).numpy(),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_required_ops_are_those_every_match_calls():
+    """FusePatterns skips a variant whose required ops the module does not call: an op on one
+    side of ``|`` only is not required, one on both sides is."""
+    from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
+
+    from tvm_fusion.passes.fuse_patterns import required_ops
+
+    matmul = is_op("relax.matmul")(wildcard(), wildcard())
+    biased = is_op("relax.add")(matmul, wildcard())
+    assert required_ops(biased) == {"relax.add", "relax.matmul"}
+    assert required_ops(biased | matmul) == {"relax.matmul"}
+    assert required_ops(is_op("relax.nn.relu")(biased).has_dtype("float32")) == {"relax.nn.relu", "relax.add",
+                                                                                  "relax.matmul"}
+    assert required_ops(is_tuple_get_item(is_tuple([matmul, wildcard()]), 0)) == {"relax.matmul"}
+    assert required_ops(wildcard()) == frozenset()
+

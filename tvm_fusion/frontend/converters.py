@@ -105,33 +105,37 @@ class Importer(ONNXGraphImporter):
         (whole numbers: the result is exact), cast to ConvInteger's int32."""
         data_zero_point, weight_zero_point = (inputs[i] if len(inputs) > i else None for i in (2, 3))
         data = integer_input(self.bb, inputs[0], data_zero_point)
-        weights = self._constant(inputs[1])
-        zero_point = None if weight_zero_point is None else self._constant(weight_zero_point)
-        if isinstance(weights, tvm.ir.GenericConst) and (zero_point is None or isinstance(zero_point, tvm.ir.GenericConst)):
-            weights = relax.const(centered_constant(
-                weights.value.numpy(), None if zero_point is None else zero_point.value.numpy(), channel_axis=0))
-        else:  # weights computed at run time; a zero point per output channel ([M]) broadcasts as [M, 1, ...]
+        weights = self._centered_weights(inputs[1], weight_zero_point, channel_axis=0)
+        if weights is None:  # computed at run time; a zero point per output channel ([M]) as [M, 1, ...]
             if weight_zero_point is not None and weight_zero_point.ty.ndim == 1:
                 weight_zero_point = relax.op.reshape(weight_zero_point, [-1] + [1] * (inputs[1].ty.ndim - 1))
             weights = integer_input(self.bb, inputs[1], weight_zero_point)
-        conv = self.bb.normalize(super()._convert_operator("Conv", [data, weights, None], attrs, opset))
-        return relax.op.astype(conv, "int32")
+        return self._as_int32(super()._convert_operator("Conv", [data, weights, None], attrs, opset))
 
     def _matmul_integer(self, inputs, _attrs, _opset):
         """MatMulInteger of a constant B as a float32 MatMul of whole numbers (exact, like
         ``_conv_integer``), cast to int32: the weight is then packed for our matmul kernel.
         A zero point per row of A, or a B computed at run time, goes to TVM's int32 converter."""
         data_zero_point, weight_zero_point = (inputs[i] if len(inputs) > i else None for i in (2, 3))
-        weights = self._constant(inputs[1])
-        zero_point = None if weight_zero_point is None else self._constant(weight_zero_point)
-        if (not isinstance(weights, tvm.ir.GenericConst) or weights.ty.ndim != 2
-                or (zero_point is not None and not isinstance(zero_point, tvm.ir.GenericConst))
-                or (data_zero_point is not None and _size(data_zero_point) != 1)):
+        weights = self._centered_weights(inputs[1], weight_zero_point, channel_axis=1)
+        if weights is None or weights.ty.ndim != 2 or (data_zero_point is not None and _size(data_zero_point) != 1):
             return None
-        weights = relax.const(centered_constant(
-            weights.value.numpy(), None if zero_point is None else zero_point.value.numpy(), channel_axis=1))
-        product = relax.op.matmul(integer_input(self.bb, inputs[0], data_zero_point), weights)
+        return self._as_int32(relax.op.matmul(integer_input(self.bb, inputs[0], data_zero_point), weights))
+
+    def _as_int32(self, product: relax.Expr) -> relax.Expr:
+        """An integer op's int32 result from its float32 product of whole numbers."""
         return relax.op.astype(self.bb.normalize(product), "int32")
+
+    def _centered_weights(self, weights, zero_point, channel_axis: int) -> tvm.ir.GenericConst | None:
+        """``weights - zero_point`` (one, or one per channel along ``channel_axis``) as a float32
+        constant; None unless both are constants."""
+        weights = self._constant(weights)
+        zero_point = None if zero_point is None else self._constant(zero_point)
+        if not isinstance(weights, tvm.ir.GenericConst) or not (
+                zero_point is None or isinstance(zero_point, tvm.ir.GenericConst)):
+            return None
+        return relax.const(centered_constant(weights.value.numpy(), None if zero_point is None
+                                             else zero_point.value.numpy(), channel_axis))
 
     def _dynamic_quantize_linear(self, inputs, _attrs, _opset):
         quantized = DynamicQuantization(self.bb, inputs[0])

@@ -91,6 +91,30 @@ def test_must_not_tile_the_batch_as_rows_when_the_weight_differs_per_item(assert
     assert_register_tiled(funcs, lanes, 6, 1, 16, 32)
 
 
+def test_a_block_before_the_matmul_that_only_the_epilogue_reads_is_inlined(assert_schedule_matches, lanes):
+    """An LSTM step: this step's slice of the input projection, squeezed, plus ``h @ R``. FuseOps
+    puts the squeeze before the matmul; it feeds only the add, so the kernel is still a
+    matmul with an epilogue."""
+    from tvm.relax.op import squeeze
+
+    def step(projected, h, r):
+        return add(squeeze(projected, [0]), matmul(h, r))
+
+    funcs = assert_schedule_matches(MatmulEpilogue(), step, rtol=1e-4, atol=1e-4,
+                                    projected=(1, 2, 48), h=(2, 16), r=(16, 48))
+    assert_register_tiled(funcs, lanes, 1, 2, 16, 48)
+
+
+def test_declines_a_block_that_feeds_the_matmul(target):
+    """``(2 * A) @ B`` computed in one kernel: a prologue, not this rule's shape."""
+    a = te.placeholder((8, 32), name="A")
+    b = te.placeholder((32, 16), name="B")
+    doubled = te.compute((8, 32), lambda i, k: a[i, k] * 2.0, name="doubled")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((8, 16), lambda i, j: te.sum(doubled[i, k] * b[k, j], axis=k), name="matmul")
+    assert MatmulEpilogue().apply(te.create_prim_func([a, b, c]), target, False) is None
+
+
 def test_declines_softmax(lowered, prim_funcs, target):
     mod = lowered(lambda x: nn.softmax(x, axis=-1), x=(8, 32))
     for func in prim_funcs(mod).values():
