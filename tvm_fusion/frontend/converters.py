@@ -32,6 +32,8 @@ Everything else goes to TVM's own converters.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import tvm
@@ -43,6 +45,7 @@ from ..errors import ModelError
 from ..kernels import CLIP_KERNELS, kernel_attrs
 from ..kernels.dropout_training import emit_dropout_training
 from ..kernels.eye_like import emit_eye_like
+from ..patterns.base import static_shape
 from .op_support import unsupported_ops, unsupported_ops_message
 from .quantized import DynamicQuantization, centered_constant, integer_input
 from .recurrent import convert_gru, convert_lstm
@@ -118,7 +121,9 @@ class Importer(ONNXGraphImporter):
         A zero point per row of A, or a B computed at run time, goes to TVM's int32 converter."""
         data_zero_point, weight_zero_point = (inputs[i] if len(inputs) > i else None for i in (2, 3))
         weights = self._centered_weights(inputs[1], weight_zero_point, channel_axis=1)
-        if weights is None or weights.ty.ndim != 2 or (data_zero_point is not None and _size(data_zero_point) != 1):
+        zero_point_shape = None if data_zero_point is None else static_shape(data_zero_point)
+        if weights is None or weights.ty.ndim != 2 or (
+                data_zero_point is not None and (zero_point_shape is None or math.prod(zero_point_shape) != 1)):
             return None
         return self._as_int32(relax.op.matmul(integer_input(self.bb, inputs[0], data_zero_point), weights))
 
@@ -259,14 +264,6 @@ class Importer(ONNXGraphImporter):
         return relax.op.image.resize2d(x, size, layout="NCHW", method=method,
                                        coordinate_transformation_mode="asymmetric",
                                        rounding_method="floor")
-
-
-def _size(expr: relax.Expr) -> int | None:
-    """The element count of a statically shaped tensor, else None."""
-    dims = getattr(expr.ty, "shape", None)
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return int(np.prod([int(d) for d in dims]))
 
 
 class _MarkingBuilder:
