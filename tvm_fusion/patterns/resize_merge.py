@@ -20,6 +20,8 @@ must be static.
 
 from __future__ import annotations
 
+import re
+
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.sym.analyzer import Analyzer
@@ -110,8 +112,9 @@ def resize_reason(resize) -> str | None:
     dtype = dtype_of(resize)
     if dtype not in FLOAT_DTYPES:
         return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
-    if resize.attrs.layout != "NCHW":
-        return f"resize layout {resize.attrs.layout} is not NCHW"
+    layout = str(resize.attrs.layout)
+    if layout != "NCHW" and not re.fullmatch(r"NCHW\d+c", layout):
+        return f"resize layout {layout} is not NCHW or NCHW[x]c"
     for what, expr in (("resize input", resize.args[0]), ("resize output", resize)):
         reason = _static_batch_channels(what, shape_dims(expr))
         if reason:
@@ -140,10 +143,11 @@ def _size_vars_reason(resize) -> str | None:
 
 
 def _static_batch_channels(what: str, dims: tuple | None) -> str | None:
-    """4-D with static batch and channels; rows and columns may be symbolic."""
-    if dims is None or len(dims) != 4:
-        return f"the {what} {dims_text(dims)} is not 4-D"
-    return symbolic_dim_reason(what, dims, axes=(0, 1))
+    """NCHW, or NCHW[x]c with a static block, with static batch and channels; rows and columns
+    may be symbolic."""
+    if dims is None or len(dims) not in (4, 5):
+        return f"the {what} {dims_text(dims)} is not 4-D (NCHW) or 5-D (NCHW[x]c)"
+    return symbolic_dim_reason(what, dims, axes=(0, 1) if len(dims) == 4 else (0, 1, 4))
 
 
 def _lateral_reason(lateral, upsampled) -> str | None:

@@ -92,16 +92,17 @@ def test_declines_depthwise_and_matmul(lowered, prim_funcs, target):
 
 
 def test_a_large_map_takes_its_input_channels_in_chunks(assert_schedule_matches, lanes):
-    """32 input channels x 3 kernel rows over a 40x40 map (each channel plane past a page):
+    """32 input channels x 3 kernel rows over a 48x48 map (each channel plane past a page; 48
+    columns are whole vectors on AVX2 and AVX-512 alike, which chunking needs):
     the reduction runs in two passes of 16 channels over a row of accumulators kept in cache,
     the epilogue once per row; outputs unchanged."""
     funcs = assert_schedule_matches(Conv2dNCHW(), lambda x, w, b: nn.relu(add(nn.conv2d(x, w, padding=1), b)),
-                                    rtol=1e-4, atol=1e-4, x=(1, 32, 40, 40), w=(16, 32, 3, 3), b=(1, 16, 1, 1))
+                                    rtol=1e-4, atol=1e-4, x=(1, 32, 48, 48), w=(16, 32, 3, 3), b=(1, 16, 1, 1))
     (func,) = funcs.values()
     extents = {}
     tvm_ffi.structural_walk(func.body, (tvm.tirx.For, lambda loop: extents.setdefault(loop.loop_var.name,
                                                                                      int(loop.extent))))
     assert extents.get("rc_0") == 2
     loops = loop_kinds(func)
-    assert loops.parallel[-1] == 16 // largest_divisor(16, ACCUMULATORS // -(-column_tile(40, lanes, 2) // lanes)) * 40
-    assert set(loops.vectorized) <= {column_tile(40, lanes, 2), lanes}
+    assert loops.parallel[-1] == 16 // largest_divisor(16, ACCUMULATORS // -(-column_tile(48, lanes, 2) // lanes)) * 48
+    assert set(loops.vectorized) <= {column_tile(48, lanes, 2), lanes}

@@ -23,8 +23,10 @@ def out_shape(x, w, stride, pad, dilation):
 
 
 def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
-    """The one PrimFunc of ``relu(conv2d(x, w) + b) [+ r]`` in NCHW[BLOCK]c after our lowering."""
+    """The one PrimFunc of ``relu(conv2d(x, w) + b) [+ r]`` in NCHW[BLOCK]c after our lowering
+    (``x`` 4-D: an NCHW map in, with ``OIHW{BLOCK}o`` weights)."""
     shapes = {"x": x, "w": w, "b": (1, w[0], 1, 1, BLOCK)}
+    data_layout, kernel_layout = (f"NCHW{BLOCK}c", f"OIHW{BLOCK}i{BLOCK}o") if len(x) == 5 else ("NCHW", f"OIHW{BLOCK}o")
     if residual:
         shapes["r"] = out_shape(x, w, stride, pad, dilation)
     params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in shapes.items()]
@@ -32,7 +34,7 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     with builder.function("main", params):
         with builder.dataflow():
             conv = nn.conv2d(params[0], params[1], strides=stride, padding=pad, dilation=dilation,
-                             data_layout=f"NCHW{BLOCK}c", kernel_layout=f"OIHW{BLOCK}i{BLOCK}o")
+                             data_layout=data_layout, kernel_layout=kernel_layout, out_layout=f"NCHW{BLOCK}c")
             out = nn.relu(add(conv, params[2]))
             if residual:
                 out = add(out, params[3])
@@ -56,6 +58,23 @@ def test_blocked_conv_matches_the_unscheduled_kernel(target, run_kernel, x, w, s
     sch = Conv2dNCHWc().apply(kernel, target, False)
     assert sch is not None
     result_shape = out_shape(x, w, stride, pad, dilation)
+    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0)
+    np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
+                               run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x, w, stride, pad", [
+    ((1, 3, 32, 32), (2, 3, 3, 3, BLOCK), 2, 1),     # an RGB stem, stride 2
+    ((1, 12, 13, 13), (1, 12, 3, 3, BLOCK), 1, 1),   # a space-to-depth stem, overlapping tiles
+    ((2, 5, 7, 9), (3, 5, 1, 1, BLOCK), 1, 0),       # 1x1, odd channel blocks, batch 2
+])
+def test_a_conv_reading_an_nchw_map_writes_blocks_under_the_same_tiles(target, run_kernel, x, w, stride, pad):
+    """Input channels off the block (passes/blocked_layout.py): the NCHW map is read as it is,
+    one broadcast value per pixel and input channel, into the same register tile."""
+    kernel, shapes = blocked_conv_kernel(x, w, stride, pad)
+    sch = Conv2dNCHWc().apply(kernel, target, False)
+    assert sch is not None
+    result_shape = out_shape(x, w, stride, pad, 1)
     assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0)
     np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
                                run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)

@@ -32,15 +32,17 @@ _MAX_CHANNEL_BLOCKS = 4
 
 
 class Conv2dNCHWc(ScheduleRule):
-    """``[pad] -> conv2d_nchwc (S S S S S R R R R) -> elementwise..``."""
+    """``[pad] -> conv2d_nchwc (S S S S S R R R R) -> elementwise..``, or the conv reading an
+    NCHW map (``S S S S S R R R``, no input channel block)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         kernel = one_reduction_kernel(func, target)
-        if kernel is None or iter_kinds(kernel.stmt) != "SSSSSRRRR" or not static_except(kernel.stmt, (2, 3)):
+        if kernel is None or not static_except(kernel.stmt, (2, 3)):
             return None
         sch, stmt = kernel.sch, kernel.stmt
-        if any(len(read.source.shape) not in (5, 6) for read in stmt.reads) or len(stmt.reads) != 2:
-            return None  # one 5-D map and one 6-D blocked weight
+        read_ranks = sorted(len(read.source.shape) for read in stmt.reads)
+        if (iter_kinds(stmt), read_ranks) not in (("SSSSSRRRR", [5, 6]), ("SSSSSRRR", [4, 5])):
+            return None  # a 5-D map and a 6-D blocked weight, or an NCHW map and OIHW[x]o weights
         lanes = vector_lanes(target, stmt.writes[0].source.dtype)
         loops = sch.get_loops(kernel.block)
         if extent(sch, loops[4]) > lanes or lanes % extent(sch, loops[4]):
@@ -67,19 +69,19 @@ class Conv2dNCHWc(ScheduleRule):
         """Tiles of ``ow_tile`` pixels x ``oc_tile`` channel blocks; returns the pixel-tile loop."""
         kernel = only_reduction(sch)
         conv = kernel.block
-        n, oc, y, x, ob, ic, ky, kx, ib = sch.get_loops(conv)
+        n, oc, y, x, ob, *reduction = sch.get_loops(conv)  # (ic, ky, kx[, ib])
         if tiles_rows:
             y, x = x, y
         schedule_pad(sch, kernel.prologue)
         oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
-        sch.reorder(n, oc_outer, y, x_outer, ic, ky, kx, ib, oc_inner, x_inner, ob)
+        sch.reorder(n, oc_outer, y, x_outer, *reduction, oc_inner, x_inner, ob)
         store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
         sch.parallel(sch.fuse(n, oc_outer, y))
         sch.unroll(oc_inner)
         sch.unroll(x_inner)
         sch.vectorize(ob)
-        vectorized_init(sch, conv, ic)
+        vectorized_init(sch, conv, reduction[0])
         return x_outer
 
 

@@ -1,4 +1,5 @@
-"""Pooling (max/avg pool2d and global pools, NCHW): rows across cores, output columns on vectors.
+"""Pooling (max/avg pool2d and global pools, NCHW and NCHW[x]c): rows across cores, output
+columns (in NCHW[x]c the channel block) on vectors.
 
 Legalized pooling reduces a kh x kw window per output element, with the window loops
 innermost, so nothing vectorizes. Moving the window loops outside a tile of output columns
@@ -55,12 +56,14 @@ class Pooling(ScheduleRule):
                 sch.parallel(channels)
                 return sch
             return _global_pool(sch, pool, kernel.epilogue, sch.fuse(*loops[:2]), lanes)
-        if not static_except(stmt, (spatial - 2, spatial - 1)):
-            return None  # the window must be static; output rows and columns may not
         width = sch.get(loops[spatial - 1]).extent
-        if is_static(width):
+        if is_static(width) and static_except(stmt, tuple(range(2, spatial - 1))):
+            # Static columns; or, in NCHW[x]c, the channel block as the columns, under rows and
+            # columns that may be symbolic.
             _window_pool(kernel, spatial, row_tile(int(width), lanes, max_vectors=4))
             return sch
+        if not static_except(stmt, (spatial - 2, spatial - 1)):
+            return None  # the window must be static; output rows and columns may not
 
         def schedule_copy(copy, tile):
             inline_cheap_blocks(copy)

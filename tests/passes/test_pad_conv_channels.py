@@ -1,0 +1,100 @@
+"""pad_conv_channels: convs off the channel block computed on whole blocks, where that is cheap."""
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.op import add, divide, nn
+
+from tvm_fusion.passes.pad_conv_channels import pad_conv_channels
+from tvm_fusion.passes.pipeline import lowering_passes
+
+RNG = np.random.default_rng(0)
+
+
+def const(*shape):
+    return relax.const((RNG.standard_normal(shape) * 0.3).astype("float32"))
+
+
+def module(x_shape, body):
+    """``main(x)`` returning ``body(builder, x)``, weights as constants (padding needs them)."""
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(body(builder, x))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def run(mod, x):
+    lowered = tvm.transform.Sequential(lowering_passes())(mod)
+    return relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def calls(mod, op_name):
+    found = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: found.append(e) if isinstance(e, relax.Call)
+                                    and getattr(e.op, "name", None) == op_name else None)
+    return found
+
+
+def padded(mod, block=16):
+    return pad_conv_channels(tvm.IRModule(dict(mod.functions)), block)
+
+
+def assert_same_outputs(before, after, x_shape):
+    x = RNG.standard_normal(x_shape).astype("float32")
+    np.testing.assert_allclose(run(after, x), run(before, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_off_the_block_is_padded_and_the_next_conv_reads_the_padded_map():
+    """16 -> 12 -> 16: the first conv gets 4 zero filters, its bias and relu run on 16 channels,
+    the second conv zero input filters for them; no slice is left and the outputs agree."""
+    before = module((1, 16, 8, 8), lambda b, x: nn.conv2d(
+        nn.relu(add(nn.conv2d(x, const(12, 16, 3, 3), padding=1), const(1, 12, 1, 1))), const(16, 12, 3, 3), padding=1))
+    after, count = padded(before)
+    assert count == 2
+    first, second = calls(after, "relax.nn.conv2d")
+    assert tuple(first.args[1].value.shape) == (16, 16, 3, 3) and tuple(second.args[1].value.shape) == (16, 16, 3, 3)
+    assert not first.args[1].value.numpy()[12:].any() and not second.args[1].value.numpy()[:, 12:].any()
+    (bias,) = [arg for call in calls(after, "relax.add") for arg in call.args if isinstance(arg, tvm.ir.GenericConst)]
+    assert tuple(bias.value.shape) == (1, 16, 1, 1)
+    assert not calls(after, "relax.strided_slice")
+    assert_same_outputs(before, after, (1, 16, 8, 8))
+
+
+def test_readers_that_are_not_per_channel_read_the_real_channels_through_a_slice():
+    """A YOLO head (96 -> 1 objectness, 1x1) padded to a block; the graph output is its first
+    channel, sliced back."""
+    before = module((1, 96, 6, 6), lambda b, x: relax.op.sigmoid(add(nn.conv2d(x, const(1, 96, 1, 1)), const(1, 1, 1, 1))))
+    after, count = padded(before)
+    assert count == 1
+    (slice_call,) = calls(after, "relax.strided_slice")
+    assert [int(v) for v in slice_call.args[3]] == [1]  # (data, axes, begin, end)
+    assert tuple(int(d) for d in after["main"].ret_ty.shape) == (1, 1, 6, 6)
+    assert_same_outputs(before, after, (1, 96, 6, 6))
+
+
+def test_a_division_by_the_padded_map_reads_the_slice():
+    """Must not pad through: ``c / conv`` would divide by the padded channels' zeros."""
+    before = module((1, 16, 4, 4), lambda b, x: divide(const(1, 12, 1, 1), relax.op.sigmoid(nn.conv2d(x, const(12, 16, 1, 1)))))
+    after, count = padded(before)
+    assert count == 1
+    (division,) = calls(after, "relax.divide")
+    assert tuple(int(d) for d in division.args[1].ty.shape) == (1, 12, 4, 4)
+    assert_same_outputs(before, after, (1, 16, 4, 4))
+
+
+def test_padding_that_costs_more_than_a_transform_is_declined():
+    """Must not pad: a 3x3 conv 16 -> 1 would do 15 x 144 extra multiply-adds per input element."""
+    before = module((1, 16, 8, 8), lambda b, x: nn.conv2d(x, const(1, 16, 3, 3), padding=1))
+    after, count = padded(before)
+    assert count == 0
+    tvm.ir.assert_structural_equal(after, before)
+
+
+def test_convs_on_whole_blocks_are_left_alone():
+    before = module((1, 16, 8, 8), lambda b, x: nn.relu(nn.conv2d(x, const(32, 16, 3, 3), padding=1)))
+    after, count = padded(before)
+    assert count == 0
+    tvm.ir.assert_structural_equal(after, before)

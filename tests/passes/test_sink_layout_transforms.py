@@ -1,0 +1,72 @@
+"""sink_transforms_to_nchw: an FPN merge between blocked convs stays blocked."""
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from tvm_fusion.passes.pipeline import lowering_passes
+from tvm_fusion.passes.sink_layout_transforms import sink_transforms_to_nchw
+
+
+@I.ir_module
+class TopDownMerge:
+    """``to_blocked(concat(resize(to_nchw(p5)), to_nchw(p4)))``, as layout inference leaves it."""
+
+    @R.function
+    def main(p5: R.Tensor((1, 2, 4, 4, 16), "float32"), p4: R.Tensor((1, 1, 8, 8, 16), "float32")):
+        with R.dataflow():
+            a = R.layout_transform(p5, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+            b = R.layout_transform(p4, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+            up = R.image.resize2d(a, R.shape([8, 8]), method="nearest_neighbor",
+                                  coordinate_transformation_mode="asymmetric", rounding_method="floor")
+            merged = R.concat((up, b), axis=1)
+            gv = R.layout_transform(merged, index_map=T.index_map(lambda n, c, h, w: (n, c // 16, h, w, c % 16), index_dtype="int32"))
+            R.output(gv)
+        return gv
+
+
+@I.ir_module
+class MergedBlocked:
+    @R.function
+    def main(p5: R.Tensor((1, 2, 4, 4, 16), "float32"), p4: R.Tensor((1, 1, 8, 8, 16), "float32")):
+        with R.dataflow():
+            up = R.image.resize2d(p5, R.shape([8, 8]), layout="NCHW16c", method="nearest_neighbor",
+                                  coordinate_transformation_mode="asymmetric", rounding_method="floor")
+            merged = R.concat((up, p4), axis=1)
+            gv = merged  # the graph output keeps its own variable
+            R.output(gv)
+        return gv
+
+
+def run(mod, *args):
+    lowered = tvm.transform.Sequential(lowering_passes())(mod)
+    vm = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def test_the_merge_runs_blocked_and_every_transform_cancels():
+    after = sink_transforms_to_nchw(TopDownMerge)
+    tvm.ir.assert_structural_equal(after, MergedBlocked)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((1, 2, 4, 4, 16)).astype("float32"), rng.standard_normal((1, 1, 8, 8, 16)).astype("float32")]
+    np.testing.assert_array_equal(run(after, *args), run(TopDownMerge, *args))
+
+
+def test_a_concat_with_an_nchw_input_keeps_its_transforms():
+    """Must not sink: one concat input is a plain NCHW map (its channels need not be whole
+    blocks), so the concat stays in NCHW and nothing changes."""
+
+    @I.ir_module
+    class Mixed:
+        @R.function
+        def main(p5: R.Tensor((1, 2, 4, 4, 16), "float32"), lateral: R.Tensor((1, 8, 4, 4), "float32")):
+            with R.dataflow():
+                a = R.layout_transform(p5, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+                gv = R.concat((a, lateral), axis=1)
+                R.output(gv)
+            return gv
+
+    tvm.ir.assert_structural_equal(sink_transforms_to_nchw(Mixed), Mixed)

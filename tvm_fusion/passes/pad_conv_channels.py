@@ -1,0 +1,178 @@
+"""Convs whose output channels are off the vector block, computed on whole blocks.
+
+A dense conv with 24 output channels (a detector's stem) or 1 and 4 (YOLO's objectness and box
+heads) cannot take NCHW[x]c as it stands, so the blocked layout used to stop there: a layout
+transform before it, one after it, and the conv itself on the slower NCHW kernel. ONNX
+Runtime's NCHWc transformer pads such a conv's filters with zero filters up to the next whole
+block instead, and so does this rewrite: the conv computes ``block``-multiple channels, the
+extra ones 0 (plus a bias); element-wise ops after it run on the padded map (their constants
+padded with their last channel's value, so the extra channels stay finite); a conv reading the
+padded map gets zero input filters for the extra channels, which therefore add exactly 0; any
+other reader sees the real channels through a slice, which fuses into that reader's kernel.
+
+Padding costs arithmetic on the filters that compute nothing, so a conv is padded only where
+that is cheap (and never over a single pixel, an SE block's convs): at most twice its channels (24 -> 32), or at most ``MACS_PER_MOVED_ELEMENT``
+extra multiply-adds per element of its input map, the map a layout transform would otherwise
+copy (a 1x1 head conv 96 -> 1 adds 15 per element; a 3x3 conv 32 -> 1 on a full-size map,
+135, stays as it is).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ..patterns.base import static_shape
+from .rebinding import rebind
+
+# A multiply-add at the FMA peak costs a small fraction of moving one element through a
+# strided copy; 16 keeps padded heads well below the transform they replace.
+MACS_PER_MOVED_ELEMENT = 16
+# Ops that act per channel and keep a finite input finite: the padded channels they compute
+# are never inf or NaN, so a zero filter times them is exactly 0. Division only by a constant.
+UNARY_OPS = frozenset({
+    "relax.nn.relu", "relax.nn.leakyrelu", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
+    "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.clip", "relax.negative", "relax.abs",
+})
+BINARY_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
+                        "relax.minimum", "relax.divide"})
+SUFFIX = "_unpadded"
+
+
+def pad_conv_channels(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, int]:
+    """``mod`` with its dense NCHW convs padded to whole ``block``s of output channels where
+    that is cheap (see the module docstring), and how many convs changed."""
+    changed = 0
+    for gvar, func in list(mod.functions_items()):
+        if not isinstance(func, relax.Function) or (func.attrs and "Composite" in func.attrs):
+            continue
+        padder = _ChannelPadder(mod, block)
+        padded = padder.visit_expr(func)
+        if padder.convs:
+            mod[gvar] = relax.analysis.remove_all_unused(padded)
+            changed += padder.convs
+    return mod, changed
+
+
+def one_pixel(conv: relax.Call) -> bool:
+    """A conv over a single pixel (an SE block's squeeze or excitation): no map to save a
+    transform of, and the SE fusion takes it in NCHW."""
+    shape = static_shape(conv)
+    return shape is not None and shape[2] * shape[3] == 1
+
+
+def padded_channels(channels: int, block: int) -> int:
+    return math.ceil(channels / block) * block
+
+
+@mutator
+class _ChannelPadder(PyExprMutator):
+    """One walk in binding order. ``padded[slice_var] = (padded_var, channels)`` for every
+    variable that is the first ``channels`` channels of a padded map, so that a conv or a
+    per-channel op reading it is re-emitted on the padded map instead."""
+
+    def __init__(self, mod: tvm.IRModule, block: int):
+        super().__init__(mod)
+        self.block = block
+        self.padded: dict = {}
+        self.convs = 0
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = self.builder_.normalize(self.visit_expr(binding.value))
+        rewritten = self._on_padded_map(value) if isinstance(value, relax.Call) else None
+        if rewritten is None:
+            self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value))
+            return
+        call, channels = rewritten
+        call = self.builder_.normalize(call)
+        if channels == static_shape(call)[1]:  # a conv reading a padded map, its own output whole
+            self.set_var_remap(binding.var, rebind(self.builder_, binding.var, call))
+            return
+        padded_var = self.builder_.emit(call, str(binding.var.name))
+        real = relax.op.strided_slice(padded_var, axes=[1], begin=[0], end=[channels])
+        sliced = rebind(self.builder_, binding.var, real, f"{binding.var.name}{SUFFIX}")
+        self.padded[sliced] = (padded_var, channels)
+        self.set_var_remap(binding.var, sliced)
+
+    def _on_padded_map(self, call: relax.Call) -> tuple[relax.Call, int] | None:
+        """``call`` re-emitted on padded maps, with its real channel count; None to keep it."""
+        if not isinstance(call.op, tvm.ir.Op) or static_shape(call) is None or len(static_shape(call)) != 4:
+            return None
+        if call.op.name == "relax.nn.conv2d":
+            return self._padded_conv(call)
+        if call.op.name in UNARY_OPS and call.args[0] in self.padded:
+            source, channels = self.padded[call.args[0]]
+            return relax.Call(call.op, [source, *call.args[1:]], call.attrs, call.ty_args), channels
+        if call.op.name in BINARY_OPS:
+            return self._padded_binary(call)
+        return None
+
+    def _padded_conv(self, call: relax.Call) -> tuple[relax.Call, int] | None:
+        data, weight = call.args
+        attrs = call.attrs
+        if (int(attrs.groups) != 1 or (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW")
+                or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None
+                or one_pixel(call)):
+            return None
+        filters = weight.value.numpy()
+        reads_padded = data in self.padded
+        if reads_padded:  # zero input filters for the padded channels
+            data, in_channels = self.padded[data]
+            filters = np.pad(filters, [(0, 0), (0, static_shape(data)[1] - in_channels), (0, 0), (0, 0)])
+        out_channels = filters.shape[0]
+        if self._worth_padding(static_shape(data), filters.shape, static_shape(call)):
+            filters = np.pad(filters, [(0, padded_channels(out_channels, self.block) - out_channels), (0, 0), (0, 0), (0, 0)])
+        elif not reads_padded:
+            return None
+        self.convs += 1
+        padded_weight = relax.const(np.ascontiguousarray(filters), str(filters.dtype))
+        return relax.Call(call.op, [data, padded_weight], attrs, call.ty_args), out_channels
+
+    def _worth_padding(self, data_shape, filter_shape, out_shape) -> bool:
+        out_channels, in_channels, kernel_h, kernel_w = filter_shape
+        padded = padded_channels(out_channels, self.block)
+        if padded == out_channels:
+            return False
+        extra_macs = (padded - out_channels) * in_channels * kernel_h * kernel_w * out_shape[2] * out_shape[3]
+        return padded <= 2 * out_channels or extra_macs <= MACS_PER_MOVED_ELEMENT * math.prod(data_shape[1:])
+
+    def _padded_binary(self, call: relax.Call) -> tuple[relax.Call, int] | None:
+        """An element-wise op of padded maps (the same real channels) and constants; None when
+        another tensor takes part, or when it would divide by a padded map."""
+        found = [self.padded[arg] for arg in call.args if arg in self.padded]
+        if not found or any(channels != found[0][1] for _, channels in found):
+            return None
+        padded_to = static_shape(found[0][0])[1]
+        args = []
+        for position, arg in enumerate(call.args):
+            if arg in self.padded:
+                if call.op.name == "relax.divide" and position == 1:
+                    return None
+                args.append(self.padded[arg][0])
+            elif isinstance(arg, tvm.ir.GenericConst) and _per_channel_or_shared(arg, found[0][1]):
+                args.append(_constant_padded(arg, found[0][1], padded_to))
+            else:
+                return None
+        return relax.Call(call.op, args, call.attrs, call.ty_args), found[0][1]
+
+
+def _per_channel_or_shared(constant: tvm.ir.GenericConst, channels: int) -> bool:
+    """Whether ``constant`` broadcasts against an NCHW map with one value per channel or one
+    for all channels."""
+    shape = constant.value.shape
+    return len(shape) <= 4 and (len(shape) < 3 or shape[-3] in (1, channels))
+
+
+def _constant_padded(constant: tvm.ir.GenericConst, channels: int, padded_to: int) -> tvm.ir.GenericConst:
+    """A constant broadcast against an NCHW map of ``channels`` channels, made to broadcast
+    against the map padded to ``padded_to``: per-channel values repeat their last one."""
+    value = constant.value.numpy()
+    if value.ndim < 3 or value.shape[-3] != channels:
+        return constant
+    widths = [(0, 0)] * value.ndim
+    widths[-3] = (0, padded_to - channels)
+    return relax.const(np.ascontiguousarray(np.pad(value, widths, mode="edge")), str(value.dtype))

@@ -1,0 +1,128 @@
+"""Layout transforms back to NCHW sunk below resizes and channel concats, to meet the
+transform that undoes them.
+
+TVM's layout inference carries NCHW[x]c through element-wise ops and pools but not through
+``image.resize2d`` (it falls back to NCHW for a blocked input) nor, then, through the concat
+after it. An FPN's top-down merge, ``concat(resize(p5), p4)`` between blocked convs, thus
+costs three transforms: p5 and p4 to NCHW, the merged map back. Both ops work on the blocked
+layout as they are (topi's resize takes ``NCHW{x}c``; a concat of whole channel blocks is a
+concat of blocks), so each ``op(to_nchw(a), ...)`` becomes ``to_nchw(op(a, ...))``, and where
+the transform meets its inverse the two cancel.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.sym.analyzer import Analyzer
+
+from ..patterns.base import static_shape
+from .rebinding import rebind
+
+
+def sink_transforms_to_nchw(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with its blocked-to-NCHW transforms sunk below resizes and channel concats,
+    kept for a function only when fewer transforms are left."""
+    for gvar, func in list(mod.functions_items()):
+        if not isinstance(func, relax.Function) or (func.attrs and "Composite" in func.attrs):
+            continue
+        sunk = relax.analysis.remove_all_unused(_TransformSinker(mod).visit_expr(func))
+        if transform_count(sunk) < transform_count(func):
+            mod[gvar] = sunk
+    return mod
+
+
+def transform_count(func: relax.Function) -> int:
+    found = []
+    op = tvm.ir.Op.get("relax.layout_transform")
+    relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and e.op == op else None)
+    return len(found)
+
+
+def to_blocked(data: relax.Expr, block: int) -> relax.Call:
+    return relax.op.layout_transform(data, lambda n, c, h, w: [n, c // block, h, w, c % block])
+
+
+def to_nchw(data: relax.Expr, block: int) -> relax.Call:
+    return relax.op.layout_transform(data, lambda n, c, h, w, b: [n, c * block + b, h, w])
+
+
+def _maps(call: relax.Call, probe: list[int], expected: list[int]) -> bool:
+    analyzer = Analyzer()
+    mapped = call.attrs.index_map.map_indices([tvm.tirx.IntImm("int64", i) for i in probe])
+    return [int(analyzer.simplify(i)) for i in mapped] == expected
+
+
+def _transform_kind(call) -> tuple[str, int] | None:
+    """``("to_nchw", x)`` for a transform NCHW{x}c -> NCHW, ``("to_blocked", x)`` for its
+    inverse (no padding), None for anything else."""
+    if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.layout_transform")):
+        return None
+    source, result = static_shape(call.args[0]), static_shape(call)
+    if source is None or result is None:
+        return None
+    if len(source) == 5 and len(result) == 4 and result[1] == source[1] * source[4]:
+        block = source[4]
+        if _maps(call, [0, 1, 2, 3, 4], [0, block + 4, 2, 3]):
+            return "to_nchw", block
+    if len(source) == 4 and len(result) == 5 and source[1] == result[1] * result[4]:
+        block = result[4]
+        if _maps(call, [0, block + 4, 2, 3], [0, 1, 2, 3, 4]):
+            return "to_blocked", block
+    return None
+
+
+@mutator
+class _TransformSinker(PyExprMutator):
+    """One walk in binding order; ``blocked[var] = (source, x)`` for every variable that is
+    ``to_nchw(source)`` with block ``x``."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.blocked: dict = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = self.builder_.normalize(self.visit_expr(binding.value))
+        kind = _transform_kind(value)
+        if kind is not None and kind[0] == "to_blocked" and value.args[0] in self.blocked:
+            source, block = self.blocked[value.args[0]]
+            if block == kind[1]:  # met its inverse
+                self.set_var_remap(binding.var, source if isinstance(binding.var, relax.DataflowVar)
+                                   else rebind(self.builder_, binding.var, source))
+                return
+        sunk = self._sunk(value) if kind is None else None
+        if sunk is None:
+            var = rebind(self.builder_, binding.var, value)
+            if kind is not None and kind[0] == "to_nchw":
+                self.blocked[var] = (value.args[0], kind[1])
+            self.set_var_remap(binding.var, var)
+            return
+        call, block = sunk
+        source = self.builder_.emit(call, str(binding.var.name))
+        var = rebind(self.builder_, binding.var, to_nchw(source, block), f"{binding.var.name}_nchw")
+        self.blocked[var] = (source, block)
+        self.set_var_remap(binding.var, var)
+
+    def _sunk(self, call) -> tuple[relax.Call, int] | None:
+        """``call`` on the blocked sources, and their block; None when it does not commute."""
+        if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+            return None
+        if call.op.name == "relax.image.resize2d" and call.args[0] in self.blocked and call.attrs.layout == "NCHW":
+            source, block = self.blocked[call.args[0]]
+            attrs = call.attrs
+            return relax.op.image.resize2d(
+                source, call.args[1], roi=list(attrs.roi), layout=f"NCHW{block}c", method=attrs.method,
+                coordinate_transformation_mode=attrs.coordinate_transformation_mode,
+                rounding_method=attrs.rounding_method, cubic_alpha=attrs.cubic_alpha,
+                cubic_exclude=attrs.cubic_exclude, extrapolation_value=attrs.extrapolation_value,
+                out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype), block
+        if call.op.name == "relax.concat" and int(call.attrs.axis) in (1, -3) and isinstance(call.args[0], relax.Tuple):
+            fields = list(call.args[0].fields)
+            if not fields or any(field not in self.blocked for field in fields):
+                return None
+            blocks = {self.blocked[field][1] for field in fields}
+            if len(blocks) != 1:
+                return None
+            return relax.op.concat([self.blocked[field][0] for field in fields], axis=1), blocks.pop()
+        return None
