@@ -301,3 +301,35 @@ def test_a_model_with_symbolic_channels_stays_in_nchw_and_says_why():
     (miss,) = report.near_misses
     assert miss.pattern == "blocked_layout"
     assert "symbolic batch or channels (1, channels, height, 8)" in miss.reason and "stays in NCHW" in miss.reason
+
+
+def test_a_c2f_block_split_and_concat_stays_blocked():
+    """YOLOv8's C2f: a channel split (which TVM's inference gets wrong: a slice of 0 channels),
+    a conv on one half, a concat of all three: spelled as slices and sunk with the concat, the
+    block runs in NCHW16c with one transform at each end, and the outputs do not change."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w1: R.Tensor((32, 16, 1, 1), "float32"),
+                 w2: R.Tensor((16, 16, 3, 3), "float32"), w3: R.Tensor((16, 48, 1, 1), "float32")):
+            with R.dataflow():
+                lv = R.nn.silu(R.nn.conv2d(x, w1))
+                parts = R.split(lv, indices_or_sections=[16], axis=1)
+                first = parts[0]
+                second = parts[1]
+                lv2 = R.nn.silu(R.nn.conv2d(second, w2, padding=[1, 1, 1, 1]))
+                gv = R.nn.conv2d(R.concat((first, second, lv2), axis=1), w3)
+                R.output(gv)
+            return gv
+
+    after, report = convert(Before)
+    assert report.fired["blocked_layout.conv2d"] == 3 and not report.near_misses
+    assert transforms_of_maps(after) == 2
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal([int(d) for d in param.ty.shape]).astype("float32") * (0.1 if index else 1)
+            for index, param in enumerate(Before["main"].params)]
+    lowered = [tvm.transform.Sequential(lowering_passes())(mod) for mod in (Before, after)]
+    outputs = [relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in args]).numpy() for mod in lowered]
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)

@@ -38,6 +38,11 @@ def calls(mod, op_name):
     return found
 
 
+def conv_map(x, channels):
+    """A conv on whole blocks in front: the conv under test then reads a map of the conv region."""
+    return nn.relu(nn.conv2d(x, const(channels, channels, 1, 1)))
+
+
 def padded(mod, block=16):
     return pad_conv_channels(tvm.IRModule(dict(mod.functions)), block)
 
@@ -51,10 +56,11 @@ def test_a_conv_off_the_block_is_padded_and_the_next_conv_reads_the_padded_map()
     """16 -> 12 -> 16: the first conv gets 4 zero filters, its bias and relu run on 16 channels,
     the second conv zero input filters for them; no slice is left and the outputs agree."""
     before = module((1, 16, 8, 8), lambda b, x: nn.conv2d(
-        nn.relu(add(nn.conv2d(x, const(12, 16, 3, 3), padding=1), const(1, 12, 1, 1))), const(16, 12, 3, 3), padding=1))
+        nn.relu(add(nn.conv2d(conv_map(x, 16), const(12, 16, 3, 3), padding=1), const(1, 12, 1, 1))),
+        const(16, 12, 3, 3), padding=1))
     after, count = padded(before)
     assert count == 2
-    first, second = calls(after, "relax.nn.conv2d")
+    _, first, second = calls(after, "relax.nn.conv2d")
     assert tuple(first.args[1].value.shape) == (16, 16, 3, 3) and tuple(second.args[1].value.shape) == (16, 16, 3, 3)
     assert not first.args[1].value.numpy()[12:].any() and not second.args[1].value.numpy()[:, 12:].any()
     (bias,) = [arg for call in calls(after, "relax.add") for arg in call.args if isinstance(arg, tvm.ir.GenericConst)]
@@ -66,7 +72,8 @@ def test_a_conv_off_the_block_is_padded_and_the_next_conv_reads_the_padded_map()
 def test_readers_that_are_not_per_channel_read_the_real_channels_through_a_slice():
     """A YOLO head (96 -> 1 objectness, 1x1) padded to a block; the graph output is its first
     channel, sliced back."""
-    before = module((1, 96, 6, 6), lambda b, x: relax.op.sigmoid(add(nn.conv2d(x, const(1, 96, 1, 1)), const(1, 1, 1, 1))))
+    before = module((1, 96, 6, 6), lambda b, x: relax.op.sigmoid(add(nn.conv2d(conv_map(x, 96), const(1, 96, 1, 1)),
+                                                                          const(1, 1, 1, 1))))
     after, count = padded(before)
     assert count == 1
     (slice_call,) = calls(after, "relax.strided_slice")
@@ -77,7 +84,8 @@ def test_readers_that_are_not_per_channel_read_the_real_channels_through_a_slice
 
 def test_a_division_by_the_padded_map_reads_the_slice():
     """Must not pad through: ``c / conv`` would divide by the padded channels' zeros."""
-    before = module((1, 16, 4, 4), lambda b, x: divide(const(1, 12, 1, 1), relax.op.sigmoid(nn.conv2d(x, const(12, 16, 1, 1)))))
+    before = module((1, 16, 4, 4), lambda b, x: divide(const(1, 12, 1, 1), relax.op.sigmoid(
+        nn.conv2d(conv_map(x, 16), const(12, 16, 1, 1)))))
     after, count = padded(before)
     assert count == 1
     (division,) = calls(after, "relax.divide")
@@ -87,10 +95,21 @@ def test_a_division_by_the_padded_map_reads_the_slice():
 
 def test_padding_that_costs_more_than_a_transform_is_declined():
     """Must not pad: a 3x3 conv 16 -> 1 would do 15 x 144 extra multiply-adds per input element."""
-    before = module((1, 16, 8, 8), lambda b, x: nn.conv2d(x, const(1, 16, 3, 3), padding=1))
+    before = module((1, 16, 8, 8), lambda b, x: nn.conv2d(conv_map(x, 16), const(1, 16, 3, 3), padding=1))
     after, count = padded(before)
     assert count == 0
     tvm.ir.assert_structural_equal(after, before)
+
+
+def test_a_conv_reading_a_map_from_outside_the_conv_region_is_not_padded():
+    """Must not pad: a head conv on a softmax (YOLOv8's DFL) or on the graph input would need a
+    transform into the blocked layout in front of it."""
+    for body in (lambda b, x: nn.conv2d(relax.op.nn.softmax(x, axis=1), const(1, 16, 1, 1)),
+                 lambda b, x: nn.conv2d(x, const(12, 16, 1, 1))):
+        before = module((1, 16, 4, 4), body)
+        after, count = padded(before)
+        assert count == 0
+        tvm.ir.assert_structural_equal(after, before)
 
 
 def test_convs_on_whole_blocks_are_left_alone():

@@ -30,7 +30,7 @@ from ..patterns import NearMiss, PatternReport
 from ..patterns.base import dims_text, shape_dims, static_shape
 from .fold_constants import FoldConstantsSafely
 from .pad_conv_channels import one_pixel, pad_conv_channels
-from .sink_layout_transforms import sink_transforms_to_nchw
+from .sink_layout_transforms import sink_transforms_to_nchw, split_channels_as_slices
 
 PATTERN_NAME = "blocked_layout"
 
@@ -83,7 +83,7 @@ class ConvertConvsToBlockedLayout:
             return {"relax.nn.conv2d": [f"NCHW{self.block}c", f"OIHW{self.block}i{self.block}o"]}
 
         try:
-            blocked = relax.transform.ConvertLayout({}, desired_layout)(mod)
+            blocked = relax.transform.ConvertLayout({}, desired_layout)(split_channels_as_slices(mod))
         except Exception as err:  # noqa: BLE001 - TVM's inference fails on ops it has no rule for
             # (IndexError on a negative stack axis after an LSTM, InternalError, OpError...).
             lines = str(err).strip().splitlines()

@@ -11,7 +11,9 @@ padded map gets zero input filters for the extra channels, which therefore add e
 other reader sees the real channels through a slice, which fuses into that reader's kernel.
 
 Padding costs arithmetic on the filters that compute nothing, so a conv is padded only where
-that is cheap (and never over a single pixel, an SE block's convs): at most twice its channels (24 -> 32), or at most ``MACS_PER_MOVED_ELEMENT``
+that is cheap, and only inside the region of convs (its input computed from conv outputs: the
+output of a softmax or of the graph input would need a transform first), never over a single
+pixel (an SE block's convs): at most twice its channels (24 -> 32), or at most ``MACS_PER_MOVED_ELEMENT``
 extra multiply-adds per element of its input map, the map a layout transform would otherwise
 copy (a 1x1 head conv 96 -> 1 adds 15 per element; a 3x3 conv 32 -> 1 on a full-size map,
 135, stays as it is).
@@ -40,6 +42,10 @@ UNARY_OPS = frozenset({
 })
 BINARY_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
                         "relax.minimum", "relax.divide"})
+# Ops after which a map is still in the layout its convs gave it (TVM's layout inference
+# carries them): a conv reading such a map is inside the blocked region.
+LAYOUT_KEEPING_OPS = UNARY_OPS | BINARY_OPS | {"relax.concat", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+                                               "relax.image.resize2d", "relax.strided_slice", "relax.split"}
 SUFFIX = "_unpadded"
 
 
@@ -79,24 +85,44 @@ class _ChannelPadder(PyExprMutator):
         super().__init__(mod)
         self.block = block
         self.padded: dict = {}
+        self.conv_maps: set = set()  # maps computed from conv outputs: the blocked region
         self.convs = 0
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = self.builder_.normalize(self.visit_expr(binding.value))
         rewritten = self._on_padded_map(value) if isinstance(value, relax.Call) else None
         if rewritten is None:
-            self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value))
+            var = rebind(self.builder_, binding.var, value)
+            if self._from_convs(value):
+                self.conv_maps.add(var)
+            self.set_var_remap(binding.var, var)
             return
         call, channels = rewritten
         call = self.builder_.normalize(call)
         if channels == static_shape(call)[1]:  # a conv reading a padded map, its own output whole
-            self.set_var_remap(binding.var, rebind(self.builder_, binding.var, call))
+            var = rebind(self.builder_, binding.var, call)
+            self.conv_maps.add(var)
+            self.set_var_remap(binding.var, var)
             return
         padded_var = self.builder_.emit(call, str(binding.var.name))
         real = relax.op.strided_slice(padded_var, axes=[1], begin=[0], end=[channels])
         sliced = rebind(self.builder_, binding.var, real, f"{binding.var.name}{SUFFIX}")
         self.padded[sliced] = (padded_var, channels)
+        self.conv_maps.add(sliced)
         self.set_var_remap(binding.var, sliced)
+
+    def _from_convs(self, value) -> bool:
+        """A conv's output, or an op that keeps the layout of a map computed from one."""
+        if isinstance(value, relax.TupleGetItem):  # a part of a split
+            return value.tuple_value in self.conv_maps
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return False
+        if value.op.name == "relax.nn.conv2d":
+            return True
+        if value.op.name not in LAYOUT_KEEPING_OPS:
+            return False
+        args = [f for arg in value.args for f in (arg.fields if isinstance(arg, relax.Tuple) else [arg])]
+        return any(arg in self.conv_maps for arg in args)
 
     def _on_padded_map(self, call: relax.Call) -> tuple[relax.Call, int] | None:
         """``call`` re-emitted on padded maps, with its real channel count; None to keep it."""
@@ -128,6 +154,8 @@ class _ChannelPadder(PyExprMutator):
             filters = np.pad(filters, [(0, padded_channels(out_channels, self.block) - out_channels), (0, 0), (0, 0), (0, 0)])
         elif not reads_padded:
             return None
+        if not reads_padded and data not in self.conv_maps:
+            return None  # an input from outside the conv region: padding would add a transform before it
         self.convs += 1
         padded_weight = relax.const(np.ascontiguousarray(filters), str(filters.dtype))
         return relax.Call(call.op, [data, padded_weight], attrs, call.ty_args), out_channels

@@ -1,13 +1,17 @@
-"""Layout transforms back to NCHW sunk below resizes and channel concats, to meet the
-transform that undoes them.
+"""Layout transforms back to NCHW sunk below resizes, channel concats and channel slices, to
+meet the transform that undoes them.
 
 TVM's layout inference carries NCHW[x]c through element-wise ops and pools but not through
-``image.resize2d`` (it falls back to NCHW for a blocked input) nor, then, through the concat
-after it. An FPN's top-down merge, ``concat(resize(p5), p4)`` between blocked convs, thus
-costs three transforms: p5 and p4 to NCHW, the merged map back. Both ops work on the blocked
-layout as they are (topi's resize takes ``NCHW{x}c``; a concat of whole channel blocks is a
-concat of blocks), so each ``op(to_nchw(a), ...)`` becomes ``to_nchw(op(a, ...))``, and where
-the transform meets its inverse the two cancel.
+``image.resize2d`` (it falls back to NCHW for a blocked input), ``strided_slice`` on channels,
+nor then through the concat after them; a channel ``split`` it gets wrong outright (a slice
+of 0 channels, and the inference fails). An FPN's top-down merge, ``concat(resize(p5), p4)``
+between blocked convs, thus costs three transforms: p5 and p4 to NCHW, the merged map back;
+a YOLOv8 C2f block (split the channels in two, convs on one half, concat) as many. These ops
+work on the blocked layout as they are (topi's resize takes ``NCHW{x}c``; a concat or a slice
+of whole channel blocks is one of blocks), so each ``op(to_nchw(a), ...)`` becomes
+``to_nchw(op(a, ...))``, and where the transform meets its inverse the two cancel. Channel
+splits are first spelled as slices (``split_channels_as_slices``), which the inference
+handles by falling back to NCHW.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ def sink_transforms_to_nchw(mod: tvm.IRModule) -> tvm.IRModule:
         sunk = relax.analysis.remove_all_unused(_TransformSinker(mod).visit_expr(func))
         if transform_count(sunk) < transform_count(func):
             mod[gvar] = sunk
+    return mod
+
+
+def split_channels_as_slices(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every split of a 4-D map along its channels as one ``strided_slice`` per part."""
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+            mod[gvar] = relax.analysis.remove_all_unused(_SplitAsSlices(mod).visit_expr(func))
     return mod
 
 
@@ -117,6 +129,15 @@ class _TransformSinker(PyExprMutator):
                 rounding_method=attrs.rounding_method, cubic_alpha=attrs.cubic_alpha,
                 cubic_exclude=attrs.cubic_exclude, extrapolation_value=attrs.extrapolation_value,
                 out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype), block
+        if call.op.name == "relax.strided_slice" and call.args[0] in self.blocked:
+            source, block = self.blocked[call.args[0]]
+            axes, begin, end = (_ints(arg) for arg in call.args[1:4])
+            strides = _ints(call.args[4]) if len(call.args) > 4 else [1]
+            if (axes in ([1], [-3]) and strides == [1] and begin[0] % block == 0 and end[0] % block == 0
+                    and 0 <= begin[0] < end[0] <= static_shape(call.args[0])[1]):
+                return relax.op.strided_slice(source, axes=[1], begin=[begin[0] // block],
+                                              end=[end[0] // block]), block
+            return None
         if call.op.name == "relax.concat" and int(call.attrs.axis) in (1, -3) and isinstance(call.args[0], relax.Tuple):
             fields = list(call.args[0].fields)
             if not fields or any(field not in self.blocked for field in fields):
@@ -126,3 +147,54 @@ class _TransformSinker(PyExprMutator):
                 return None
             return relax.op.concat([self.blocked[field][0] for field in fields], axis=1), blocks.pop()
         return None
+
+
+def _ints(values: relax.Expr) -> list[int] | None:
+    """The ints of a slice's axes/begin/end tuple; None when one is not a constant."""
+    try:
+        return [int(field.value) for field in values.fields]
+    except (AttributeError, TypeError):
+        return None
+
+
+@mutator
+class _SplitAsSlices(PyExprMutator):
+    """``parts = split(x, ..., axis=1)`` of a static 4-D map: each ``parts[i]`` becomes a slice."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.parts: dict = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = self.builder_.normalize(self.visit_expr(binding.value))
+        if isinstance(value, relax.TupleGetItem) and value.tuple_value in self.parts:
+            part = self.parts[value.tuple_value][value.index]
+            self.set_var_remap(binding.var, part if isinstance(binding.var, relax.DataflowVar)
+                               else rebind(self.builder_, binding.var, part))
+            return
+        var = rebind(self.builder_, binding.var, value)
+        self.set_var_remap(binding.var, var)
+        bounds = _channel_split_bounds(value)
+        if bounds is not None:
+            data = value.args[0]
+            self.parts[var] = [self.builder_.emit(relax.op.strided_slice(data, axes=[1], begin=[start], end=[stop]),
+                                                  f"{binding.var.name}_{index}")
+                               for index, (start, stop) in enumerate(bounds)]
+
+
+def _channel_split_bounds(call) -> list[tuple[int, int]] | None:
+    """(start, stop) of each part of a split along the channels of a static 4-D map."""
+    if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.split")):
+        return None
+    shape = static_shape(call.args[0])
+    if shape is None or len(shape) != 4 or int(call.attrs.axis) not in (1, -3):
+        return None
+    sections = call.attrs.indices_or_sections
+    channels = shape[1]
+    if isinstance(sections, tvm.tirx.IntImm):
+        step = channels // int(sections)
+        cuts = [step * i for i in range(1, int(sections))]
+    else:
+        cuts = [int(i) for i in sections]
+    edges = [0, *cuts, channels]
+    return list(zip(edges[:-1], edges[1:]))
