@@ -333,3 +333,24 @@ def test_a_c2f_block_split_and_concat_stays_blocked():
     outputs = [relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
         *[tvm.runtime.tensor(a) for a in args]).numpy() for mod in lowered]
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_layout_inference_failure_leaves_the_channels_unpadded(monkeypatch):
+    """Padding is for the blocked layout only: when the model stays in NCHW it keeps its convs
+    as they were (a padded conv would put a slice between it and its epilogue)."""
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            lv = builder.emit(R.nn.relu(R.nn.conv2d(x, relax.const(np.ones((16, 16, 1, 1), "float32")))))
+            out = builder.emit_output(R.nn.conv2d(lv, relax.const(np.ones((12, 16, 1, 1), "float32"))))
+        builder.emit_func_output(out)
+    before = builder.get()
+
+    def crash(*_args):
+        raise IndexError("Index -1 out of bounds 4")
+
+    monkeypatch.setattr(relax.transform, "ConvertLayout", crash)
+    after, report = convert(before)
+    tvm.ir.assert_structural_equal(after, before)
+    assert "blocked_layout.padded_channels" not in report.fired

@@ -117,3 +117,40 @@ def test_convs_on_whole_blocks_are_left_alone():
     after, count = padded(before)
     assert count == 0
     tvm.ir.assert_structural_equal(after, before)
+
+
+def test_a_concat_of_padded_halves_keeps_each_half_in_its_blocks():
+    """A CSP block's two 24-channel halves (each padded to 32) concatenated and read by a conv:
+    the concat joins the padded maps (64 channels, real ones at 0..23 and 32..55) and the conv's
+    input filters are spread to match; no slice or gather is left."""
+
+    def body(b, x):
+        region = conv_map(x, 16)
+        halves = [nn.relu(nn.conv2d(region, const(24, 16, 1, 1))) for _ in range(2)]
+        return nn.conv2d(relax.op.concat(halves, axis=1), const(16, 48, 1, 1))
+
+    before = module((1, 16, 6, 6), body)
+    after, count = padded(before)
+    assert count == 3
+    (concat,) = calls(after, "relax.concat")
+    assert tuple(int(d) for d in concat.ty.shape) == (1, 64, 6, 6)
+    filters = calls(after, "relax.nn.conv2d")[-1].args[1].value.numpy()
+    assert filters.shape == (16, 64, 1, 1) and not filters[:, 24:32].any() and not filters[:, 56:].any()
+    assert not calls(after, "relax.strided_slice")
+    assert_same_outputs(before, after, (1, 16, 6, 6))
+
+
+def test_a_concat_read_by_a_reshape_slices_the_real_channels_back_together():
+    """After a concat of padded maps the real channels are not in front: a reader that is not
+    per-channel gets them as a concat of one slice per run (injective, so it fuses)."""
+
+    def body(b, x):
+        region = conv_map(x, 16)
+        halves = [nn.relu(nn.conv2d(region, const(24, 16, 1, 1))) for _ in range(2)]
+        return relax.op.reshape(relax.op.concat(halves, axis=1), (1, 48 * 36))
+
+    before = module((1, 16, 6, 6), body)
+    after, _ = padded(before)
+    runs = [([int(v) for v in s.args[2]], [int(v) for v in s.args[3]]) for s in calls(after, "relax.strided_slice")]
+    assert sorted(runs) == [([0], [24]), ([32], [56])]
+    assert_same_outputs(before, after, (1, 16, 6, 6))

@@ -60,10 +60,8 @@ class ConvertConvsToBlockedLayout:
         reason = self._why_stay_in_nchw(mod)
         if reason is not None:
             return self._stay_in_nchw(mod, reason)
-        mod, padded = pad_conv_channels(mod, self.block)
-        if padded:
-            self.report.fired[f"{PATTERN_NAME}.padded_channels"] += padded
-        if not self._has_convertible_conv(mod):
+        padded_mod, padded = pad_conv_channels(mod, self.block)
+        if not self._has_convertible_conv(padded_mod):
             return mod  # nothing to block: TVM's layout inference need not see the model at all
         converted = []
 
@@ -83,12 +81,14 @@ class ConvertConvsToBlockedLayout:
             return {"relax.nn.conv2d": [f"NCHW{self.block}c", f"OIHW{self.block}i{self.block}o"]}
 
         try:
-            blocked = relax.transform.ConvertLayout({}, desired_layout)(split_channels_as_slices(mod))
+            blocked = relax.transform.ConvertLayout({}, desired_layout)(split_channels_as_slices(padded_mod))
         except Exception as err:  # noqa: BLE001 - TVM's inference fails on ops it has no rule for
             # (IndexError on a negative stack axis after an LSTM, InternalError, OpError...).
             lines = str(err).strip().splitlines()
             cause = lines[-1] if lines else type(err).__name__
-            return self._stay_in_nchw(mod, f"layout inference failed: {cause}")
+            return self._stay_in_nchw(mod, f"layout inference failed: {cause}")  # unpadded, as it came
+        if padded:
+            self.report.fired[f"{PATTERN_NAME}.padded_channels"] += padded
         if converted:
             self.report.fired[f"{PATTERN_NAME}.conv2d"] += len(converted)
             self._note_convs_staying(blocked)

@@ -6,9 +6,11 @@ transform before it, one after it, and the conv itself on the slower NCHW kernel
 Runtime's NCHWc transformer pads such a conv's filters with zero filters up to the next whole
 block instead, and so does this rewrite: the conv computes ``block``-multiple channels, the
 extra ones 0 (plus a bias); element-wise ops after it run on the padded map (their constants
-padded with their last channel's value, so the extra channels stay finite); a conv reading the
-padded map gets zero input filters for the extra channels, which therefore add exactly 0; any
-other reader sees the real channels through a slice, which fuses into that reader's kernel.
+padded with a real channel's value, so the extra channels stay finite); a channel concat of
+padded maps is the concat of the padded maps, each part's real channels where they were; a
+conv reading a padded map gets zero input filters for the extra channels, which therefore add
+exactly 0; any other reader sees the real channels through slices (several, after a concat),
+which fuse into that reader's kernel.
 
 Padding costs arithmetic on the filters that compute nothing, so a conv is padded only where
 that is cheap, and only inside the region of convs (its input computed from conv outputs: the
@@ -53,6 +55,7 @@ def pad_conv_channels(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, int]
     """``mod`` with its dense NCHW convs padded to whole ``block``s of output channels where
     that is cheap (see the module docstring), and how many convs changed."""
     changed = 0
+    mod = mod.clone()  # the caller keeps the unpadded module (for a layout inference that fails)
     for gvar, func in list(mod.functions_items()):
         if not isinstance(func, relax.Function) or (func.attrs and "Composite" in func.attrs):
             continue
@@ -77,9 +80,10 @@ def padded_channels(channels: int, block: int) -> int:
 
 @mutator
 class _ChannelPadder(PyExprMutator):
-    """One walk in binding order. ``padded[slice_var] = (padded_var, channels)`` for every
-    variable that is the first ``channels`` channels of a padded map, so that a conv or a
-    per-channel op reading it is re-emitted on the padded map instead."""
+    """One walk in binding order. ``padded[var] = (padded_var, positions)`` for every variable
+    that is the real channels of a padded map, real channel ``i`` at ``positions[i]`` of
+    ``padded_var``, so that a conv, a per-channel op or a channel concat reading it is re-emitted
+    on the padded map instead."""
 
     def __init__(self, mod: tvm.IRModule, block: int):
         super().__init__(mod)
@@ -97,17 +101,17 @@ class _ChannelPadder(PyExprMutator):
                 self.conv_maps.add(var)
             self.set_var_remap(binding.var, var)
             return
-        call, channels = rewritten
+        call, positions = rewritten
         call = self.builder_.normalize(call)
-        if channels == static_shape(call)[1]:  # a conv reading a padded map, its own output whole
+        if positions == tuple(range(static_shape(call)[1])):  # a conv reading a padded map, its output whole
             var = rebind(self.builder_, binding.var, call)
             self.conv_maps.add(var)
             self.set_var_remap(binding.var, var)
             return
         padded_var = self.builder_.emit(call, str(binding.var.name))
-        real = relax.op.strided_slice(padded_var, axes=[1], begin=[0], end=[channels])
+        real = _real_channels(padded_var, positions)
         sliced = rebind(self.builder_, binding.var, real, f"{binding.var.name}{SUFFIX}")
-        self.padded[sliced] = (padded_var, channels)
+        self.padded[sliced] = (padded_var, positions)
         self.conv_maps.add(sliced)
         self.set_var_remap(binding.var, sliced)
 
@@ -124,20 +128,22 @@ class _ChannelPadder(PyExprMutator):
         args = [f for arg in value.args for f in (arg.fields if isinstance(arg, relax.Tuple) else [arg])]
         return any(arg in self.conv_maps for arg in args)
 
-    def _on_padded_map(self, call: relax.Call) -> tuple[relax.Call, int] | None:
-        """``call`` re-emitted on padded maps, with its real channel count; None to keep it."""
+    def _on_padded_map(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
+        """``call`` re-emitted on padded maps, with where its real channels are; None to keep it."""
         if not isinstance(call.op, tvm.ir.Op) or static_shape(call) is None or len(static_shape(call)) != 4:
             return None
         if call.op.name == "relax.nn.conv2d":
             return self._padded_conv(call)
         if call.op.name in UNARY_OPS and call.args[0] in self.padded:
-            source, channels = self.padded[call.args[0]]
-            return relax.Call(call.op, [source, *call.args[1:]], call.attrs, call.ty_args), channels
+            source, positions = self.padded[call.args[0]]
+            return relax.Call(call.op, [source, *call.args[1:]], call.attrs, call.ty_args), positions
         if call.op.name in BINARY_OPS:
             return self._padded_binary(call)
+        if call.op.name == "relax.concat":
+            return self._padded_concat(call)
         return None
 
-    def _padded_conv(self, call: relax.Call) -> tuple[relax.Call, int] | None:
+    def _padded_conv(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
         data, weight = call.args
         attrs = call.attrs
         if (int(attrs.groups) != 1 or (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW")
@@ -147,8 +153,10 @@ class _ChannelPadder(PyExprMutator):
         filters = weight.value.numpy()
         reads_padded = data in self.padded
         if reads_padded:  # zero input filters for the padded channels
-            data, in_channels = self.padded[data]
-            filters = np.pad(filters, [(0, 0), (0, static_shape(data)[1] - in_channels), (0, 0), (0, 0)])
+            data, positions = self.padded[data]
+            spread = np.zeros((filters.shape[0], static_shape(data)[1], *filters.shape[2:]), filters.dtype)
+            spread[:, list(positions)] = filters
+            filters = spread
         out_channels = filters.shape[0]
         if self._worth_padding(static_shape(data), filters.shape, static_shape(call)):
             filters = np.pad(filters, [(0, padded_channels(out_channels, self.block) - out_channels), (0, 0), (0, 0), (0, 0)])
@@ -158,7 +166,7 @@ class _ChannelPadder(PyExprMutator):
             return None  # an input from outside the conv region: padding would add a transform before it
         self.convs += 1
         padded_weight = relax.const(np.ascontiguousarray(filters), str(filters.dtype))
-        return relax.Call(call.op, [data, padded_weight], attrs, call.ty_args), out_channels
+        return relax.Call(call.op, [data, padded_weight], attrs, call.ty_args), tuple(range(out_channels))
 
     def _worth_padding(self, data_shape, filter_shape, out_shape) -> bool:
         out_channels, in_channels, kernel_h, kernel_w = filter_shape
@@ -168,24 +176,58 @@ class _ChannelPadder(PyExprMutator):
         extra_macs = (padded - out_channels) * in_channels * kernel_h * kernel_w * out_shape[2] * out_shape[3]
         return padded <= 2 * out_channels or extra_macs <= MACS_PER_MOVED_ELEMENT * math.prod(data_shape[1:])
 
-    def _padded_binary(self, call: relax.Call) -> tuple[relax.Call, int] | None:
-        """An element-wise op of padded maps (the same real channels) and constants; None when
-        another tensor takes part, or when it would divide by a padded map."""
+    def _padded_binary(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
+        """An element-wise op of padded maps (their real channels in the same places) and
+        constants; None when another tensor takes part, or when it would divide by a padded map."""
         found = [self.padded[arg] for arg in call.args if arg in self.padded]
-        if not found or any(channels != found[0][1] for _, channels in found):
+        if not found or any(positions != found[0][1] for _, positions in found):
             return None
-        padded_to = static_shape(found[0][0])[1]
+        positions = found[0][1]
+        width = static_shape(found[0][0])[1]
         args = []
-        for position, arg in enumerate(call.args):
+        for index, arg in enumerate(call.args):
             if arg in self.padded:
-                if call.op.name == "relax.divide" and position == 1:
+                if call.op.name == "relax.divide" and index == 1:
                     return None
                 args.append(self.padded[arg][0])
-            elif isinstance(arg, tvm.ir.GenericConst) and _per_channel_or_shared(arg, found[0][1]):
-                args.append(_constant_padded(arg, found[0][1], padded_to))
+            elif isinstance(arg, tvm.ir.GenericConst) and _per_channel_or_shared(arg, len(positions)):
+                args.append(_constant_spread(arg, positions, width))
             else:
                 return None
-        return relax.Call(call.op, args, call.attrs, call.ty_args), found[0][1]
+        return relax.Call(call.op, args, call.attrs, call.ty_args), positions
+
+    def _padded_concat(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
+        """A channel concat of padded maps and of conv-region maps on whole blocks: the concat
+        of the padded maps, each part's real channels where its padded map put them (a CSP
+        block's two 24-channel halves stay two blocks each, not one shuffled 48)."""
+        fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else None
+        if (fields is None or int(call.attrs.axis) not in (1, -3)
+                or not any(field in self.padded for field in fields)):
+            return None
+        sources, positions, offset = [], [], 0
+        for field in fields:
+            if field in self.padded:
+                source, field_positions = self.padded[field]
+            elif field in self.conv_maps and static_shape(field) and static_shape(field)[1] % self.block == 0:
+                source, field_positions = field, tuple(range(static_shape(field)[1]))
+            else:
+                return None
+            sources.append(source)
+            positions += [offset + p for p in field_positions]
+            offset += static_shape(source)[1]
+        return relax.op.concat(sources, axis=1), tuple(positions)
+
+
+def _real_channels(padded: relax.Expr, positions: tuple[int, ...]) -> relax.Expr:
+    """The real channels of a padded map, in order: a slice per run of them, concatenated when
+    there are several (after a concat of padded maps); slices and concats fuse into the reader."""
+    runs, start = [], 0
+    for index in range(1, len(positions) + 1):
+        if index == len(positions) or positions[index] != positions[index - 1] + 1:
+            runs.append((positions[start], positions[index - 1] + 1))
+            start = index
+    slices = [relax.op.strided_slice(padded, axes=[1], begin=[begin], end=[end]) for begin, end in runs]
+    return slices[0] if len(slices) == 1 else relax.op.concat(slices, axis=1)
 
 
 def _per_channel_or_shared(constant: tvm.ir.GenericConst, channels: int) -> bool:
@@ -195,12 +237,13 @@ def _per_channel_or_shared(constant: tvm.ir.GenericConst, channels: int) -> bool
     return len(shape) <= 4 and (len(shape) < 3 or shape[-3] in (1, channels))
 
 
-def _constant_padded(constant: tvm.ir.GenericConst, channels: int, padded_to: int) -> tvm.ir.GenericConst:
-    """A constant broadcast against an NCHW map of ``channels`` channels, made to broadcast
-    against the map padded to ``padded_to``: per-channel values repeat their last one."""
+def _constant_spread(constant: tvm.ir.GenericConst, positions: tuple[int, ...], width: int) -> tvm.ir.GenericConst:
+    """A per-channel constant laid out like the padded map: each real channel's value at its
+    position, a padded channel repeating the real channel before it (finite, like the rest)."""
     value = constant.value.numpy()
-    if value.ndim < 3 or value.shape[-3] != channels:
+    if value.ndim < 3 or value.shape[-3] != len(positions):
         return constant
-    widths = [(0, 0)] * value.ndim
-    widths[-3] = (0, padded_to - channels)
-    return relax.const(np.ascontiguousarray(np.pad(value, widths, mode="edge")), str(value.dtype))
+    source = np.zeros(width, "int64")
+    for channel, position in enumerate(positions):
+        source[position:] = channel
+    return relax.const(np.ascontiguousarray(np.take(value, source, axis=-3)), str(value.dtype))

@@ -28,6 +28,7 @@ from .rebinding import rebind
 def sink_transforms_to_nchw(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its blocked-to-NCHW transforms sunk below resizes and channel concats,
     kept for a function only when fewer transforms are left."""
+    mod = mod.clone()
     for gvar, func in list(mod.functions_items()):
         if not isinstance(func, relax.Function) or (func.attrs and "Composite" in func.attrs):
             continue
@@ -38,7 +39,9 @@ def sink_transforms_to_nchw(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def split_channels_as_slices(mod: tvm.IRModule) -> tvm.IRModule:
-    """Every split of a 4-D map along its channels as one ``strided_slice`` per part."""
+    """Every split of a 4-D map along its channels as one ``strided_slice`` per part (a new
+    module: the caller keeps the old one)."""
+    mod = mod.clone()
     for gvar, func in list(mod.functions_items()):
         if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
             mod[gvar] = relax.analysis.remove_all_unused(_SplitAsSlices(mod).visit_expr(func))
