@@ -13,12 +13,12 @@ exactly 0; any other reader sees the real channels through slices (several, afte
 which fuse into that reader's kernel.
 
 Padding costs arithmetic on the filters that compute nothing, so a conv is padded only where
-that is cheap, and only inside the region of convs (its input computed from conv outputs: the
-output of a softmax or of the graph input would need a transform first), never over a single
-pixel (an SE block's convs): at most twice its channels (24 -> 32), or at most ``MACS_PER_MOVED_ELEMENT``
+that is cheap: at most twice its channels (24 -> 32), or at most ``MACS_PER_MOVED_ELEMENT``
 extra multiply-adds per element of its input map, the map a layout transform would otherwise
 copy (a 1x1 head conv 96 -> 1 adds 15 per element; a 3x3 conv 32 -> 1 on a full-size map,
-135, stays as it is).
+135, stays as it is). And only inside the region of convs (its input computed from conv
+outputs: a softmax's output or the graph input would need a transform first), never over a
+single pixel (an SE block's convs).
 """
 
 from __future__ import annotations
@@ -146,9 +146,9 @@ class _ChannelPadder(PyExprMutator):
     def _padded_conv(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
         data, weight = call.args
         attrs = call.attrs
-        if (int(attrs.groups) != 1 or (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW")
-                or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None
-                or one_pixel(call)):
+        layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
+        if (int(attrs.groups) != 1 or layouts != ("NCHW", "OIHW", "NCHW") or one_pixel(call)
+                or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None):
             return None
         filters = weight.value.numpy()
         reads_padded = data in self.padded
@@ -159,7 +159,8 @@ class _ChannelPadder(PyExprMutator):
             filters = spread
         out_channels = filters.shape[0]
         if self._worth_padding(static_shape(data), filters.shape, static_shape(call)):
-            filters = np.pad(filters, [(0, padded_channels(out_channels, self.block) - out_channels), (0, 0), (0, 0), (0, 0)])
+            extra = padded_channels(out_channels, self.block) - out_channels
+            filters = np.pad(filters, [(0, extra), (0, 0), (0, 0), (0, 0)])
         elif not reads_padded:
             return None
         if not reads_padded and data not in self.conv_maps:

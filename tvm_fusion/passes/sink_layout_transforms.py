@@ -51,7 +51,8 @@ def split_channels_as_slices(mod: tvm.IRModule) -> tvm.IRModule:
 def transform_count(func: relax.Function) -> int:
     found = []
     op = tvm.ir.Op.get("relax.layout_transform")
-    relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and e.op == op else None)
+    relax.analysis.post_order_visit(
+        func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and e.op == op else None)
     return len(found)
 
 
