@@ -142,6 +142,18 @@ def conv_layouts(mod, attr: str = "data_layout") -> list[str]:
     return layouts
 
 
+def assert_same_outputs(before, after, tolerance: float) -> None:
+    """Both modules lowered and run on the same random input and weights (scaled like trained
+    ones, so that activations stay of order 1)."""
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal([int(d) for d in param.ty.shape]).astype("float32") * (0.1 if index else 1)
+            for index, param in enumerate(before["main"].params)]
+    lowered = [tvm.transform.Sequential(lowering_passes())(mod) for mod in (before, after)]
+    outputs = [relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in args]).numpy() for mod in lowered]
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=tolerance, atol=tolerance)
+
+
 def transforms_of_maps(mod) -> int:
     """Layout transforms of feature maps (not of weights, which fold away)."""
     found = []
@@ -178,14 +190,7 @@ def test_convs_off_the_block_stay_in_nchw_and_the_convs_around_them_convert():
     (miss,) = report.near_misses
     assert miss.reason.startswith("2 conv(s) stay in NCHW, their channels not multiples of 16")
     assert "16 -> 1 channels on (1, 16, 8, 8); 1 -> 1 channels on (1, 1, 8, 8)" in miss.reason
-    rng = np.random.default_rng(0)
-    # Weights scaled like trained ones, so that activations stay of order 1.
-    args = [rng.standard_normal([int(d) for d in param.ty.shape]).astype("float32") * (0.1 if index else 1)
-            for index, param in enumerate(Before["main"].params)]
-    lowered = [tvm.transform.Sequential(lowering_passes())(mod) for mod in (Before, after)]
-    outputs = [relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
-        *[tvm.runtime.tensor(a) for a in args]).numpy() for mod in lowered]
-    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-4, atol=1e-4)
+    assert_same_outputs(Before, after, tolerance=1e-4)
 
 
 @pytest.mark.parametrize("shape", ["input:1x3x64x64", "input:2x3x32x96"])
@@ -326,13 +331,7 @@ def test_a_c2f_block_split_and_concat_stays_blocked():
     after, report = convert(Before)
     assert report.fired["blocked_layout.conv2d"] == 3 and not report.near_misses
     assert transforms_of_maps(after) == 2
-    rng = np.random.default_rng(0)
-    args = [rng.standard_normal([int(d) for d in param.ty.shape]).astype("float32") * (0.1 if index else 1)
-            for index, param in enumerate(Before["main"].params)]
-    lowered = [tvm.transform.Sequential(lowering_passes())(mod) for mod in (Before, after)]
-    outputs = [relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
-        *[tvm.runtime.tensor(a) for a in args]).numpy() for mod in lowered]
-    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    assert_same_outputs(Before, after, tolerance=1e-5)
 
 
 def test_a_layout_inference_failure_leaves_the_channels_unpadded(monkeypatch):
