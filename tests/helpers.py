@@ -184,6 +184,19 @@ def run_imported(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[
     return [got.numpy()] if isinstance(got, tvm.runtime.Tensor) else [g.numpy() for g in got]
 
 
+def run_lowered(mod, *args: np.ndarray) -> np.ndarray:
+    """A Relax module after our lowering (LegalizeOps with our legalizations, FuseOps, FuseTIR),
+    compiled for llvm and run on ``args``: for passes compared before and after on numbers."""
+    import tvm
+    from tvm import relax
+
+    from tvm_fusion.passes.pipeline import lowering_passes
+
+    lowered = tvm.transform.Sequential(lowering_passes())(mod)
+    vm = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
 def ort_outputs(model_path: Path | str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 

@@ -10,10 +10,9 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from helpers import EXAMPLES
+from helpers import EXAMPLES, run_lowered
 from tvm_fusion import api
 from tvm_fusion.passes.blocked_layout import ConvertConvsToBlockedLayout
-from tvm_fusion.passes.pipeline import lowering_passes
 from tvm_fusion.patterns import PatternReport
 
 
@@ -148,10 +147,7 @@ def assert_same_outputs(before, after, tolerance: float) -> None:
     rng = np.random.default_rng(0)
     args = [rng.standard_normal([int(d) for d in param.ty.shape]).astype("float32") * (0.1 if index else 1)
             for index, param in enumerate(before["main"].params)]
-    lowered = [tvm.transform.Sequential(lowering_passes())(mod) for mod in (before, after)]
-    outputs = [relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](
-        *[tvm.runtime.tensor(a) for a in args]).numpy() for mod in lowered]
-    np.testing.assert_allclose(outputs[1], outputs[0], rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(run_lowered(after, *args), run_lowered(before, *args), rtol=tolerance, atol=tolerance)
 
 
 def transforms_of_maps(mod) -> int:

@@ -5,8 +5,9 @@ import tvm
 from tvm import relax
 from tvm.relax.op import add, divide, nn
 
+from helpers import run_lowered
+
 from tvm_fusion.passes.pad_conv_channels import pad_conv_channels
-from tvm_fusion.passes.pipeline import lowering_passes
 
 RNG = np.random.default_rng(0)
 
@@ -24,11 +25,6 @@ def module(x_shape, body):
             out = builder.emit_output(body(builder, x))
         builder.emit_func_output(out)
     return builder.get()
-
-
-def run(mod, x):
-    lowered = tvm.transform.Sequential(lowering_passes())(mod)
-    return relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
 
 def calls(mod, op_name):
@@ -49,7 +45,7 @@ def padded(mod, block=16):
 
 def assert_same_outputs(before, after, x_shape):
     x = RNG.standard_normal(x_shape).astype("float32")
-    np.testing.assert_allclose(run(after, x), run(before, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run_lowered(after, x), run_lowered(before, x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_conv_off_the_block_is_padded_and_the_next_conv_reads_the_padded_map():

@@ -2,12 +2,11 @@
 
 import numpy as np
 import tvm
-from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tvm_fusion.passes.pipeline import lowering_passes
+from helpers import run_lowered
 from tvm_fusion.passes.sink_layout_transforms import sink_transforms_to_nchw
 
 
@@ -41,18 +40,12 @@ class MergedBlocked:
         return gv
 
 
-def run(mod, *args):
-    lowered = tvm.transform.Sequential(lowering_passes())(mod)
-    vm = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
-
-
 def test_the_merge_runs_blocked_and_every_transform_cancels():
     after = sink_transforms_to_nchw(TopDownMerge)
     tvm.ir.assert_structural_equal(after, MergedBlocked)
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((1, 2, 4, 4, 16)).astype("float32"), rng.standard_normal((1, 1, 8, 8, 16)).astype("float32")]
-    np.testing.assert_array_equal(run(after, *args), run(TopDownMerge, *args))
+    np.testing.assert_array_equal(run_lowered(after, *args), run_lowered(TopDownMerge, *args))
 
 
 def test_a_concat_with_an_nchw_input_keeps_its_transforms():

@@ -149,27 +149,33 @@ class ConvertConvsToBlockedLayout:
 
     def _blocks_output_only(self, call: relax.Call) -> bool:
         """A dense conv whose input channels are off the block but output channels are not."""
-        if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+        dims = _nchw_conv_dims(call)
+        if dims is None or int(call.attrs.groups) != 1 or call.attrs.out_layout != "NCHW" or one_pixel(call):
             return False
-        attrs = call.attrs
-        data, weight = shape_dims(call.args[0]), static_shape(call.args[1])
-        return (_static_batch_channels(call.args[0]) and weight is not None and int(attrs.groups) == 1
-                and (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NCHW", "OIHW", "NCHW")
-                and data[1] % self.block != 0 and weight[0] % self.block == 0 and not one_pixel(call))
+        data, weight = dims
+        return data[1] % self.block != 0 and weight[0] % self.block == 0
 
     def _convertible(self, call: relax.Call) -> bool:
-        if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+        dims = _nchw_conv_dims(call)
+        if dims is None:
             return False
-        attrs = call.attrs
-        data, weight = shape_dims(call.args[0]), static_shape(call.args[1])
-        if not _static_batch_channels(call.args[0]) or weight is None:
-            return False
-        groups = int(attrs.groups)
+        data, weight = dims
+        groups = int(call.attrs.groups)
         if groups != 1 and not (self.depthwise and groups == data[1] == weight[0] and weight[1] == 1):
             return False  # grouped, or depthwise with blocked depthwise convs off
-        if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
-            return False
         return data[1] % self.block == 0 and weight[0] % self.block == 0
+
+
+def _nchw_conv_dims(call: relax.Call) -> tuple[tuple, tuple[int, ...]] | None:
+    """The data dims and weight shape of a conv2d in NCHW/OIHW with static batch, channels and
+    weight (rows and columns may be symbolic); None for anything else."""
+    if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+        return None
+    weight = static_shape(call.args[1])
+    if (not _static_batch_channels(call.args[0]) or weight is None
+            or (call.attrs.data_layout, call.attrs.kernel_layout) != ("NCHW", "OIHW")):
+        return None
+    return shape_dims(call.args[0]), weight
 
 
 def _conv_calls(mod: tvm.IRModule) -> list[tuple[relax.Call, bool]]:
@@ -260,13 +266,9 @@ def _conv2d_nchw_to_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, 
     """``out[n, oc, y, x, ob] = sum_{ic, ky, kx} data[n, ic, y*s + ky*d, x*s + kx*d] * kernel[oc,
     ic, ky, kx, ob]``: an NCHW map in, NCHW[x]c out (``OIHW{x}o`` weights)."""
     out_dtype = out_dtype or data.dtype
-    batch, in_channels, height, width = data.shape
+    batch, in_channels = data.shape[:2]
     out_chunks, _, kernel_h, kernel_w, out_block = (int(d) for d in kernel.shape)
-    top, left, bottom, right = padding
-    out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
-    out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
-    if any(padding):
-        data = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp")
+    data, out_h, out_w = _padded_window(data, kernel_h, kernel_w, strides, padding, dilation)
     ic = te.reduce_axis((0, int(in_channels)), "ic")
     ky = te.reduce_axis((0, kernel_h), "ky")
     kx = te.reduce_axis((0, kernel_w), "kx")
@@ -298,12 +300,13 @@ def _depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding
 
 
 def _padded_window(data: te.Tensor, kernel_h: int, kernel_w: int, strides, padding, dilation):
-    """The NCHW[x]c map padded for the window (itself when there is no padding), and the output
-    rows and columns; these may be symbolic (a model compiled for a range of sizes)."""
-    _, _, height, width, _ = data.shape
+    """The NCHW or NCHW[x]c map padded for the window (itself when there is no padding), and the
+    output rows and columns; these may be symbolic (a model compiled for a range of sizes)."""
+    height, width = data.shape[2:4]
     top, left, bottom, right = padding
     out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
     out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
     if any(padding):
-        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="pad_temp")
+        block = [0] * (len(data.shape) - 4)  # the channel block of NCHW[x]c is not padded
+        data = topi.nn.pad(data, [0, 0, top, left, *block], [0, 0, bottom, right, *block], name="pad_temp")
     return data, out_h, out_w

@@ -150,8 +150,10 @@ class _ChannelPadder(PyExprMutator):
         if (int(attrs.groups) != 1 or layouts != ("NCHW", "OIHW", "NCHW") or one_pixel(call)
                 or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None):
             return None
-        filters = weight.value.numpy()
         reads_padded = data in self.padded
+        if not reads_padded and data not in self.conv_maps:
+            return None  # an input from outside the conv region: padding would add a transform before it
+        filters = weight.value.numpy()
         if reads_padded:  # zero input filters for the padded channels
             data, positions = self.padded[data]
             spread = np.zeros((filters.shape[0], static_shape(data)[1], *filters.shape[2:]), filters.dtype)
@@ -163,8 +165,6 @@ class _ChannelPadder(PyExprMutator):
             filters = np.pad(filters, [(0, extra), (0, 0), (0, 0), (0, 0)])
         elif not reads_padded:
             return None
-        if not reads_padded and data not in self.conv_maps:
-            return None  # an input from outside the conv region: padding would add a transform before it
         self.convs += 1
         padded_weight = relax.const(np.ascontiguousarray(filters), str(filters.dtype))
         return relax.Call(call.op, [data, padded_weight], attrs, call.ty_args), tuple(range(out_channels))

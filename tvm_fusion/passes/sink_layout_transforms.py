@@ -56,10 +56,6 @@ def transform_count(func: relax.Function) -> int:
     return len(found)
 
 
-def to_blocked(data: relax.Expr, block: int) -> relax.Call:
-    return relax.op.layout_transform(data, lambda n, c, h, w: [n, c // block, h, w, c % block])
-
-
 def to_nchw(data: relax.Expr, block: int) -> relax.Call:
     return relax.op.layout_transform(data, lambda n, c, h, w, b: [n, c * block + b, h, w])
 
