@@ -262,7 +262,7 @@ def test_input_shape_given_twice(capsys, tmp_path, mlp_path, config_path):
     code, out, err = run_cli(capsys, "-q", "compile", mlp_path, "--config", config_path(),
                              "--input-shape", "x:4x16", "--input-shape", "x:8x16", "-o", tmp_path / "build")
     assert code == ShapeError.exit_code == 4 and out == ""
-    assert_one_error(err, "input 'x' two different shapes: x:4x16 and x:8x16")
+    assert_one_error(err, "input 'x' is given twice, differently: --input-shape x:4x16 and --input-shape x:8x16")
     assert parse_input_shapes(["x:4x16", "x:4,16"]) == {"x": (4, 16)}  # the same shape twice is fine
 
 

@@ -103,7 +103,8 @@ def test_missing_library(copy_artifact):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not_an_object", "no_sha", "no_inputs", "bad_inputs",
-                                    "bad_outputs", "bad_target", "unknown_dim_name", "inverted_dim_range"])
+                                    "bad_outputs", "bad_target", "unknown_dim_name", "inverted_dim_range",
+                                    "pinned_to_text"])
 def test_damaged_metadata(copy_artifact, damage):
     folder = copy_artifact()
     path = folder / METADATA_NAME
@@ -127,6 +128,8 @@ def test_damaged_metadata(copy_artifact, damage):
         elif damage == "inverted_dim_range":
             meta["inputs"][0]["shape"] = ["batch", 16]
             meta["dims"] = {"batch": {"name": "batch", "min": 8, "max": 2, "step": 1}}
+        elif damage == "pinned_to_text":  # --input-value's value must be a number
+            meta["inputs"][0]["value"] = "16000"
         else:
             meta["target"] = "llvm"
         path.write_text(json.dumps(meta))

@@ -18,7 +18,7 @@ import pytest
 
 import helpers
 from tvm_fusion import zoo
-from tvm_fusion.frontend.onnx import parse_shape_flag
+from tvm_fusion.preparation import parse_input_shapes
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE, VERSION = "fake-zoo-pkg", "1.2.3"
@@ -211,4 +211,4 @@ def test_committed_manifest_covers_the_zoo():
     for model in models.values():
         assert re.fullmatch(r"[0-9a-f]{64}", model.sha256), model.name
         assert model.member.endswith(".onnx"), model.name
-        assert model.input_shapes and all(parse_shape_flag(flag) for flag in model.input_shapes)
+        assert model.input_shapes and len(parse_input_shapes(list(model.input_shapes))) == len(model.input_shapes)

@@ -50,6 +50,9 @@ def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) 
                         help="shape for an input, e.g. input_ids:1x128; a dim given as a range "
                              "LOW..HIGH (input_ids:1x1..512) is compiled once for every size in it "
                              "(repeatable)")
+    parser.add_argument("--input-value", action="append", dest="input_shape", metavar="NAME=VALUE",
+                        help="compile a one-element input for this value only, e.g. sr=16000 (an If on "
+                             "it keeps one branch; the artifact refuses another value) (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,7 +260,7 @@ def _run(args, say) -> int:
     rng = np.random.default_rng(0)
     sizes = model.dim_sizes(given, args.dim) if args.fill else {}
     for spec in model.inputs:
-        if spec["name"] in given or not args.fill:
+        if spec["name"] in given or not args.fill or "value" in spec:  # a pinned input fills itself
             continue
         shape = [sizes[d] if isinstance(d, str) else d for d in spec["shape"]]
         if args.fill == "zeros":

@@ -17,8 +17,9 @@ from .frontend import onnx as onnx_frontend
 from .frontend.dims import evaluate_dim, ranges_of, var_sizes
 
 Progress = Callable[[str], None]
-# {name: dims} (a dim: a size, or a (low, high, step) range), NAME:DIMxDIM flags, or one such flag.
-ShapeArg = dict[str, tuple] | list[str] | str | None
+# {name: dims or a pinned value} (a dim: a size, or a (low, high, step) range), NAME:DIMxDIM and
+# NAME=VALUE flags, or one such flag.
+ShapeArg = dict[str, tuple | int | float] | list[str] | str | None
 
 
 def quiet(_message: str) -> None:
@@ -42,24 +43,29 @@ def resolve_config(config: str | Path | PipelineConfig | None) -> PipelineConfig
     return config if isinstance(config, PipelineConfig) else load_config(config)
 
 
-def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple]:
-    """``{name: dims}``, a list of ``NAME:DIMxDIM`` flags, or one such flag; a dim may be a
-    ``LOW..HIGH[/STEP]`` range (a ``(low, high, step)`` tuple in a dict)."""
+def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple | int | float]:
+    """``{name: dims or value}``, a list of ``NAME:DIMxDIM`` / ``NAME=VALUE`` flags, or one such
+    flag; a dim may be a ``LOW..HIGH[/STEP]`` range (a ``(low, high, step)`` tuple in a dict), a
+    value pins a one-element input (``sr=16000``)."""
     if not shapes:
         return {}
     if isinstance(shapes, dict):
-        return {name: tuple(dims) for name, dims in shapes.items()}
+        return {name: given if isinstance(given, (int, float)) else tuple(given) for name, given in shapes.items()}
     if isinstance(shapes, str):
         shapes = [shapes]
-    parsed: dict[str, tuple[int, ...]] = {}
+    parsed: dict[str, tuple | int | float] = {}
     for flag in shapes:
-        name, dims = onnx_frontend.parse_shape_flag(flag)
-        if parsed.get(name, dims) != dims:
-            given = " and ".join(f"{name}:{_dims_flag(d)}" for d in (parsed[name], dims))
-            raise ShapeError(f"--input-shape gives input {name!r} two different shapes: {given}",
-                             f"pass --input-shape once for {name}")
-        parsed[name] = dims
+        name, given = onnx_frontend.parse_value_flag(flag) or onnx_frontend.parse_shape_flag(flag)
+        if parsed.get(name, given) != given:
+            said = " and ".join(_flag_text(name, g) for g in (parsed[name], given))
+            raise ShapeError(f"input {name!r} is given twice, differently: {said}",
+                             f"pass --input-shape or --input-value once for {name}")
+        parsed[name] = given
     return parsed
+
+
+def _flag_text(name: str, given) -> str:
+    return f"--input-value {name}={given}" if isinstance(given, (int, float)) else f"--input-shape {name}:{_dims_flag(given)}"
 
 
 def _dims_flag(dims) -> str:
@@ -69,8 +75,9 @@ def _dims_flag(dims) -> str:
 
 
 def shapes_text(inputs: list[onnx_frontend.TensorSpec]) -> str:
-    """``input_ids:1x1..512, attention_mask:1x1..512`` for messages."""
-    return ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}" for s in inputs)
+    """``input_ids:1x1..512, attention_mask:1x1..512, sr=16000`` for messages."""
+    return ", ".join(f"{s.name}={s.value}" if s.value is not None else f"{s.name}:{'x'.join(map(str, s.shape))}"
+                     for s in inputs)
 
 
 def check_memory(inputs: list[onnx_frontend.TensorSpec], module=None) -> None:
@@ -152,7 +159,8 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
 
 def prepare_at(prepared: PreparedModel, config, sizes: dict[str, int], progress: Progress = quiet) -> PreparedModel:
     """``prepared``'s model imported static at one exact size of its ranges (a shape bucket)."""
-    shapes = {spec.name: spec.shape for spec in onnx_frontend.inputs_at(prepared.inputs, sizes)}
+    shapes = {spec.name: spec.shape if spec.value is None else spec.value
+              for spec in onnx_frontend.inputs_at(prepared.inputs, sizes)}
     return prepare(prepared.path, config, shapes, progress)
 
 

@@ -51,7 +51,8 @@ class CompiledModel:
 
         expected = [spec["name"] for spec in self.inputs]
         unknown = sorted(set(inputs) - set(expected))
-        missing = [name for name in expected if name not in inputs]
+        # A pinned input may be left out: it can only hold its value.
+        missing = [spec["name"] for spec in self.inputs if spec["name"] not in inputs and "value" not in spec]
         if unknown or missing:
             raise ArtifactError(
                 "inputs do not match the model: "
@@ -61,6 +62,8 @@ class CompiledModel:
         tensors = []
         sizes: dict[str, tuple[int, str]] = {}  # dim name -> (size, the input that gave it)
         for spec in self.inputs:
+            if spec["name"] not in inputs:  # pinned (checked above)
+                inputs = {**inputs, spec["name"]: np.full(spec["shape"], spec["value"], spec["dtype"])}
             value = _as_bfloat16_if_saved(np.asarray(inputs[spec["name"]]), spec["dtype"])
             self._check_shape(spec, list(value.shape), sizes)
             if str(value.dtype) != spec["dtype"]:
@@ -69,6 +72,12 @@ class CompiledModel:
                                     + (" after `import ml_dtypes`" if spec["dtype"] == "bfloat16" else ""))
             if "index_range" in spec:
                 _check_index_range(spec, value)
+            if "value" in spec and not np.all(value == spec["value"]):
+                raise ArtifactError(
+                    f"input {spec['name']!r} is {value.ravel()[0] if value.size else value}, but the model was "
+                    f"compiled for {spec['name']}={spec['value']} only (--input-value)",
+                    f"pass {spec['value']} (or leave {spec['name']} out), or recompile with "
+                    f"--input-value {spec['name']}=VALUE for the value you use")
             # np.ascontiguousarray would make a scalar input (shape ()) 1-D.
             tensors.append(tvm.runtime.tensor(np.require(value, requirements="C"), self._device))
         return tensors
@@ -287,6 +296,8 @@ def _checked_metadata(text: str) -> dict:
                              "and names of entries of 'dims'")
         if "index_range" in spec and not (_int_list(spec["index_range"]) and len(spec["index_range"]) == 2):
             raise ValueError(f"input {name!r}: 'index_range' is {spec['index_range']!r}, not [low, high]")
+        if "value" in spec and (isinstance(spec["value"], bool) or not isinstance(spec["value"], (int, float))):
+            raise ValueError(f"input {name!r}: 'value' is {spec['value']!r}, not a number")
     if not isinstance(metadata.get("target", {}), dict):
         raise ValueError("field 'target' is not an object")
     return metadata

@@ -21,14 +21,14 @@ GATES = {"LSTM": 4, "GRU": 3}
 def recurrent_model(kind: str, direction: str = "forward", layout: int = 0, bias: bool = True,
                     initial: bool = False, peepholes: bool = False, seed: int = 0,
                     sequence_lens: np.ndarray | None = None, outputs: tuple[str, ...] | None = None,
-                    **attrs) -> onnx.ModelProto:
+                    seq: int = SEQ, **attrs) -> onnx.ModelProto:
     """One LSTM/GRU node with random weights as initializers; x (and states) as graph inputs."""
     rng = np.random.default_rng(seed)
     dirs = 2 if direction == "bidirectional" else 1
     gates = GATES[kind]
-    x_shape = [BATCH, SEQ, INPUT] if layout else [SEQ, BATCH, INPUT]
+    x_shape = [BATCH, seq, INPUT] if layout else [seq, BATCH, INPUT]
     state_shape = [BATCH, dirs, HIDDEN] if layout else [dirs, BATCH, HIDDEN]
-    y_shape = [BATCH, SEQ, dirs, HIDDEN] if layout else [SEQ, dirs, BATCH, HIDDEN]
+    y_shape = [BATCH, seq, dirs, HIDDEN] if layout else [seq, dirs, BATCH, HIDDEN]
     inits = [numpy_helper.from_array(rng.uniform(-0.6, 0.6, (dirs, gates * HIDDEN, INPUT)).astype(np.float32), "W"),
              numpy_helper.from_array(rng.uniform(-0.6, 0.6, (dirs, gates * HIDDEN, HIDDEN)).astype(np.float32), "R")]
     names = ["x", "W", "R", "", "", "", "", ""]
@@ -106,6 +106,13 @@ def test_batch_major_layout(kind):
     np.testing.assert_allclose(got[0], expected[0].transpose(2, 0, 1, 3), rtol=1e-5, atol=1e-5)
     for ours, theirs in zip(got[1:], expected[1:]):
         np.testing.assert_allclose(ours, theirs.transpose(1, 0, 2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_one_step_matches_onnxruntime(kind):
+    """A streaming model's frame (silero VAD): the step's input projection is computed on the
+    squeezed frame, with no per-step slice."""
+    assert_matches_onnxruntime(recurrent_model(kind, "bidirectional", initial=True, seq=1))
 
 
 def test_lstm_peepholes_and_clip():

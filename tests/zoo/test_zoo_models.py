@@ -1,4 +1,5 @@
-"""The CI subset of the real-model zoo: published models from paddle2onnx and torch (one of them converted from Caffe), as shipped.
+"""The CI subset of the real-model zoo: published models from paddle2onnx, torch (one of them
+converted from Caffe) and spox, as shipped.
 
 Each compiles and verifies against ONNX Runtime (compile_model refuses otherwise), at least
 90 % of the chains our patterns target are fused, the model runs in no more kernels than
@@ -20,6 +21,7 @@ CI_SUBSET = [
     "paraphrase-minilm-l3", # torch's legacy exporter, a sentence encoder (GRU/LSTM models: tests/frontend)
     "romanizer-decoder",    # torch's legacy exporter, an RNN decoder's single-head masked_fill attention
     "open-nsfw",            # a Caffe/NHWC ResNet through torch: transposes around every conv (SinkViews)
+    "silero-vad",           # spox, audio: Ifs nested three deep, pinned to sr=16000 (--input-value)
 ]
 
 

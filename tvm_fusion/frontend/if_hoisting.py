@@ -12,6 +12,12 @@ fuses and is covered like any other.
 ``Where`` broadcasts where ``If`` would not, so a hoisted model is used only when each pair of
 selected values has one known shape after simplification (``same_shapes``); otherwise the If
 stays and TVM's importer takes it. Branches with subgraphs of their own are left as they are.
+
+An If whose condition depends on shapes only (torch's squeeze-if-size-1, nested in silero VAD's
+spox export) has its branches of different shapes by design; once the shapes are bound, its
+condition is a constant, and ``select_known_branches`` keeps the taken branch alone. So it does
+for an If on a pinned input (``--input-value sr=16000``): silero's spox export needs that, as
+its 8 kHz branch cannot run on 512 samples at all.
 """
 
 from __future__ import annotations
@@ -73,8 +79,8 @@ def _branches(node: onnx.NodeProto) -> list | None:
     branches = []
     for name in ("then_branch", "else_branch"):
         graph = graphs[name]
-        if any(not out.type.HasField("tensor_type") for out in graph.output):
-            return None
+        if any(out.type.WhichOneof("value") not in (None, "tensor_type") for out in graph.output):
+            return None  # a sequence or optional: Where cannot select it (spox leaves tensors untyped)
         branch_nodes, branch_initializers = _flatten(graph) or (list(graph.node), list(graph.initializer))
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                for n in branch_nodes for a in n.attribute):
@@ -106,6 +112,58 @@ def _inline(branch_nodes: list, branch_initializers: list, prefix: str, nodes: l
         copy.output.extend(renamed.get(name, name) for name in node.output)
         nodes.append(copy)
     return renamed
+
+
+def select_known_branches(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
+    """``model`` with each hoisted ``Where`` whose condition the bound shapes or pinned inputs
+    decide (the same at every feed's sizes) replaced by an Identity of the taken value, and the branches no
+    output reads dropped.
+
+    Outer selects are decided first: a nested condition may read a shape past an outer select,
+    and only once that select is decided can ORT compute it (the branch not taken may fail,
+    squeezing an axis that is not 1)."""
+    from .shape_values import ancestors, evaluate, shape_dependent
+
+    if not any(node.op_type == "Where" and SELECT in node.name for node in model.graph.node):
+        return model
+    resolved = onnx.ModelProto()
+    resolved.CopyFrom(model)
+    while True:
+        undecided = [node for node in resolved.graph.node if node.op_type == "Where" and SELECT in node.name]
+        static, _ = shape_dependent(resolved)
+        pending = {node.output[0] for node in undecided}
+        ready = [node for node in undecided if node.input[0] in static
+                 and not pending & {out for n in ancestors(resolved, [node.input[0]]) for out in n.output}]
+        runs = evaluate(resolved, [node.input[0] for node in ready], feeds) if ready else None
+        if runs is None:
+            break
+        decided = 0
+        for node, *values in zip(ready, *runs):
+            if all(np.array_equal(value, values[0]) for value in values):
+                taken = node.input[1] if bool(values[0]) else node.input[2]
+                node.CopyFrom(helper.make_node("Identity", [taken], list(node.output), name=node.name))
+                decided += 1
+        if not decided:
+            break
+        # The branches not taken go at once: shape inference (for the next round's types) may fail on them.
+        live = ancestors(resolved, [value.name for value in resolved.graph.output])
+        del resolved.graph.node[:]
+        resolved.graph.node.extend(live)
+    return resolved
+
+
+def deciding_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs whose values (not shapes) decide a top-level If: what ``--input-value``
+    could pin when the If does not import."""
+    from .shape_values import ancestors
+
+    inputs = {value.name for value in model.graph.input} - {init.name for init in model.graph.initializer}
+    conditions = [node.input[0] for node in model.graph.node if node.op_type == "If"]
+    read = set(conditions)
+    for node in ancestors(model, conditions):
+        if node.op_type not in ("Shape", "Size"):
+            read.update(node.input)
+    return sorted(read & inputs)
 
 
 def same_shapes(model: onnx.ModelProto) -> bool:

@@ -1,8 +1,10 @@
 """Shape binding: every model input gets a ``TensorSpec``, each dim a size or a range.
 
 Sizes come from ``--input-shape`` flags first, then from the config's ``[inputs]`` defaults by
-dim name; a dim still unbound is a ShapeError that says what to pass. Loading, simplifying
-and importing the model are ``onnx.py``'s; this module only decides what shape each input has.
+dim name; a dim still unbound is a ShapeError that says what to pass. A one-element input may
+instead be pinned to a value (``--input-value sr=16000``): the model is compiled for that value
+(an If on it keeps one branch) and the artifact refuses another. Loading, simplifying and
+importing the model are ``onnx.py``'s; this module only decides what each input is.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ ONNX_DTYPES = {
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """A model input: each dim a size, or a ``DimRange`` the artifact accepts any size of."""
+    """A model input: each dim a size, or a ``DimRange`` the artifact accepts any size of; a
+    pinned input (``value`` not None) holds that one value at every run."""
 
     name: str
     shape: tuple[int | DimRange, ...]
     dtype: str
+    value: int | float | None = None
 
     @property
     def dynamic(self) -> bool:
@@ -40,7 +44,8 @@ class TensorSpec:
 
     def to_json(self) -> dict:
         shape = [dim.name if isinstance(dim, DimRange) else dim for dim in self.shape]
-        return {"name": self.name, "shape": shape, "dtype": self.dtype}
+        pinned = {} if self.value is None else {"value": self.value}
+        return {"name": self.name, "shape": shape, "dtype": self.dtype, **pinned}
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -67,6 +72,16 @@ def parse_shape_flag(flag: str) -> tuple[str, tuple[Dim, ...]]:
     return match.group(1), dims
 
 
+def parse_value_flag(flag: str) -> tuple[str, int | float] | None:
+    """``name=16000`` (a number): the value a one-element input is pinned to; None for a flag
+    that is not one (a shape flag)."""
+    match = re.fullmatch(r"(.+)=\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)", flag.strip())
+    if not match:
+        return None
+    number = match.group(2)
+    return match.group(1), int(number) if re.fullmatch(r"[-+]?\d+", number) else float(number)
+
+
 def _as_dim(given: Dim, name: str) -> int | DimRange:
     """A flag's or config's dim as a spec dim; a range of one size is that size."""
     if isinstance(given, tuple):
@@ -75,17 +90,20 @@ def _as_dim(given: Dim, name: str) -> int | DimRange:
     return given
 
 
-def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[Dim, ...]] | None = None,
+def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[Dim, ...] | int | float] | None = None,
                       dim_defaults: dict[str, Dim] | None = None) -> list[TensorSpec]:
     """Give every input a shape: explicit shapes first, then config defaults by dim name. A dim
-    given as a range stays symbolic (named by ``dynamic_dim_name``); every other dim is static."""
+    given as a range stays symbolic (named by ``dynamic_dim_name``); every other dim is static.
+    A number in ``shapes`` pins a one-element input to that value."""
     shapes = dict(shapes or {})
+    values = {name: shapes.pop(name) for name in list(shapes) if isinstance(shapes[name], (int, float))}
     dim_defaults = dim_defaults or {}
     inputs = graph_inputs(model)
     names = [value.name for value in inputs]
-    for name in shapes:
+    for name in [*shapes, *values]:
         if name not in names:
-            raise ShapeError(f"--input-shape names {name!r}, which is not an input of the model",
+            flag = "--input-value" if name in values else "--input-shape"
+            raise ShapeError(f"{flag} names {name!r}, which is not an input of the model",
                              f"the model's inputs are: {', '.join(names)}")
     dim_defaults = {**dim_defaults, **_dims_named_by_flags(inputs, shapes)}
     specs = []
@@ -97,6 +115,9 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[Dim, ...]]
                              f"{onnx.TensorProto.DataType.Name(tensor_type.elem_type)}",
                              f"supported: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
         dims = tensor_type.shape.dim
+        if value.name in values:
+            specs.append(_pinned(value.name, dims, dtype, values[value.name]))
+            continue
         if not tensor_type.HasField("shape"):  # rank unknown: only an explicit shape can bind it
             if value.name not in shapes:
                 raise ShapeError(f"input {value.name!r} has no shape in the model (its rank is unknown)",
@@ -136,6 +157,21 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[Dim, ...]]
                     f"range LOW..HIGH), or set {name} = N under [inputs] in the config (or \"LOW..HIGH\")")
         specs.append(TensorSpec(value.name, tuple(shape), dtype))
     return specs
+
+
+def _pinned(name: str, dims, dtype: str, value: int | float) -> TensorSpec:
+    """A one-element input pinned to ``value``: every dim 1 (a dynamic dim too), the value
+    representable in the input's type."""
+    if any(_fixed(dim) and dim.dim_value != 1 for dim in dims):
+        shape = "x".join(str(d.dim_value) if _fixed(d) else "?" for d in dims)
+        raise ShapeError(f"--input-value pins input {name!r}, but it has shape {shape}: only a one-element "
+                         "input (a scalar such as a sample rate) can be pinned to a value",
+                         f"drop --input-value {name}=..., or give its shape with --input-shape")
+    integral = dtype not in ("float16", "float32", "float64", "bfloat16")
+    if integral and (value != int(value) or (dtype == "bool" and value not in (0, 1))):
+        raise ShapeError(f"--input-value {name}={value} is not a {dtype} value",
+                         f"pin {name} to {'0 or 1' if dtype == 'bool' else 'an integer'}")
+    return TensorSpec(name, (1,) * len(dims), dtype, int(value) if integral else float(value))
 
 
 def _dims_named_by_flags(inputs: list[onnx.ValueInfoProto], shapes: dict[str, tuple[Dim, ...]]) -> dict[str, Dim]:
@@ -199,4 +235,4 @@ def input_tensor_type(value: onnx.ValueInfoProto) -> onnx.TypeProto.Tensor:
 
 def inputs_at(inputs: list[TensorSpec], sizes: dict[str, int]) -> list[TensorSpec]:
     """The static specs of one run: every symbolic dim at its size in ``sizes``."""
-    return [TensorSpec(spec.name, concrete_shape(spec.shape, sizes), spec.dtype) for spec in inputs]
+    return [dataclasses.replace(spec, shape=concrete_shape(spec.shape, sizes)) for spec in inputs]

@@ -18,15 +18,15 @@ import onnx
 
 from ..errors import ModelError
 from .dims import DimRange
-from .if_hoisting import hoist_ifs, same_shapes
+from .if_hoisting import deciding_inputs, hoist_ifs, same_shapes, select_known_branches
 from .input_binding import (ONNX_DTYPES, TensorSpec, bind_input_shapes, dynamic_dim_name, graph_inputs,
-                            input_tensor_type, inputs_at, parse_shape_flag)
+                            input_tensor_type, inputs_at, parse_shape_flag, parse_value_flag)
 from .op_support import unsupported_ops, unsupported_ops_message
 from .sample_inputs import FLOAT_DTYPES, index_tables, random_inputs
 
 __all__ = [
     "FLOAT_DTYPES", "ONNX_DTYPES", "TensorSpec", "bind_input_shapes", "dynamic_dim_name", "graph_inputs",
-    "import_model", "index_tables", "inputs_at", "load_onnx", "output_specs", "parse_shape_flag",
+    "import_model", "index_tables", "inputs_at", "load_onnx", "output_specs", "parse_shape_flag", "parse_value_flag",
     "random_inputs", "relax_shape_dict", "simplify", "with_declared_shapes", "with_range_bounds",
 ]
 
@@ -73,12 +73,42 @@ def output_specs(model: onnx.ModelProto) -> list[str]:
 def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
     """``_slim`` of the model with its top-level Ifs inlined (``if_hoisting.py``), where the
     branches then provably select values of one shape; else of the model as it is."""
+    model = with_pinned_values(model, inputs)
     hoisted = hoist_ifs(model)
     if hoisted is not None:
         simplified = _slim(hoisted, inputs)
         if same_shapes(simplified):
             return simplified
     return _slim(model, inputs)
+
+
+def with_pinned_values(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
+    """A copy whose nodes (in subgraphs too) read each pinned input's value from an initializer,
+    so that what depends on it folds; the input itself stays in the signature, unread."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    renamed = {spec.name: f"{spec.name}/pinned" for spec in inputs if spec.value is not None}
+    if not renamed:
+        return model
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(model)
+    declared = {value.name: value for value in graph_inputs(model)}
+    for spec in inputs:
+        if spec.value is not None:
+            rank = len(input_tensor_type(declared[spec.name]).shape.dim)
+            pinned.graph.initializer.append(numpy_helper.from_array(
+                np.full((1,) * rank, spec.value, spec.dtype), renamed[spec.name]))
+
+    def rename(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            node.input[:] = [renamed.get(name, name) for name in node.input]
+            for attribute in node.attribute:
+                for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                    rename(subgraph)
+
+    rename(pinned.graph)
+    return pinned
 
 
 def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
@@ -99,12 +129,15 @@ def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
     points = size_points(ranges_of(inputs))
     probes = [inputs_at(inputs, sizes) for sizes in points]
     # Shape computations as ONNX Runtime evaluates them (onnxslim's own folding can be wrong).
-    model = freeze_shape_tensors(model, [random_inputs(model, specs, seed=0) for specs in probes])
+    feeds = [random_inputs(model, specs, seed=0) for specs in probes]
+    model = freeze_shape_tensors(select_known_branches(model, feeds), feeds)
     try:
         if any(spec.dynamic for spec in inputs):
             model, input_shapes = with_declared_shapes(model, inputs), None
         else:
-            input_shapes = [f"{spec.name}:{','.join(map(str, concrete_shape(spec.shape, {})))}" for spec in inputs]
+            # onnxslim cannot parse an empty shape: a scalar input keeps its declared one.
+            input_shapes = [f"{spec.name}:{','.join(map(str, concrete_shape(spec.shape, {})))}"
+                            for spec in inputs if spec.shape]
         simplified = restore_dropouts(onnxslim.slim(
             hide_dropouts(model),  # onnxslim would delete every Dropout, training mode too
             input_shapes=input_shapes,
@@ -174,6 +207,11 @@ def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):
         fix = ("report the model; check that the input shapes are right" if not ranges else
                "if the model takes only multiples of a stride (detectors: 32), give the range that step "
                "(e.g. 32..640/32); otherwise report the model, and compile it at fixed sizes meanwhile")
+        branching = deciding_inputs(model)
+        if branching:  # an If on an input whose branches TVM could not import side by side
+            fix = (f"the model branches on the value of {', '.join(branching)}: compile it for the value you "
+                   f"use, e.g. {' '.join(f'--input-value {name}=VALUE' for name in branching)} (one branch "
+                   f"is then compiled); otherwise {fix}")
         what = " with symbolic " + ", ".join(ranges) if ranges else ""
         raise ModelError(f"TVM's ONNX importer failed{what}: "
                          f"{message[-1] if message else type(err).__name__}", fix) from err

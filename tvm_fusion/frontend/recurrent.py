@@ -170,9 +170,11 @@ class _Recurrence:
         return self.bb.emit(R.squeeze(R.strided_slice(tensor, [0], [direction], [direction + 1]), [0]))
 
     def gate_input(self, gates: int, direction: int, recurrent_bias_gates: int):
-        """``X·Wᵀ + Wb (+ Rb for the first ``recurrent_bias_gates`` gates)`` for all steps: [seq, batch, gates*hidden]."""
+        """``X·Wᵀ + Wb (+ Rb for the first ``recurrent_bias_gates`` gates)`` for all steps: [seq, batch, gates*hidden];
+        [batch, gates*hidden] for one step (a streaming model's frame), which needs no slicing per step."""
         bb, h = self.bb, self.hidden
-        projected = bb.emit(self.products.input(direction)(self.x))
+        x = self.x if self.steps > 1 else bb.emit(R.squeeze(self.x, [0]))
+        projected = bb.emit(self.products.input(direction)(x))
         if self.bias is None:
             return projected
         bias = self.direction_slice(self.bias, direction)
@@ -204,6 +206,8 @@ class _Recurrence:
         return list(range(self.steps))[::-1] if reverse else list(range(self.steps))
 
     def step_input(self, projected, step: int):
+        if self.steps == 1:
+            return projected  # gate_input squeezed the one step already
         return self.bb.emit(R.squeeze(R.strided_slice(projected, [0], [step], [step + 1]), [0]))
 
     def outputs(self, per_direction_hidden: list[list], finals: list[list]):

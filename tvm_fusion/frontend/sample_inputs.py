@@ -19,12 +19,15 @@ FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
 
 def random_inputs(model: onnx.ModelProto, inputs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:
-    """Seeded inputs that are valid for the model: indices stay inside the table they index."""
+    """Seeded inputs that are valid for the model: indices stay inside the table they index,
+    and a pinned input holds its value."""
     rng = np.random.default_rng(seed)
     index_limits = {name: rows for name, (_table, rows) in index_tables(model).items()}
     values = {}
     for spec in inputs:
-        if spec.dtype in FLOAT_DTYPES:
+        if spec.value is not None:
+            value = np.full(spec.shape, spec.value, spec.dtype)
+        elif spec.dtype in FLOAT_DTYPES:
             value = rng.standard_normal(spec.shape).astype(spec.dtype)
         elif spec.dtype == "bool":
             value = rng.integers(0, 2, spec.shape).astype(bool)

@@ -21,11 +21,11 @@ _NOT_DETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLi
                                 "Multinomial", "Bernoulli"})
 
 
-def shape_tensors(model: onnx.ModelProto) -> list[str]:
-    """Tensors computed from shapes and constants that a value-dependent node reads (the frontier)."""
+def shape_dependent(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
+    """(every tensor computed from shapes and constants alone, those of them that read a shape)."""
     graph = model.graph
     static = {init.name for init in graph.initializer}
-    shape_dependent: set[str] = set()
+    from_shapes: set[str] = set()
     for node in graph.node:  # topologically sorted
         if node.op_type in _NOT_DETERMINISTIC or any(attr.type == onnx.AttributeProto.GRAPH for attr in node.attribute):
             continue
@@ -33,18 +33,70 @@ def shape_tensors(model: onnx.ModelProto) -> list[str]:
         if node.op_type in _SHAPE_ONLY or node.op_type == "Constant":
             static.update(node.output)
             if node.op_type in _SHAPE_ONLY:
-                shape_dependent.update(node.output)
+                from_shapes.update(node.output)
         elif inputs and all(name in static for name in inputs):
             static.update(node.output)
-            if any(name in shape_dependent for name in inputs):
-                shape_dependent.update(node.output)
+            if any(name in from_shapes for name in inputs):
+                from_shapes.update(node.output)
+    return static, from_shapes
+
+
+def shape_tensors(model: onnx.ModelProto) -> list[str]:
+    """Tensors computed from shapes and constants that a value-dependent node reads (the frontier)."""
+    static, from_shapes = shape_dependent(model)
     frontier = []
-    outputs = {value.name for value in graph.output}
-    for node in graph.node:
+    outputs = {value.name for value in model.graph.output}
+    for node in model.graph.node:
         if all(out in static for out in node.output):
             continue
-        frontier += [name for name in node.input if name in shape_dependent and name not in frontier]
-    return frontier + [name for name in outputs if name in shape_dependent and name not in frontier]
+        frontier += [name for name in node.input if name in from_shapes and name not in frontier]
+    return frontier + [name for name in outputs if name in from_shapes and name not in frontier]
+
+
+def ancestors(model: onnx.ModelProto, names) -> list[onnx.NodeProto]:
+    """The nodes ``names`` are computed from, in graph order."""
+    producers = {out: index for index, node in enumerate(model.graph.node) for out in node.output if out}
+    needed, work = set(), [name for name in names if name in producers]
+    while work:
+        index = producers[work.pop()]
+        if index not in needed:
+            needed.add(index)
+            work += [name for name in model.graph.node[index].input if name in producers]
+    return [node for index, node in enumerate(model.graph.node) if index in needed]
+
+
+def element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Each computed tensor's ONNX element type, as shape inference finds it."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a graph inference rejects: no types known
+        inferred = model
+    return {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
+
+
+def evaluate(model: onnx.ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]],
+             types: dict[str, int] | None = None) -> list[list] | None:
+    """``names`` computed by ONNX Runtime for each feed, running only the nodes they need (a
+    branch the bound shapes rule out may fail if run); None when ORT cannot, or a name's
+    element type is unknown."""
+    import onnxruntime as ort
+
+    types = element_types(model) if types is None else types
+    if not all(types.get(name) for name in names):
+        return None
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.node[:]
+    probe.graph.node.extend(ancestors(model, names))
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.helper.make_tensor_value_info(name, types[name], None) for name in names)
+    try:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # unused initializers of the pruned probe are expected
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return [session.run(names, feed) for feed in feeds]
+    except Exception:  # noqa: BLE001 - ORT cannot run it
+        return None
 
 
 def freeze_shape_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
@@ -54,28 +106,10 @@ def freeze_shape_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarra
     ``feeds`` holds one run per size: a model compiled for a range of sizes is probed at its
     low, typical and high sizes, and only the values that are the same at every size are frozen (a head count, a
     hidden width), while those that follow the size (a sequence length) stay computed."""
-    import onnxruntime as ort
-
-    names = shape_tensors(model)
-    if not names:
-        return model
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - inference is only for the element types
-        inferred = model
-    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
-    names = [name for name in names if types.get(name)]
-    if not names:
-        return model
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {value.name for value in probe.graph.output}
-    probe.graph.output.extend(onnx.helper.make_tensor_value_info(name, types[name], None)
-                              for name in names if name not in existing)
-    try:
-        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-        runs = [session.run(names, feed) for feed in feeds]
-    except Exception:  # noqa: BLE001 - ORT cannot run it: onnxslim folds as before
+    types = element_types(model)
+    names = [name for name in shape_tensors(model) if types.get(name)]
+    runs = evaluate(model, names, feeds, types) if names else None
+    if runs is None:
         return model
     constant = [all(np.array_equal(run[i], runs[0][i]) and np.shape(run[i]) == np.shape(runs[0][i])
                     for run in runs) for i in range(len(names))]
