@@ -58,7 +58,7 @@ class PipelineConfig:
     schedule: str = "default"
     fast_math: bool = True
     conv_layout: str = "NCHW"  # "NCHWc": dense convs in the blocked channel layout (CPU)
-    blocked_depthwise: bool = False  # with NCHWc: depthwise convs in it too
+    blocked_depthwise: bool = True  # with NCHWc: depthwise convs in it too
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
@@ -198,7 +198,7 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     conv_layout = pipeline.get("conv_layout", "NCHW")
     if conv_layout not in CONV_LAYOUTS:
         raise fail("pipeline.conv_layout", f"has value {conv_layout!r}", ", ".join(CONV_LAYOUTS))
-    blocked_depthwise = pipeline.get("blocked_depthwise", False)
+    blocked_depthwise = pipeline.get("blocked_depthwise", True)
     if not isinstance(blocked_depthwise, bool):
         raise fail("pipeline.blocked_depthwise", f"has value {blocked_depthwise!r}", "true or false")
 

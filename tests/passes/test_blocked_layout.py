@@ -82,7 +82,7 @@ def test_a_depthwise_conv_converts_with_its_filters_blocked():
     assert convs == [("NCHW16c", "OIHW16i16o"), ("NCHW16c", "OIHW16o")]
     assert report.fired["blocked_layout.conv2d"] == 2 and not report.near_misses
 
-    # Off by default (blocked_depthwise in the config): the model stays in NCHW and says how.
+    # Switched off (blocked_depthwise = false in the config): the model stays in NCHW and says how.
     after, report = convert(Before)
     tvm.ir.assert_structural_equal(after, Before)
     (miss,) = report.near_misses

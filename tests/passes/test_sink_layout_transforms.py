@@ -63,3 +63,66 @@ def test_a_concat_with_an_nchw_input_keeps_its_transforms():
             return gv
 
     tvm.ir.assert_structural_equal(sink_transforms_to_nchw(Mixed), Mixed)
+
+
+@I.ir_module
+class SqueezeExcitationTail:
+    """A HardSwish (clip), a [1]-shaped affine scale, an SE block's pool and ``map * gate``, as
+    layout inference leaves them: each sent back to NCHW."""
+
+    @R.function
+    def main(x: R.Tensor((1, 2, 4, 4, 16), "float32"), scale: R.Tensor((1,), "float32")):
+        with R.dataflow():
+            a = R.layout_transform(x, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+            gate = R.clip(R.add(R.multiply(a, R.const(0.1666, "float32")), R.const(0.5, "float32")), 0, 1)
+            swished = R.multiply(R.multiply(a, gate), scale)
+            pooled = R.mean(swished, axis=[2, 3], keepdims=True)
+            scaled = R.multiply(swished, R.sigmoid(pooled))
+            gv = R.layout_transform(scaled, index_map=T.index_map(lambda n, c, h, w: (n, c // 16, h, w, c % 16), index_dtype="int32"))
+            R.output(gv)
+        return gv
+
+
+@I.ir_module
+class SqueezeExcitationBlocked:
+    @R.function
+    def main(x: R.Tensor((1, 2, 4, 4, 16), "float32"), scale: R.Tensor((1,), "float32")):
+        with R.dataflow():
+            third = R.multiply(x, R.const(0.1666, "float32"))
+            shifted = R.add(third, R.const(0.5, "float32"))
+            gate = R.clip(shifted, 0, 1)
+            swish = R.multiply(x, gate)
+            swished = R.multiply(swish, scale)
+            pooled = R.mean(swished, axis=[2, 3], keepdims=True)
+            squashed = R.sigmoid(pooled)
+            scaled = R.multiply(swished, squashed)
+            gv = scaled  # the graph output keeps its own variable
+            R.output(gv)
+        return gv
+
+
+def test_element_wise_ops_pools_and_gates_run_blocked():
+    after = sink_transforms_to_nchw(SqueezeExcitationTail)
+    tvm.ir.assert_structural_equal(after, SqueezeExcitationBlocked)
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((1, 2, 4, 4, 16)).astype("float32"), np.array([0.7], "float32")]
+    np.testing.assert_allclose(run_lowered(after, *args), run_lowered(SqueezeExcitationTail, *args), rtol=1e-6)
+
+
+def test_a_broadcast_across_channels_keeps_its_transform():
+    """Must not sink: ``map * row`` broadcasts a [1, 1, 4, 4] map over the channels, which the
+    blocked layout would not."""
+
+    @I.ir_module
+    class AcrossChannels:
+        @R.function
+        def main(x: R.Tensor((1, 2, 4, 4, 16), "float32"), y: R.Tensor((1, 1, 4, 4, 16), "float32")):
+            with R.dataflow():
+                a = R.layout_transform(x, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+                b = R.layout_transform(y, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+                row = R.strided_slice(b, [1], [0], [1])
+                gv = R.multiply(a, row)
+                R.output(gv)
+            return gv
+
+    tvm.ir.assert_structural_equal(sink_transforms_to_nchw(AcrossChannels), AcrossChannels)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from onnx import helper
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -98,3 +99,36 @@ def test_must_not_fuse_symbolic_channels():
     assert not report.fired
     (miss,) = report.near_misses
     assert "symbolic dim channels at axis 1" in miss.reason
+
+
+def blocked_se_model():
+    """conv -> HardSwish -> SE (12 squeezed channels: off any channel block) -> scaled conv,
+    as a MobileNetV3 block runs it with every conv blocked."""
+    rng = np.random.default_rng(2)
+    weights = random_weights(rng, w0=(16, 16, 3, 3), b0=(16,), w1=(12, 16, 1, 1), b1=(12,), w2=(16, 12, 1, 1),
+                             b2=(16,), w3=(16, 16, 1, 1), b3=(16,))
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c0"], ["m"]),
+             helper.make_node("GlobalAveragePool", ["m"], ["p"]),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["s1"]),
+             helper.make_node("Relu", ["s1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["s2"]),
+             helper.make_node("HardSigmoid", ["s2"], ["g"]),
+             helper.make_node("Mul", ["m", "g"], ["scaled"]),
+             helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"])]
+    return make_model(nodes, {"x": (1, 16, 14, 14)}, "y", weights)
+
+
+def test_se_block_fuses_in_the_blocked_layout():
+    """Every conv in NCHW[x]c, the squeeze conv padded to the block: the gate is one blocked
+    kernel (pool summed in whole vectors, parallel), its rescale inlined into the next conv."""
+    report, module = compile_and_compare(blocked_se_model(), phases=("canonicalize", "layout", "fuse", "lower",
+                                                                     "schedule"))
+    # Padded: the squeeze conv's filters, and the excitation conv's zero filters for them.
+    assert report.fired["blocked_layout.conv2d"] == 4 and report.fired["blocked_layout.padded_channels"] == 2
+    assert report.fired["squeeze_excitation.se_relu_hardsigmoid"] == 1
+    assert report.fired["conv_epilogue.conv_scaled_bias"] == 1
+    gate = next(f for gv, f in module.functions_items() if "mean" in gv.name_hint)
+    kinds = set()
+    tvm_ffi.structural_walk(gate.body, (tvm.tirx.For, lambda loop: kinds.add(loop.kind)))
+    assert {tvm.tirx.ForKind.PARALLEL, tvm.tirx.ForKind.VECTORIZED} <= kinds

@@ -5,7 +5,8 @@ heads) cannot take NCHW[x]c as it stands, so the blocked layout used to stop the
 transform before it, one after it, and the conv itself on the slower NCHW kernel. ONNX
 Runtime's NCHWc transformer pads such a conv's filters with zero filters up to the next whole
 block instead, and so does this rewrite: the conv computes ``block``-multiple channels, the
-extra ones 0 (plus a bias); element-wise ops after it run on the padded map (their constants
+extra ones 0 (plus a bias); element-wise ops, resizes, pools and an SE block's global pool
+after it run on the padded map (element-wise constants
 padded with a real channel's value, so the extra channels stay finite); a channel concat of
 padded maps is the concat of the padded maps, each part's real channels where they were; a
 conv reading a padded map gets zero input filters for the extra channels, which therefore add
@@ -17,8 +18,9 @@ that is cheap: at most twice its channels (24 -> 32), or at most ``MACS_PER_MOVE
 extra multiply-adds per element of its input map, the map a layout transform would otherwise
 copy (a 1x1 head conv 96 -> 1 adds 15 per element; a 3x3 conv 32 -> 1 on a full-size map,
 135, stays as it is). And only inside the region of convs (its input computed from conv
-outputs: a softmax's output or the graph input would need a transform first), never over a
-single pixel (an SE block's convs).
+outputs, through a global average pool too: a softmax's output or the graph input would need
+a transform first). An SE block's squeeze conv (96 -> 24 over one pixel) is padded as well, so
+that the whole SE gate runs blocked, in one kernel (``squeeze_excitation``).
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ UNARY_OPS = frozenset({
 })
 BINARY_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
                         "relax.minimum", "relax.divide"})
+# Ops that run on a padded map as they are, per channel (the padded channels stay finite).
+MAP_OPS = UNARY_OPS | {"relax.image.resize2d", "relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
 # Ops after which a map is still in the layout its convs gave it (TVM's layout inference
 # carries them): a conv reading such a map is inside the blocked region.
-LAYOUT_KEEPING_OPS = UNARY_OPS | BINARY_OPS | {"relax.concat", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+LAYOUT_KEEPING_OPS = UNARY_OPS | BINARY_OPS | {"relax.concat", "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.mean",
                                                "relax.image.resize2d", "relax.strided_slice", "relax.split"}
 SUFFIX = "_unpadded"
 
@@ -65,6 +69,13 @@ def pad_conv_channels(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, int]
             mod[gvar] = relax.analysis.remove_all_unused(padded)
             changed += padder.convs
     return mod, changed
+
+
+def _global_pool(mean: relax.Call) -> bool:
+    """A mean over a 4-D map's rows and columns, dims kept (an SE block's squeeze)."""
+    shape = static_shape(mean.args[0])
+    return (shape is not None and len(shape) == 4 and bool(mean.attrs.keepdims)
+            and sorted(int(axis) % 4 for axis in mean.attrs.axis) == [2, 3])
 
 
 def one_pixel(conv: relax.Call) -> bool:
@@ -123,6 +134,8 @@ class _ChannelPadder(PyExprMutator):
             return False
         if value.op.name == "relax.nn.conv2d":
             return True
+        if value.op.name == "relax.mean" and not _global_pool(value):
+            return False
         if value.op.name not in LAYOUT_KEEPING_OPS:
             return False
         args = [f for arg in value.args for f in (arg.fields if isinstance(arg, relax.Tuple) else [arg])]
@@ -134,7 +147,8 @@ class _ChannelPadder(PyExprMutator):
             return None
         if call.op.name == "relax.nn.conv2d":
             return self._padded_conv(call)
-        if call.op.name in UNARY_OPS and call.args[0] in self.padded:
+        if call.args and call.args[0] in self.padded and (call.op.name in MAP_OPS or (
+                call.op.name == "relax.mean" and _global_pool(call))):
             source, positions = self.padded[call.args[0]]
             return relax.Call(call.op, [source, *call.args[1:]], call.attrs, call.ty_args), positions
         if call.op.name in BINARY_OPS:
@@ -147,7 +161,7 @@ class _ChannelPadder(PyExprMutator):
         data, weight = call.args
         attrs = call.attrs
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-        if (int(attrs.groups) != 1 or layouts != ("NCHW", "OIHW", "NCHW") or one_pixel(call)
+        if (int(attrs.groups) != 1 or layouts != ("NCHW", "OIHW", "NCHW")
                 or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None):
             return None
         reads_padded = data in self.padded

@@ -1,14 +1,17 @@
-"""Layout transforms back to NCHW sunk below resizes, channel concats and channel slices, to
-meet the transform that undoes them.
+"""Layout transforms back to NCHW sunk below resizes, channel concats, channel slices, pools
+and element-wise ops, to meet the transform that undoes them.
 
 TVM's layout inference carries NCHW[x]c through element-wise ops and pools but not through
 ``image.resize2d`` (it falls back to NCHW for a blocked input), ``strided_slice`` on channels,
 nor then through the concat after them; a channel ``split`` it gets wrong outright (a slice
 of 0 channels, and the inference fails). An FPN's top-down merge, ``concat(resize(p5), p4)``
 between blocked convs, thus costs three transforms: p5 and p4 to NCHW, the merged map back;
-a YOLOv8 C2f block (split the channels in two, convs on one half, concat) as many. These ops
+a YOLOv8 C2f block (split the channels in two, convs on one half, concat) as many. ``clip`` it
+sends back to NCHW too (every HardSwish and HardSigmoid of a mobile network), and a [1]-shaped
+scale, an SE block's global pool and ``map * gate``, and some pools. These ops
 work on the blocked layout as they are (topi's resize takes ``NCHW{x}c``; a concat or a slice
-of whole channel blocks is one of blocks), so each ``op(to_nchw(a), ...)`` becomes
+of whole channel blocks is one of blocks, an element-wise op of a map and scalars any layout),
+so each ``op(to_nchw(a), ...)`` becomes
 ``to_nchw(op(a, ...))``, and where the transform meets its inverse the two cancel. Channel
 splits are first spelled as slices (``split_channels_as_slices``), which the inference
 handles by falling back to NCHW.
@@ -23,6 +26,7 @@ from tvm.sym.analyzer import Analyzer
 
 from ..patterns.base import static_shape
 from .rebinding import rebind
+from .sink_views import ELEMENTWISE_OPS
 
 
 def sink_transforms_to_nchw(mod: tvm.IRModule) -> tvm.IRModule:
@@ -138,6 +142,20 @@ class _TransformSinker(PyExprMutator):
                 return relax.op.strided_slice(source, axes=[1], begin=[begin[0] // block],
                                               end=[end[0] // block]), block
             return None
+        if call.op.name in ELEMENTWISE_OPS:
+            return self._sunk_elementwise(call)
+        if call.op.name == "relax.mean" and call.args[0] in self.blocked and bool(call.attrs.keepdims) \
+                and sorted(int(axis) % 4 for axis in call.attrs.axis) == [2, 3]:
+            source, block = self.blocked[call.args[0]]
+            return relax.op.mean(source, axis=[2, 3], keepdims=True), block
+        if call.op.name in ("relax.nn.avg_pool2d", "relax.nn.max_pool2d") and call.args[0] in self.blocked \
+                and call.attrs.layout == "NCHW" and call.attrs.out_layout == "NCHW":
+            source, block = self.blocked[call.args[0]]
+            attrs = call.attrs
+            pool = relax.op.nn.avg_pool2d if call.op.name == "relax.nn.avg_pool2d" else relax.op.nn.max_pool2d
+            return pool(source, pool_size=list(attrs.pool_size), strides=list(attrs.strides),
+                        padding=list(attrs.padding), dilation=list(attrs.dilation), ceil_mode=bool(attrs.ceil_mode),
+                        count_include_pad=bool(attrs.count_include_pad), layout=f"NCHW{block}c"), block
         if call.op.name == "relax.concat" and int(call.attrs.axis) in (1, -3) and isinstance(call.args[0], relax.Tuple):
             fields = list(call.args[0].fields)
             if not fields or any(field not in self.blocked for field in fields):
@@ -147,6 +165,27 @@ class _TransformSinker(PyExprMutator):
                 return None
             return relax.op.concat([self.blocked[field][0] for field in fields], axis=1), blocks.pop()
         return None
+
+
+    def _sunk_elementwise(self, call: relax.Call) -> tuple[relax.Call, int] | None:
+        """An element-wise op of blocked maps of one shape and scalars on the blocked sources:
+        ``clip`` (HardSwish and HardSigmoid are made of it), and what reads it, or a [1]-shaped
+        scale (PP-LCNetV3's learnable affine), both of which the inference sends back to NCHW."""
+        maps = [arg for arg in call.args if isinstance(arg.ty, relax.TensorType) and not _is_scalar(arg)]
+        if not maps or any(m not in self.blocked for m in maps):
+            return None
+        blocks = {self.blocked[m][1] for m in maps}
+        shapes = [static_shape(m) for m in maps]
+        if len(blocks) != 1 or None in shapes or len({shape[1] for shape in shapes}) != 1:
+            return None  # a broadcast across channels: left as it is (rows, columns and batch may broadcast)
+        sources = {m: self.blocked[m][0] for m in maps}
+        args = [next((source for m, source in sources.items() if arg.same_as(m)), arg) for arg in call.args]
+        return relax.Call(call.op, args, call.attrs), blocks.pop()
+
+
+def _is_scalar(expr: relax.Expr) -> bool:
+    shape = static_shape(expr)
+    return shape is not None and all(dim == 1 for dim in shape)
 
 
 def _ints(values: relax.Expr) -> list[int] | None:

@@ -169,17 +169,18 @@ def per_channel_shapes(out_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 
 def _check_channel_scale(data, gate) -> str | None:
-    """The input scale must be ``map * gate`` with gate one value per (batch, channel); the
-    map's rows and columns may be symbolic, its batch and channels must be static."""
+    """The input scale must be ``map * gate`` with gate one value per (batch, channel), in
+    NCHW or NCHW[x]c; the map's rows and columns may be symbolic, its batch and channels must
+    be static."""
     first, second = shape_dims(data), shape_dims(gate)
-    if first is None or second is None or len(first) != 4 or len(second) != 4:
-        return "the conv input is a product of tensors that are not both 4-D"
+    if first is None or second is None or len(first) != len(second) or len(first) not in (4, 5):
+        return "the conv input is a product of tensors that are not both 4-D (or both 5-D NCHW[x]c)"
     full, per_channel = (first, second) if _is_one(second[2]) and _is_one(second[3]) else (second, first)
-    reason = symbolic_dim_reason("scaled conv input", full, axes=(0, 1))
+    reason = symbolic_dim_reason("scaled conv input", full, axes=(0, 1, 4)[:len(full) - 2])
     if reason:
         return reason
     if not (_is_one(per_channel[2]) and _is_one(per_channel[3])) or per_channel[1] != full[1] \
-            or per_channel[0] not in (1, full[0]):
+            or per_channel[0] not in (1, full[0]) or per_channel[4:] != full[4:]:
         return (f"the conv input is scaled by shape {dims_text(per_channel)}, not one value per "
                 f"channel of {dims_text(full)}")
     return None

@@ -7,7 +7,8 @@ map (the pool) plus a tiny tail. The final ``map * gate`` is left to ``conv_epil
 folds it into the next conv's input loads (its ``conv_scaled_*`` variants).
 
 The pooled map's rows and columns may be symbolic (the pool sums whatever size it gets); its
-batch and channels must be static, as the squeeze convs' weights fix them.
+batch and channels must be static, as the squeeze convs' weights fix them. In the blocked
+layout (NCHW[x]c, with ``blocked_depthwise``) the gate is computed on blocks of channels too.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import itertools
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import FLOAT_DTYPES, FusionRule, dims_text, dtype_of, shape_dims, static_shape, symbolic_dim_reason
 from .activations import ACTIVATIONS
+from .base import FLOAT_DTYPES, FusionRule, dims_text, dtype_of, shape_dims, static_shape, symbolic_dim_reason
+from .conv_epilogue import is_blocked_conv_layout, per_channel_shapes
 
 SQUEEZE_ACTIVATIONS = ("relu", "hardswish", "silu")
 GATES = ("hardsigmoid", "sigmoid")
@@ -54,24 +56,27 @@ class SqueezeExcitation(FusionRule):
         data_shape = shape_dims(found["data"])
         if dtype_of(found["data"]) not in FLOAT_DTYPES:
             return f"dtype {dtype_of(found['data'])} is not a float type"
-        if data_shape is None or len(data_shape) != 4:
-            return f"the pooled map has shape {dims_text(data_shape)}, not a 4-D NCHW shape"
-        reason = symbolic_dim_reason("pooled map", data_shape, axes=(0, 1))
+        if data_shape is None or len(data_shape) not in (4, 5):
+            return f"the pooled map has shape {dims_text(data_shape)}, not 4-D NCHW or 5-D NCHW[x]c"
+        reason = symbolic_dim_reason("pooled map", data_shape, axes=(0, 1, 4)[:len(data_shape) - 2])
         if reason:
             return reason
         pool = found["pool"].attrs
-        if sorted(int(a) % 4 for a in pool.axis) != [2, 3] or not pool.keepdims:
+        if sorted(int(a) % len(data_shape) for a in pool.axis) != [2, 3] or not pool.keepdims:
             return "the mean is not a global average pool over H and W with kept dims"
         for index in (1, 2):
             conv = found[f"conv{index}"].attrs
             weight = static_shape(found[f"weight{index}"])
-            if weight is None or weight[2:] != (1, 1) or int(conv.groups) != 1:
+            if weight is None or weight[2:4] != (1, 1) or int(conv.groups) != 1:
                 return f"squeeze conv {index} is not a dense 1x1 conv (weight {weight})"
-            if conv.data_layout != "NCHW" or conv.kernel_layout != "OIHW":
+            layouts = (conv.data_layout, conv.kernel_layout, conv.out_layout)
+            if layouts != ("NCHW", "OIHW", "NCHW") and not (
+                    is_blocked_conv_layout(*layouts) and conv.data_layout == conv.out_layout):
                 return f"squeeze conv {index} layout is {conv.data_layout}/{conv.kernel_layout}"
-            bias = static_shape(found[f"bias{index}"])
-            if bias not in ((1, weight[0], 1, 1), (weight[0], 1, 1)):
-                return f"squeeze conv {index} bias shape {bias} is not one value per channel"
+            out_shape = static_shape(found[f"conv{index}"])
+            if static_shape(found[f"bias{index}"]) not in per_channel_shapes(out_shape):
+                return (f"squeeze conv {index} bias shape {static_shape(found[f'bias{index}'])} is not one "
+                        "value per channel")
         if has_leaking_intermediate_variables(context):
             return "an intermediate result is also used outside the block"
         return None

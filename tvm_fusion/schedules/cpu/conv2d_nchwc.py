@@ -4,7 +4,8 @@ The accumulator tile is ``ow_tile`` output pixels of one row x ``oc_tile`` chann
 vector register each. For every (input channel block, ky, kx, input channel) one input value
 per pixel is broadcast and multiplied into ``oc_tile`` contiguous weight vectors, so each
 load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv's stride.
-Bias, activations and the residual add run on the tile before it is stored. Rows and columns
+An SE gate scaling the input (``conv_epilogue``'s scaled variants) is inlined into the input
+loads. Bias, activations and the residual add run on the tile before it is stored. Rows and columns
 may be symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
 last of a row shifted back, one copy per tile width (``symbolic_width.py``).
 """
@@ -41,8 +42,9 @@ class Conv2dNCHWc(ScheduleRule):
             return None
         sch, stmt = kernel.sch, kernel.stmt
         read_ranks = sorted(len(read.source.shape) for read in stmt.reads)
-        if (iter_kinds(stmt), read_ranks) not in (("SSSSSRRRR", [5, 6]), ("SSSSSRRR", [4, 5])):
-            return None  # a 5-D map and a 6-D blocked weight, or an NCHW map and OIHW[x]o weights
+        if (iter_kinds(stmt), read_ranks) not in (("SSSSSRRRR", [5, 6]), ("SSSSSRRRR", [5, 5, 6]),
+                                                  ("SSSSSRRR", [4, 5])):
+            return None  # a 5-D map (and an inlined SE scale) and a 6-D weight, or an NCHW map and OIHW[x]o weights
         lanes = vector_lanes(target, stmt.writes[0].source.dtype)
         loops = sch.get_loops(kernel.block)
         if extent(sch, loops[4]) > lanes or lanes % extent(sch, loops[4]):

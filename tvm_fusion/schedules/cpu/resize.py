@@ -30,7 +30,7 @@ _MAX_VECTORS = 4
 class Resize(ScheduleRule):
     """All-spatial kernels with a legalized ``image.resize2d`` block (topi names it ``resize``)
     whose remaining blocks are 4-D: with static extents, or one block with static batch and
-    channels."""
+    channels; or all 5-D (NCHW[x]c) with static extents."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         sch = cpu_schedule(func, target)
@@ -53,6 +53,8 @@ class Resize(ScheduleRule):
                 continue  # the kernel's output, or read by several consumers
         remaining = sch.get_child_blocks(get_root_block(sch))
         nests = [sch.get_loops(b) for b in remaining]
+        if nests and all(len(loops) == 5 for loops in nests):
+            return _schedule_blocked(sch, remaining, nests, target)
         if any(len(loops) != 4 for loops in nests):
             return None
         if all(is_static(sch.get(loop).extent) for loops in nests for loop in loops):
@@ -74,6 +76,20 @@ class Resize(ScheduleRule):
         lanes = vector_lanes(target, sch.get(remaining[0]).writes[0].source.dtype)
         width = sch.get(nests[0][3]).extent
         return schedule_by_width(sch.mod["main"], width, width_tiles(_MAX_VECTORS * lanes, lanes), _tile_rows)
+
+
+def _schedule_blocked(sch: s_tir.Schedule, blocks, nests, target: Target) -> s_tir.Schedule | None:
+    """NCHW[x]c maps (a blocked FPN merge): the channel block is contiguous, one vector per
+    pixel; rows across cores. Static extents only."""
+    if not all(is_static(sch.get(loop).extent) for loops in nests for loop in loops):
+        return None
+    for block, (n, c, y, _x, lane) in zip(blocks, nests):
+        lanes = vector_lanes(target, sch.get(block).writes[0].source.dtype)
+        if extent(sch, lane) % lanes == 0:
+            sch.vectorize(lane)
+        if extent(sch, n) * extent(sch, c) * extent(sch, y) > 1:
+            sch.parallel(sch.fuse(n, c, y))
+    return sch
 
 
 def _tile_rows(sch: s_tir.Schedule, tile: int):

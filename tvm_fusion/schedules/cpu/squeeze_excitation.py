@@ -6,7 +6,8 @@ after it touch one value per channel. The pool sums each channel's contiguous ma
 partial sums, channels across cores; each conv is a dot product per output channel over the
 input channels, whose weight row is contiguous, so it gets vector partial sums as well.
 Over a symbolic map (a model compiled for a range of sizes) the pool is one scalar sum per
-channel: vector partial sums need the map size to divide by the vector.
+channel: vector partial sums need the map size to divide by the vector. In the blocked layout
+(NCHW[x]c) the channels of a block are the contiguous axis: the pool adds whole vectors.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ _PARALLEL_TAIL_MACS = 1 << 16
 
 
 class SqueezeExcitation(ScheduleRule):
-    """``mean over H, W`` (S S S S R R, output N x C x 1 x 1) followed by reductions that work
-    on the pooled vector only (no spatial extent beyond N x C)."""
+    """``mean over H, W`` (S S S S R R, output N x C x 1 x 1, or S S S S S R R in NCHW[x]c)
+    followed by reductions that work on the pooled vector only (no spatial extent beyond N x C)."""
 
     runs_before = ("Pooling",)
 
@@ -40,7 +41,8 @@ class SqueezeExcitation(ScheduleRule):
         if len(reductions) < 2 or not blocks[0].same_as(reductions[0]):
             return None
         pool = sch.get(reductions[0])
-        if iter_kinds(pool) != "SSSSRR" or not static_except(pool, (4, 5)):
+        blocked = iter_kinds(pool) == "SSSSSRR"  # NCHW[x]c: the channel block is the 5th axis
+        if iter_kinds(pool) != "SSSSRR" and not blocked or not static_except(pool, (5, 6) if blocked else (4, 5)):
             return None
         if [int(iv.dom.extent) for iv in pool.iter_vars[2:4]] != [1, 1]:
             return None  # not a global pool: the output keeps a spatial map
@@ -48,7 +50,10 @@ class SqueezeExcitation(ScheduleRule):
                for b in blocks[1:]):
             return None  # the tail must work on the pooled vector, not on a map
         lanes = vector_lanes(target, pool.writes[0].source.dtype)
-        self._schedule_pool(sch, reductions[0], lanes)
+        if blocked:
+            self._schedule_blocked_pool(sch, reductions[0], lanes)
+        else:
+            self._schedule_pool(sch, reductions[0], lanes)
         for block in reductions[1:]:
             self._schedule_tail_reduction(sch, block, lanes)
         return sch
@@ -59,6 +64,19 @@ class SqueezeExcitation(ScheduleRule):
         if has_static_extents(sch.get(pool)):
             vectorize_reduction(sch, pool, lanes)
         sch.parallel(channels)
+
+    @staticmethod
+    def _schedule_blocked_pool(sch: s_tir.Schedule, pool, lanes: int) -> None:
+        """Rows and columns summed into one vector per channel block: the block's channels are
+        contiguous, so each step is one vector load and add."""
+        batch, channels, row, column, lane, rows, columns = sch.get_loops(pool)
+        sch.reorder(rows, columns, lane)
+        outer = sch.fuse(batch, channels, row, column)
+        # Annotated before the init is split off: the update alone is not a reduction block.
+        if extent(sch, lane) % lanes == 0:
+            sch.vectorize(lane)
+        sch.parallel(outer)
+        sch.decompose_reduction(pool, rows)
 
     @staticmethod
     def _schedule_tail_reduction(sch: s_tir.Schedule, block, lanes: int) -> None:
