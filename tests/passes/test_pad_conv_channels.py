@@ -150,3 +150,25 @@ def test_a_concat_read_by_a_reshape_slices_the_real_channels_back_together():
     runs = [([int(v) for v in s.args[2]], [int(v) for v in s.args[3]]) for s in calls(after, "relax.strided_slice")]
     assert sorted(runs) == [([0], [24]), ([32], [56])]
     assert_same_outputs(before, after, (1, 16, 6, 6))
+
+
+def test_an_se_block_and_a_resize_run_on_the_padded_map():
+    """16 -> 24 (padded to 32), upsampled, its SE gate (global pool, squeeze conv 24 -> 8,
+    padded too, excitation 8 -> 24) scaling it: the pool, the squeeze conv and the resize read
+    the padded maps, and only the graph output slices the real channels back."""
+
+    def body(b, x):
+        wide = nn.relu(nn.conv2d(conv_map(x, 16), const(24, 16, 1, 1)))
+        pooled = relax.op.mean(wide, axis=[2, 3], keepdims=True)
+        gate = relax.op.sigmoid(nn.conv2d(nn.relu(nn.conv2d(pooled, const(8, 24, 1, 1))), const(24, 8, 1, 1)))
+        return relax.op.image.resize2d(relax.op.multiply(wide, gate), (8, 8), method="nearest_neighbor")
+
+    before = module((1, 16, 4, 4), body)
+    after, count = padded(before)
+    assert count == 3  # 16 -> 24, the squeeze conv 24 -> 8 and the excitation conv 8 -> 24
+    (mean,) = calls(after, "relax.mean")
+    (resize,) = calls(after, "relax.image.resize2d")
+    assert int(mean.args[0].ty.shape[1]) == 32 and int(resize.args[0].ty.shape[1]) == 32
+    (slice_call,) = calls(after, "relax.strided_slice")
+    assert [int(v) for v in slice_call.args[3]] == [24]
+    assert_same_outputs(before, after, (1, 16, 4, 4))
