@@ -172,3 +172,26 @@ def test_an_se_block_and_a_resize_run_on_the_padded_map():
     (slice_call,) = calls(after, "relax.strided_slice")
     assert [int(v) for v in slice_call.args[3]] == [24]
     assert_same_outputs(before, after, (1, 16, 4, 4))
+
+
+def test_a_depthwise_conv_of_a_padded_map_runs_padded():
+    """16 -> 24 (padded to 32) -> depthwise 3x3 over 24 channels -> 24 -> 16: the depthwise conv
+    gets a zero filter per padded channel (32 groups), so MobileNet's expansions stay blocked."""
+    before = module((1, 16, 6, 6), lambda b, x: nn.conv2d(
+        nn.conv2d(nn.relu(nn.conv2d(conv_map(x, 16), const(24, 16, 1, 1))), const(24, 1, 3, 3), padding=1, groups=24),
+        const(16, 24, 1, 1)))
+    after, count = padded(before)
+    assert count == 3
+    depthwise = next(call for call in calls(after, "relax.nn.conv2d") if int(call.attrs.groups) != 1)
+    assert int(depthwise.attrs.groups) == 32 and tuple(depthwise.args[1].value.shape) == (32, 1, 3, 3)
+    assert not depthwise.args[1].value.numpy()[24:].any()
+    assert not calls(after, "relax.strided_slice")
+    assert_same_outputs(before, after, (1, 16, 6, 6))
+
+
+def test_must_not_pad_a_depthwise_conv_of_a_map_that_is_not_padded():
+    """The depthwise conv reads the graph input (24 channels): nothing to follow, left as it is."""
+    before = module((1, 24, 6, 6), lambda b, x: nn.conv2d(x, const(24, 1, 3, 3), padding=1, groups=24))
+    after, count = padded(before)
+    assert count == 0
+    tvm.ir.assert_structural_equal(after, before)

@@ -59,10 +59,16 @@ class ConvertConvsToBlockedLayout:
         self.depthwise = depthwise
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        reason = self._why_stay_in_nchw(mod)
+        symbolic = self._symbolic_conv(mod)
+        if symbolic:  # the channel blocks and the weight layout are fixed at compile time
+            return self._stay_in_nchw(mod, f"a conv input has symbolic batch or channels {symbolic}; NCHW"
+                                      f"{self.block}c needs them static (rows and columns may be symbolic), so "
+                                      "the model stays in NCHW")
+        padded_mod, padded = pad_conv_channels(mod, self.block)
+        # After the padding: a depthwise conv of a padded map is on whole blocks.
+        reason = self._grouped_reason(padded_mod)
         if reason is not None:
             return self._stay_in_nchw(mod, reason)
-        padded_mod, padded = pad_conv_channels(mod, self.block)
         if not self._has_convertible_conv(padded_mod):
             return mod  # nothing to block: TVM's layout inference need not see the model at all
         converted = []
@@ -117,12 +123,8 @@ class ConvertConvsToBlockedLayout:
         self.report.add_near_miss(NearMiss(PATTERN_NAME, "main", reason))
         return mod
 
-    def _why_stay_in_nchw(self, mod: tvm.IRModule) -> str | None:
-        """Why no conv may take the blocked layout; None when they may."""
-        symbolic = self._symbolic_conv(mod)
-        if symbolic:  # the channel blocks and the weight layout are fixed at compile time
-            return (f"a conv input has symbolic batch or channels {symbolic}; NCHW{self.block}c needs "
-                    "them static (rows and columns may be symbolic), so the model stays in NCHW")
+    def _grouped_reason(self, mod: tvm.IRModule) -> str | None:
+        """Why a grouped conv keeps the model in NCHW; None when none does."""
         grouped = self._grouped_convs_inside(mod)
         if grouped:
             return (f"{len(grouped)} grouped conv(s) cannot take NCHW{self.block}c (e.g. "

@@ -10,7 +10,7 @@ after it run on the padded map (element-wise constants
 padded with a real channel's value, so the extra channels stay finite); a channel concat of
 padded maps is the concat of the padded maps, each part's real channels where they were; a
 conv reading a padded map gets zero input filters for the extra channels, which therefore add
-exactly 0; any other reader sees the real channels through slices (several, after a concat),
+exactly 0 (a depthwise conv one zero filter per extra channel); any other reader sees the real channels through slices (several, after a concat),
 which fuse into that reader's kernel.
 
 Padding costs arithmetic on the filters that compute nothing, so a conv is padded only where
@@ -69,6 +69,15 @@ def pad_conv_channels(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, int]
             mod[gvar] = relax.analysis.remove_all_unused(padded)
             changed += padder.convs
     return mod, changed
+
+
+def _depthwise(conv: relax.Call) -> bool:
+    """One filter per input channel, the channel count kept, a constant weight."""
+    shape, weight = static_shape(conv.args[0]), conv.args[1]
+    if shape is None or len(shape) != 4 or not isinstance(weight, tvm.ir.GenericConst):
+        return False
+    groups = int(conv.attrs.groups)
+    return groups == shape[1] and tuple(weight.value.shape[:2]) == (groups, 1)
 
 
 def _global_pool(mean: relax.Call) -> bool:
@@ -161,6 +170,8 @@ class _ChannelPadder(PyExprMutator):
         data, weight = call.args
         attrs = call.attrs
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
+        if _depthwise(call) and data in self.padded and layouts == ("NCHW", "OIHW", "NCHW"):
+            return self._padded_depthwise(call)
         if (int(attrs.groups) != 1 or layouts != ("NCHW", "OIHW", "NCHW")
                 or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None):
             return None
@@ -182,6 +193,21 @@ class _ChannelPadder(PyExprMutator):
         self.convs += 1
         padded_weight = relax.const(np.ascontiguousarray(filters), str(filters.dtype))
         return relax.Call(call.op, [data, padded_weight], attrs, call.ty_args), tuple(range(out_channels))
+
+    def _padded_depthwise(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
+        """A depthwise conv of a padded map: one zero filter per padded channel, so its channels
+        stay where they are (a MobileNet's 24-channel expansion, padded to 32, stays blocked)."""
+        data, positions = self.padded[call.args[0]]
+        filters = call.args[1].value.numpy()
+        width = static_shape(data)[1]
+        spread = np.zeros((width, *filters.shape[1:]), filters.dtype)
+        spread[list(positions)] = filters
+        self.convs += 1
+        attrs = call.attrs
+        return relax.op.nn.conv2d(
+            data, relax.const(spread, str(filters.dtype)), strides=list(attrs.strides), padding=list(attrs.padding),
+            dilation=list(attrs.dilation), groups=width, data_layout="NCHW", kernel_layout="OIHW",
+            out_layout="NCHW", out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype), positions
 
     def _worth_padding(self, data_shape, filter_shape, out_shape) -> bool:
         out_channels, in_channels, kernel_h, kernel_w = filter_shape
