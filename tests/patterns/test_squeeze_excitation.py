@@ -132,3 +132,11 @@ def test_se_block_fuses_in_the_blocked_layout():
     kinds = set()
     tvm_ffi.structural_walk(gate.body, (tvm.tirx.For, lambda loop: kinds.add(loop.kind)))
     assert {tvm.tirx.ForKind.PARALLEL, tvm.tirx.ForKind.VECTORIZED} <= kinds
+    # The scale is a pass of its own: the conv's FMA loop reads the scaled map and the weights only.
+    scaled_conv = next(f for gv, f in module.functions_items() if gv.name_hint.startswith("fused_relax_multiply"))
+    reductions = []
+    tvm_ffi.structural_walk(scaled_conv.body, (tvm.s_tir.SBlock, lambda block: reductions.append(block) if any(
+        iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in block.iter_vars) else None))
+    (conv,) = reductions
+    read = {region.source.name for region in conv.reads} - {region.source.name for region in conv.writes}
+    assert len(read) == 2 and any(name.startswith("T_multiply") for name in read)

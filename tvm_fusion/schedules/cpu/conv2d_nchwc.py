@@ -4,8 +4,8 @@ The accumulator tile is ``ow_tile`` output pixels of one row x ``oc_tile`` chann
 vector register each. For every (input channel block, ky, kx, input channel) one input value
 per pixel is broadcast and multiplied into ``oc_tile`` contiguous weight vectors, so each
 load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv's stride.
-An SE gate scaling the input (``conv_epilogue``'s scaled variants) is inlined into the input
-loads. Bias, activations and the residual add run on the tile before it is stored. Rows and columns
+An SE gate scaling the input (``conv_epilogue``'s scaled variants) is applied in a pass over
+the map before the conv (inlined into the loads, it cost a multiply per broadcast). Bias, activations and the residual add run on the tile before it is stored. Rows and columns
 may be symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
 last of a row shifted back, one copy per tile width (``symbolic_width.py``).
 """
@@ -16,8 +16,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (extent, iter_kinds, one_reduction_kernel, only_reduction, pixel_tile, schedule_pad,
-                      store_tile_epilogue, vectorized_init)
+from .helpers import (OneReduction, cpu_schedule, extent, inline_cheap_blocks, iter_kinds, one_reduction_kernel,
+                      only_reduction, pixel_tile, schedule_pad, store_tile_epilogue, vectorized_init)
 from .symbolic_width import is_static, schedule_by_width, schedule_static_width, static_except, width_tiles
 from .target_info import vector_lanes, vector_registers
 
@@ -40,11 +40,17 @@ class Conv2dNCHWc(ScheduleRule):
         kernel = one_reduction_kernel(func, target)
         if kernel is None or not static_except(kernel.stmt, (2, 3)):
             return None
+        read_ranks = sorted(len(read.source.shape) for read in kernel.stmt.reads)
+        if (iter_kinds(kernel.stmt), read_ranks) == ("SSSSSRRRR", [5, 5, 6]):
+            # An SE scale inlined into the conv's loads costs a multiply per broadcast (half as
+            # many as the FMAs it feeds): scale the map once, in a pass of its own, instead.
+            kernel = _scale_apart(func, target)
+            if kernel is None:
+                return None
+            read_ranks = sorted(len(read.source.shape) for read in kernel.stmt.reads)
         sch, stmt = kernel.sch, kernel.stmt
-        read_ranks = sorted(len(read.source.shape) for read in stmt.reads)
-        if (iter_kinds(stmt), read_ranks) not in (("SSSSSRRRR", [5, 6]), ("SSSSSRRRR", [5, 5, 6]),
-                                                  ("SSSSSRRR", [4, 5])):
-            return None  # a 5-D map (and an inlined SE scale) and a 6-D weight, or an NCHW map and OIHW[x]o weights
+        if (iter_kinds(stmt), read_ranks) not in (("SSSSSRRRR", [5, 6]), ("SSSSSRRR", [4, 5])):
+            return None  # a 5-D map and a 6-D blocked weight, or an NCHW map and OIHW[x]o weights
         lanes = vector_lanes(target, stmt.writes[0].source.dtype)
         loops = sch.get_loops(kernel.block)
         if extent(sch, loops[4]) > lanes or lanes % extent(sch, loops[4]):
@@ -85,6 +91,21 @@ class Conv2dNCHWc(ScheduleRule):
         sch.vectorize(ob)
         vectorized_init(sch, conv, reduction[0])
         return x_outer
+
+
+def _scale_apart(func: tirx.PrimFunc, target: Target) -> OneReduction | None:
+    """``func`` with its cheap blocks inlined but the SE scale of the conv's input (the 5-D
+    block before the conv that reads the map and the gate), which stays a pass of its own."""
+    sch = cpu_schedule(func, target)
+    kernel = only_reduction(sch)
+    if kernel is None:
+        return None
+    scales = [block for block in kernel.prologue
+              if len(sch.get(block).writes[0].source.shape) == 5 and len(sch.get(block).reads) == 2]
+    if len(scales) != 1:
+        return None
+    inline_cheap_blocks(sch, keep=scales)
+    return only_reduction(sch)
 
 
 def _register_tile(width: int, channel_blocks: int, registers: int) -> tuple[int, int]:

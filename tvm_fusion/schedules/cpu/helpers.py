@@ -55,16 +55,17 @@ def has_call(stmt) -> bool:
     return bool(calls)
 
 
-def inline_cheap_blocks(sch: s_tir.Schedule) -> None:
+def inline_cheap_blocks(sch: s_tir.Schedule, keep: list = ()) -> None:
     """Inline every spatial block without math calls (casts, copies, reshapes, arithmetic) into
-    its consumers.
+    its consumers, but those in ``keep``.
 
     Blocks that call exp, erf, rsqrt... are kept, because inlining them into several
     consumers or a larger loop nest would recompute the call per use.
     """
+    kept = [sch.get(block) for block in keep]
     for block in sch.get_child_blocks(get_root_block(sch)):
         stmt = sch.get(block)
-        if not is_spatial(stmt) or has_call(stmt.body):
+        if not is_spatial(stmt) or has_call(stmt.body) or any(stmt.same_as(k) for k in kept):
             continue
         try:
             sch.compute_inline(block)
