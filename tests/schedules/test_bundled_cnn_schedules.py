@@ -18,7 +18,7 @@ DATA_MOVEMENT = ("layout_transform", "reshape")
     ("resnet_tiny", False, {"Conv2dNCHWc"}),                         # the RGB stem writes blocks
     ("mobilenetv3_tiny", False, {"Conv2dNCHW", "DepthwiseConv2d"}),
     # depthwise blocked too; on 8-channel blocks (AVX2), which its 24-, 40- and 96-channel
-    # depthwise convs are whole multiples of (on AVX-512's 16 they keep the model NCHW)
+    # depthwise convs are whole multiples of (on AVX-512's 16 they are padded to whole blocks)
     ("mobilenetv3_tiny", True, {"Conv2dNCHWc", "DepthwiseConv2dNCHWc"}),
     ("dbnet_tiny", False, {"Conv2dNCHWc", "Conv2dTranspose"}),      # 24 and 8 channels padded to 32, 16
 ])
