@@ -19,9 +19,23 @@ def test_probed_once_then_read_from_disk_then_from_memory(tmp_path, monkeypatch,
     cached = json.loads((tmp_path / "tvm_fusion" / f"peak-{first.target_key}.v{mp.PROBE_VERSION}.json").read_text())
     assert cached["gflops"] == 100.0 and cached["threads"] == cfg.threads
 
-    monkeypatch.setattr(mp, "_IN_PROCESS", {})  # a new process: the disk cache answers
-    assert mp.machine_peak(cfg) == first and len(probes) == 2
+    monkeypatch.setattr(mp, "_IN_PROCESS", {})  # a new process: the disk cache answers, the FMA probed again
+    assert mp.machine_peak(cfg) == first and probes == ["fma", "triad", "fma"]
     (tmp_path / "tvm_fusion" / f"peak-{first.target_key}.v{mp.PROBE_VERSION}.json").unlink()
-    assert mp.machine_peak(cfg) == first and len(probes) == 2  # the same process: no disk read needed
+    assert mp.machine_peak(cfg) == first and len(probes) == 3  # the same process: no disk read needed
     mp.machine_peak(cfg, refresh=True)
-    assert len(probes) == 4
+    assert len(probes) == 5
+
+
+def test_a_probe_taken_on_a_busy_machine_is_raised_by_a_later_one(tmp_path, monkeypatch, config_path):
+    """The cache keeps the best FMA probe: one taken while a test run shared the cores (256)
+    gives way to an idle one (465); a slower later probe changes nothing."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = resolve_config(config_path())
+    for fma, expected in ((256.0, 256.0), (465.0, 465.0), (300.0, 465.0)):
+        monkeypatch.setattr(mp, "_IN_PROCESS", {})  # each a new process
+        monkeypatch.setattr(mp, "probe_fma", lambda _cfg, fma=fma: fma)
+        monkeypatch.setattr(mp, "probe_triad", lambda _cfg: 19.0)
+        assert mp.machine_peak(cfg).gflops == expected
+    cached = json.loads(next((tmp_path / "tvm_fusion").glob("peak-*.json")).read_text())
+    assert cached["gflops"] == 465.0 and cached["gbytes_per_s"] == 19.0

@@ -77,6 +77,10 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
             models["stock_tvm"] = CompiledModel(build_stock(prepared), bench_metadata(prepared))
     for message in summarize(native):
         progress(f"tvm: {message}")
+    # Before any peer runs: OpenVINO's worker threads keep spinning after a run, and a probe
+    # beside them measured half the FMA peak.
+    progress("probing this machine's peaks (cached per machine class)")
+    peak = machine_peak(cfg)
     ranges = ranges_of(prepared.inputs)
     at = {name: r.typical for name, r in ranges.items()} | (sizes or {})
     run_specs = onnx_frontend.inputs_at(prepared.inputs, at)
@@ -103,8 +107,6 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         runners["openvino"] = openvino.run
         openvino.run()
         errors["openvino"] = max_abs_error(openvino.outputs(reference))
-    progress("probing this machine's peaks (cached per machine class)")
-    peak = machine_peak(cfg)
     times: dict[str, list[float]] = {name: [] for name in runners}
     order, shuffler = list(runners), random.Random(cfg.seed)
     for round_index in range(warmup + repeat):
