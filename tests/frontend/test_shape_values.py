@@ -6,7 +6,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.frontend.onnx import bind_input_shapes, simplify
-from tvm_fusion.frontend.shape_values import freeze_shape_tensors, shape_tensors
+from tvm_fusion.frontend.shape_values import ancestors, evaluate, freeze_shape_tensors, shape_tensors
 
 
 def padded_by_shape_model() -> onnx.ModelProto:
@@ -63,3 +63,23 @@ def test_a_model_without_shape_computations_is_returned_as_is():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     assert freeze_shape_tensors(model, [{"x": np.zeros(2, np.float32)}]) is model
+
+
+def test_the_nodes_a_value_needs_include_what_an_if_branch_reads():
+    """``evaluate`` runs only the ancestors of what it computes: an If whose branch reads an
+    outer value (not an input of the If node) needs that value's producer too, or ORT fails."""
+    node = helper.make_node
+    branch = helper.make_graph([node("Identity", ["doubled"], ["taken"])], "branch", [],
+                               [helper.make_tensor_value_info("taken", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [node("Add", ["x", "x"], ["doubled"], name="double"),
+         node("Neg", ["x"], ["unused"], name="unused"),
+         node("If", ["flag"], ["picked"], name="pick", then_branch=branch, else_branch=branch),
+         node("Shape", ["picked"], ["shape"], name="shape")],
+        "if_reads_outer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("shape", TensorProto.INT64, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert [n.name for n in ancestors(model, ["shape"])] == ["double", "pick", "shape"]
+    (run,) = evaluate(model, ["shape"], [{"x": np.ones((2, 3), np.float32), "flag": np.array(True)}])
+    assert run[0].tolist() == [2, 3]

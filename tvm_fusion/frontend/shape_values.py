@@ -54,15 +54,26 @@ def shape_tensors(model: onnx.ModelProto) -> list[str]:
 
 
 def ancestors(model: onnx.ModelProto, names) -> list[onnx.NodeProto]:
-    """The nodes ``names`` are computed from, in graph order."""
+    """The nodes ``names`` are computed from, in graph order (an If or Loop also needs what its
+    subgraphs read from the outer graph)."""
     producers = {out: index for index, node in enumerate(model.graph.node) for out in node.output if out}
     needed, work = set(), [name for name in names if name in producers]
     while work:
         index = producers[work.pop()]
         if index not in needed:
             needed.add(index)
-            work += [name for name in model.graph.node[index].input if name in producers]
+            work += [name for name in _reads(model.graph.node[index]) if name in producers]
     return [node for index, node in enumerate(model.graph.node) if index in needed]
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The names ``node`` reads: its inputs, and every name its subgraphs' nodes read (those
+    the subgraph computes itself are not in the outer graph, so they match no producer)."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for graph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+            names += [name for inner in graph.node for name in _reads(inner)]
+    return names
 
 
 def element_types(model: onnx.ModelProto) -> dict[str, int]:
