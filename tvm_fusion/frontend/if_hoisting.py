@@ -26,6 +26,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .input_binding import graph_inputs
+from .shape_values import ancestors, evaluate, shape_dependent
+
 SELECT = "/select_"
 
 
@@ -116,24 +119,24 @@ def _inline(branch_nodes: list, branch_initializers: list, prefix: str, nodes: l
 
 def select_known_branches(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
     """``model`` with each hoisted ``Where`` whose condition the bound shapes or pinned inputs
-    decide (the same at every feed's sizes) replaced by an Identity of the taken value, and the branches no
-    output reads dropped.
+    decide (the same at every feed's sizes) replaced by an Identity of the taken value, and the
+    branches no output reads dropped.
 
     Outer selects are decided first: a nested condition may read a shape past an outer select,
     and only once that select is decided can ORT compute it (the branch not taken may fail,
     squeezing an axis that is not 1)."""
-    from .shape_values import ancestors, evaluate, shape_dependent
-
-    if not any(node.op_type == "Where" and SELECT in node.name for node in model.graph.node):
+    if not any(_is_select(node) for node in model.graph.node):
         return model
     resolved = onnx.ModelProto()
     resolved.CopyFrom(model)
     while True:
-        undecided = [node for node in resolved.graph.node if node.op_type == "Where" and SELECT in node.name]
+        undecided = [node for node in resolved.graph.node if _is_select(node)]
         static, _ = shape_dependent(resolved)
-        pending = {node.output[0] for node in undecided}
-        ready = [node for node in undecided if node.input[0] in static
-                 and not pending & {out for n in ancestors(resolved, [node.input[0]]) for out in n.output}]
+        past_undecided = {node.output[0] for node in undecided}  # and what is computed from them
+        for node in resolved.graph.node:  # topologically sorted
+            if any(name in past_undecided for name in node.input):
+                past_undecided.update(node.output)
+        ready = [node for node in undecided if node.input[0] in static and node.input[0] not in past_undecided]
         runs = evaluate(resolved, [node.input[0] for node in ready], feeds) if ready else None
         if runs is None:
             break
@@ -155,15 +158,18 @@ def select_known_branches(model: onnx.ModelProto, feeds: list[dict[str, np.ndarr
 def deciding_inputs(model: onnx.ModelProto) -> list[str]:
     """The graph inputs whose values (not shapes) decide a top-level If: what ``--input-value``
     could pin when the If does not import."""
-    from .shape_values import ancestors
-
-    inputs = {value.name for value in model.graph.input} - {init.name for init in model.graph.initializer}
+    inputs = {value.name for value in graph_inputs(model)}
     conditions = [node.input[0] for node in model.graph.node if node.op_type == "If"]
     read = set(conditions)
     for node in ancestors(model, conditions):
         if node.op_type not in ("Shape", "Size"):
             read.update(node.input)
     return sorted(read & inputs)
+
+
+def _is_select(node: onnx.NodeProto) -> bool:
+    """A ``Where`` that ``hoist_ifs`` wrote for an If's output."""
+    return node.op_type == "Where" and SELECT in node.name
 
 
 def same_shapes(model: onnx.ModelProto) -> bool:
@@ -177,7 +183,7 @@ def same_shapes(model: onnx.ModelProto) -> bool:
                                                      *inferred.graph.input]}
     shapes.update({init.name: tuple(init.dims) for init in inferred.graph.initializer})
     for node in inferred.graph.node:
-        if node.op_type == "Where" and SELECT in node.name:
+        if _is_select(node):
             first, second = shapes.get(node.input[1]), shapes.get(node.input[2])
             if first is None or first != second or None in first:
                 return False

@@ -26,6 +26,7 @@ ONNX_DTYPES = {
     onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
     onnx.TensorProto.BFLOAT16: "bfloat16",
 }
+FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +168,7 @@ def _pinned(name: str, dims, dtype: str, value: int | float) -> TensorSpec:
         raise ShapeError(f"--input-value pins input {name!r}, but it has shape {shape}: only a one-element "
                          "input (a scalar such as a sample rate) can be pinned to a value",
                          f"drop --input-value {name}=..., or give its shape with --input-shape")
-    integral = dtype not in ("float16", "float32", "float64", "bfloat16")
+    integral = dtype not in FLOAT_DTYPES
     if integral and (value != int(value) or (dtype == "bool" and value not in (0, 1))):
         raise ShapeError(f"--input-value {name}={value} is not a {dtype} value",
                          f"pin {name} to {'0 or 1' if dtype == 'bool' else 'an integer'}")

@@ -19,10 +19,10 @@ import onnx
 from ..errors import ModelError
 from .dims import DimRange
 from .if_hoisting import deciding_inputs, hoist_ifs, same_shapes, select_known_branches
-from .input_binding import (ONNX_DTYPES, TensorSpec, bind_input_shapes, dynamic_dim_name, graph_inputs,
-                            input_tensor_type, inputs_at, parse_shape_flag, parse_value_flag)
+from .input_binding import (FLOAT_DTYPES, ONNX_DTYPES, TensorSpec, bind_input_shapes, dynamic_dim_name,
+                            graph_inputs, input_tensor_type, inputs_at, parse_shape_flag, parse_value_flag)
 from .op_support import unsupported_ops, unsupported_ops_message
-from .sample_inputs import FLOAT_DTYPES, index_tables, random_inputs
+from .sample_inputs import index_tables, random_inputs
 
 __all__ = [
     "FLOAT_DTYPES", "ONNX_DTYPES", "TensorSpec", "bind_input_shapes", "dynamic_dim_name", "graph_inputs",

@@ -13,9 +13,7 @@ import ml_dtypes  # noqa: F401 - registers "bfloat16" as a numpy dtype name
 import numpy as np
 import onnx
 
-from .input_binding import TensorSpec, graph_inputs
-
-FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
+from .input_binding import FLOAT_DTYPES, TensorSpec, graph_inputs
 
 
 def random_inputs(model: onnx.ModelProto, inputs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:

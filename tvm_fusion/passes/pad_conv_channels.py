@@ -6,12 +6,12 @@ transform before it, one after it, and the conv itself on the slower NCHW kernel
 Runtime's NCHWc transformer pads such a conv's filters with zero filters up to the next whole
 block instead, and so does this rewrite: the conv computes ``block``-multiple channels, the
 extra ones 0 (plus a bias); element-wise ops, resizes, pools and an SE block's global pool
-after it run on the padded map (element-wise constants
-padded with a real channel's value, so the extra channels stay finite); a channel concat of
-padded maps is the concat of the padded maps, each part's real channels where they were; a
-conv reading a padded map gets zero input filters for the extra channels, which therefore add
-exactly 0 (a depthwise conv one zero filter per extra channel); any other reader sees the real channels through slices (several, after a concat),
-which fuse into that reader's kernel.
+after it run on the padded map (element-wise constants padded with a real channel's value, so
+the extra channels stay finite); a channel concat of padded maps is the concat of the padded
+maps, each part's real channels where they were; a conv reading a padded map gets zero input
+filters for the extra channels, which therefore add exactly 0 (a depthwise conv one zero
+filter per extra channel); any other reader sees the real channels through slices (several,
+after a concat), which fuse into that reader's kernel.
 
 Padding costs arithmetic on the filters that compute nothing, so a conv is padded only where
 that is cheap: at most twice its channels (24 -> 32), or at most ``MACS_PER_MOVED_ELEMENT``
@@ -50,8 +50,9 @@ BINARY_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.
 MAP_OPS = UNARY_OPS | {"relax.image.resize2d", "relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
 # Ops after which a map is still in the layout its convs gave it (TVM's layout inference
 # carries them): a conv reading such a map is inside the blocked region.
-LAYOUT_KEEPING_OPS = UNARY_OPS | BINARY_OPS | {"relax.concat", "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.mean",
-                                               "relax.image.resize2d", "relax.strided_slice", "relax.split"}
+LAYOUT_KEEPING_OPS = UNARY_OPS | BINARY_OPS | {"relax.concat", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+                                               "relax.mean", "relax.image.resize2d", "relax.strided_slice",
+                                               "relax.split"}
 SUFFIX = "_unpadded"
 
 
@@ -80,7 +81,7 @@ def _depthwise(conv: relax.Call) -> bool:
     return groups == shape[1] and tuple(weight.value.shape[:2]) == (groups, 1)
 
 
-def _global_pool(mean: relax.Call) -> bool:
+def global_pool(mean: relax.Call) -> bool:
     """A mean over a 4-D map's rows and columns, dims kept (an SE block's squeeze)."""
     shape = static_shape(mean.args[0])
     return (shape is not None and len(shape) == 4 and bool(mean.attrs.keepdims)
@@ -143,7 +144,7 @@ class _ChannelPadder(PyExprMutator):
             return False
         if value.op.name == "relax.nn.conv2d":
             return True
-        if value.op.name == "relax.mean" and not _global_pool(value):
+        if value.op.name == "relax.mean" and not global_pool(value):
             return False
         if value.op.name not in LAYOUT_KEEPING_OPS:
             return False
@@ -157,7 +158,7 @@ class _ChannelPadder(PyExprMutator):
         if call.op.name == "relax.nn.conv2d":
             return self._padded_conv(call)
         if call.args and call.args[0] in self.padded and (call.op.name in MAP_OPS or (
-                call.op.name == "relax.mean" and _global_pool(call))):
+                call.op.name == "relax.mean" and global_pool(call))):
             source, positions = self.padded[call.args[0]]
             return relax.Call(call.op, [source, *call.args[1:]], call.attrs, call.ty_args), positions
         if call.op.name in BINARY_OPS:

@@ -25,6 +25,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.sym.analyzer import Analyzer
 
 from ..patterns.base import static_shape
+from .pad_conv_channels import global_pool
 from .rebinding import rebind
 from .sink_views import ELEMENTWISE_OPS
 
@@ -144,8 +145,7 @@ class _TransformSinker(PyExprMutator):
             return None
         if call.op.name in ELEMENTWISE_OPS:
             return self._sunk_elementwise(call)
-        if call.op.name == "relax.mean" and call.args[0] in self.blocked and bool(call.attrs.keepdims) \
-                and sorted(int(axis) % 4 for axis in call.attrs.axis) == [2, 3]:
+        if call.op.name == "relax.mean" and call.args[0] in self.blocked and global_pool(call):
             source, block = self.blocked[call.args[0]]
             return relax.op.mean(source, axis=[2, 3], keepdims=True), block
         if call.op.name in ("relax.nn.avg_pool2d", "relax.nn.max_pool2d") and call.args[0] in self.blocked \
@@ -166,7 +166,6 @@ class _TransformSinker(PyExprMutator):
             return relax.op.concat([self.blocked[field][0] for field in fields], axis=1), blocks.pop()
         return None
 
-
     def _sunk_elementwise(self, call: relax.Call) -> tuple[relax.Call, int] | None:
         """An element-wise op of blocked maps of one shape and scalars on the blocked sources:
         ``clip`` (HardSwish and HardSigmoid are made of it), and what reads it, or a [1]-shaped
@@ -178,8 +177,7 @@ class _TransformSinker(PyExprMutator):
         shapes = [static_shape(m) for m in maps]
         if len(blocks) != 1 or None in shapes or len({shape[1] for shape in shapes}) != 1:
             return None  # a broadcast across channels: left as it is (rows, columns and batch may broadcast)
-        sources = {m: self.blocked[m][0] for m in maps}
-        args = [next((source for m, source in sources.items() if arg.same_as(m)), arg) for arg in call.args]
+        args = [self.blocked[arg][0] if any(arg.same_as(m) for m in maps) else arg for arg in call.args]
         return relax.Call(call.op, args, call.attrs), blocks.pop()
 
 

@@ -5,8 +5,9 @@ vector register each. For every (input channel block, ky, kx, input channel) one
 per pixel is broadcast and multiplied into ``oc_tile`` contiguous weight vectors, so each
 load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv's stride.
 An SE gate scaling the input (``conv_epilogue``'s scaled variants) is applied in a pass over
-the map before the conv (inlined into the loads, it cost a multiply per broadcast). Bias, activations and the residual add run on the tile before it is stored. Rows and columns
-may be symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
+the map before the conv (inlined into the loads, it cost a multiply per broadcast). Bias,
+activations and the residual add run on the tile before it is stored. Rows and columns may be
+symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
 last of a row shifted back, one copy per tile width (``symbolic_width.py``).
 """
 

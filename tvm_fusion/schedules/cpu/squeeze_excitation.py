@@ -42,7 +42,7 @@ class SqueezeExcitation(ScheduleRule):
             return None
         pool = sch.get(reductions[0])
         blocked = iter_kinds(pool) == "SSSSSRR"  # NCHW[x]c: the channel block is the 5th axis
-        if iter_kinds(pool) != "SSSSRR" and not blocked or not static_except(pool, (5, 6) if blocked else (4, 5)):
+        if iter_kinds(pool) not in ("SSSSRR", "SSSSSRR") or not static_except(pool, (5, 6) if blocked else (4, 5)):
             return None
         if [int(iv.dom.extent) for iv in pool.iter_vars[2:4]] != [1, 1]:
             return None  # not a global pool: the output keeps a spatial map
