@@ -4,7 +4,7 @@ Each (model, input shape) is timed in one process with the runtimes interleaved 
 (tvm_fusion.api.bench_model), untuned (hand schedules only, no tuning log), at the config's
 thread count (2 on the reference machine); OpenVINO (f32) joins the rounds when the peers extra
 is installed. Then every tvm_fusion kernel of the model is timed on its own (random inputs,
-median of runs): each conv kernel is reported with its achieved GFLOP/s and its share of this
+median of samples of back-to-back calls): each conv kernel is reported with its achieved GFLOP/s and its share of this
 machine's measured FMA peak (tvm_fusion.machine_peak, recorded with every result), and so are
 the three slowest kernels. Prints the tables and writes the raw numbers to
 benchmarks/results/cnn.json (atomically).
@@ -15,7 +15,6 @@ benchmarks/results/cnn.json (atomically).
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ CASES = [
     ("dbnet_tiny", "input:1x3x320x320"),  # a common OCR text-detection input
 ]
 SLOWEST = 3
+KERNEL_CALLS_PER_SAMPLE = 10
 
 
 def kernel_flops(func) -> int:
@@ -72,13 +72,11 @@ def time_kernels(prepared, runs: int) -> list[dict]:
         library = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
         args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in param.shape]).astype(str(param.dtype)),
                                    device) for param in func.params]
-        library["main"](*args)
-        samples = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            library["main"](*args)
-            samples.append(time.perf_counter() - start)
-        ms = float(np.median(samples)) * 1e3
+        # Timed in TVM's C++ loop, calls back to back as the VM makes them: a Python loop around
+        # one call added 10-20 us of call overhead and thread-pool wake-up per call, a third of
+        # a small conv's time.
+        evaluator = library.mod.time_evaluator("main", device, number=KERNEL_CALLS_PER_SAMPLE, repeat=runs)
+        ms = float(np.median(evaluator(*args).results)) * 1e3
         flops = kernel_flops(func)
         rows.append({"kernel": gvar.name_hint, "rule": optimized.schedule_rules.get(gvar.name_hint, "-"),
                      "calls": calls.get(gvar.name_hint, 0), "ms": ms,
@@ -103,7 +101,8 @@ def _call_counts(module) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument("--kernel-runs", type=int, default=20)
+    parser.add_argument("--kernel-runs", type=int, default=20,
+                        help=f"samples per kernel, each the mean of {KERNEL_CALLS_PER_SAMPLE} calls")
     parser.add_argument("--config", default=None)
     parser.add_argument("--only", help="benchmark only this model (e.g. resnet_tiny)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cnn.json"))

