@@ -101,12 +101,13 @@ def test_must_not_fuse_symbolic_channels():
     assert "symbolic dim channels at axis 1" in miss.reason
 
 
-def blocked_se_model():
-    """conv -> HardSwish -> SE (12 squeezed channels: off any channel block) -> scaled conv,
-    as a MobileNetV3 block runs it with every conv blocked."""
+def blocked_se_model(last_kernel: int = 1, size: int = 14):
+    """conv -> HardSwish -> SE (12 squeezed channels: off any channel block) -> scaled conv
+    (1x1 as MobileNetV3's projection, or ``last_kernel`` square and padded), as a MobileNetV3
+    block runs it with every conv blocked."""
     rng = np.random.default_rng(2)
     weights = random_weights(rng, w0=(16, 16, 3, 3), b0=(16,), w1=(12, 16, 1, 1), b1=(12,), w2=(16, 12, 1, 1),
-                             b2=(16,), w3=(16, 16, 1, 1), b3=(16,))
+                             b2=(16,), w3=(16, 16, last_kernel, last_kernel), b3=(16,))
     nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
              helper.make_node("HardSwish", ["c0"], ["m"]),
              helper.make_node("GlobalAveragePool", ["m"], ["p"]),
@@ -115,8 +116,8 @@ def blocked_se_model():
              helper.make_node("Conv", ["r", "w2", "b2"], ["s2"]),
              helper.make_node("HardSigmoid", ["s2"], ["g"]),
              helper.make_node("Mul", ["m", "g"], ["scaled"]),
-             helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"])]
-    return make_model(nodes, {"x": (1, 16, 14, 14)}, "y", weights)
+             helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"], pads=[last_kernel // 2] * 4)]
+    return make_model(nodes, {"x": (1, 16, size, size)}, "y", weights)
 
 
 def test_se_block_fuses_in_the_blocked_layout():
@@ -140,3 +141,37 @@ def test_se_block_fuses_in_the_blocked_layout():
     (conv,) = reductions
     read = {region.source.name for region in conv.reads} - {region.source.name for region in conv.writes}
     assert len(read) == 2 and any(name.startswith("T_multiply") for name in read)
+
+
+def _scale_loops(module) -> tuple[int, bool]:
+    """The SE-scaled conv kernel's parallel loops, and whether the scale is computed inside
+    the one that runs the conv (per output row) rather than in a pass of its own."""
+    scaled_conv = next(f for gv, f in module.functions_items() if gv.name_hint.startswith("fused_relax_multiply"))
+    parallel = []
+    tvm_ffi.structural_walk(scaled_conv.body, (tvm.tirx.For, lambda loop: parallel.append(loop) if (
+        loop.kind == tvm.tirx.ForKind.PARALLEL) else None))
+    blocks_inside = []
+    for loop in parallel:
+        names = []
+        tvm_ffi.structural_walk(loop.body, (tvm.s_tir.SBlock, lambda block: names.append(block.name_hint)))
+        blocks_inside.append(names)
+    together = any(any(n.startswith("T_multiply") for n in names) and any(n.startswith("conv2d") for n in names)
+                   for names in blocks_inside)
+    return len(parallel), together
+
+
+def test_an_unpadded_scaled_conv_scales_each_output_row_in_its_task():
+    """A 1x1 projection after the gate: one parallel loop over output rows, each task scaling
+    the input row it reads, every channel tile of the row then reading it from cache."""
+    _, module = compile_and_compare(blocked_se_model(), phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
+    assert _scale_loops(module) == (1, True)
+
+
+@pytest.mark.parametrize("last_kernel, size", [(3, 14), (1, 3)])
+def test_a_padded_or_few_row_scaled_conv_scales_the_map_in_a_pass_of_its_own(last_kernel, size):
+    """Must not: behind a pad (a 3x3 conv), or with fewer output rows than tasks to balance
+    over the cores (3), the scale stays a parallel pass before the conv."""
+    _, module = compile_and_compare(blocked_se_model(last_kernel, size),
+                                    phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
+    parallel_loops, together = _scale_loops(module)
+    assert parallel_loops >= 2 and not together
