@@ -144,34 +144,38 @@ def test_se_block_fuses_in_the_blocked_layout():
 
 
 def _scale_loops(module) -> tuple[int, bool]:
-    """The SE-scaled conv kernel's parallel loops, and whether the scale is computed inside
-    the one that runs the conv (per output row) rather than in a pass of its own."""
+    """The SE-scaled conv kernel's parallel loops, and whether the scale (a block before the
+    conv reading the map and the gate: the multiply, or the pad it was inlined into) is
+    computed inside the loop that runs the conv (per output row) rather than in a pass of its
+    own."""
     scaled_conv = next(f for gv, f in module.functions_items() if gv.name_hint.startswith("fused_relax_multiply"))
     parallel = []
     tvm_ffi.structural_walk(scaled_conv.body, (tvm.tirx.For, lambda loop: parallel.append(loop) if (
         loop.kind == tvm.tirx.ForKind.PARALLEL) else None))
-    blocks_inside = []
-    for loop in parallel:
-        names = []
-        tvm_ffi.structural_walk(loop.body, (tvm.s_tir.SBlock, lambda block: names.append(block.name_hint)))
-        blocks_inside.append(names)
-    together = any(any(n.startswith("T_multiply") for n in names) and any(n.startswith("conv2d") for n in names)
-                   for names in blocks_inside)
-    return len(parallel), together
+
+    def scales_and_convolves(loop) -> bool:
+        blocks = []
+        tvm_ffi.structural_walk(loop.body, (tvm.s_tir.SBlock, blocks.append))
+        scale = any(b.name_hint.startswith(("T_multiply", "pad_temp")) and len(b.reads) == 2 for b in blocks)
+        return scale and any(b.name_hint.startswith("conv2d") for b in blocks)
+
+    return len(parallel), any(scales_and_convolves(loop) for loop in parallel)
 
 
-def test_an_unpadded_scaled_conv_scales_each_output_row_in_its_task():
-    """A 1x1 projection after the gate: one parallel loop over output rows, each task scaling
-    the input row it reads, every channel tile of the row then reading it from cache."""
-    _, module = compile_and_compare(blocked_se_model(), phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
+@pytest.mark.parametrize("last_kernel", [1, 3])
+def test_a_scaled_conv_scales_each_output_row_in_its_task(last_kernel):
+    """A 1x1 projection after the gate, or a padded 3x3 conv: one parallel loop over output
+    rows, each task scaling (and padding) the input rows it reads, every channel tile of the
+    row then reading them from cache."""
+    _, module = compile_and_compare(blocked_se_model(last_kernel),
+                                    phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
     assert _scale_loops(module) == (1, True)
 
 
-@pytest.mark.parametrize("last_kernel, size", [(3, 14), (1, 3)])
-def test_a_padded_or_few_row_scaled_conv_scales_the_map_in_a_pass_of_its_own(last_kernel, size):
-    """Must not: behind a pad (a 3x3 conv), or with fewer output rows than tasks to balance
-    over the cores (3), the scale stays a parallel pass before the conv."""
-    _, module = compile_and_compare(blocked_se_model(last_kernel, size),
+def test_a_scaled_conv_of_few_rows_scales_the_map_in_a_pass_of_its_own():
+    """Must not: with fewer output rows (3) than tasks to balance over the cores, the scale
+    stays a parallel pass before the conv."""
+    _, module = compile_and_compare(blocked_se_model(1, size=3),
                                     phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
     parallel_loops, together = _scale_loops(module)
     assert parallel_loops >= 2 and not together

@@ -15,6 +15,8 @@ from tvm_fusion.schedules.cpu.target_info import vector_registers
 # One vector register of channels, the block the pipeline picks for this host (the rule
 # declines a block wider than a register).
 BLOCK = float_lanes(tvm.target.Target(host_target()))
+# Output rows from which the rule pads per row inside the conv's parallel loop.
+ROW_TASKS = 6
 
 
 def out_shape(x, w, stride, pad, dilation):
@@ -52,6 +54,7 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     ((1, 1, 12, 12, BLOCK), (2, 1, 3, 3, BLOCK, BLOCK), 1, 2, 2, True),    # dilated
     ((1, 2, 13, 13, BLOCK), (12, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),   # 13 pixels: overlapping tiles
     ((1, 2, 26, 26, BLOCK), (6, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # 13 columns, stride 2
+    ((1, 2, 5, 8, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),     # 5 rows: the pad a pass first
 ])
 def test_blocked_conv_matches_the_unscheduled_kernel(target, run_kernel, x, w, stride, pad, dilation, residual):
     kernel, shapes = blocked_conv_kernel(x, w, stride, pad, dilation, residual)
@@ -81,9 +84,11 @@ def test_a_conv_reading_an_nchw_map_writes_blocks_under_the_same_tiles(target, r
 
 
 def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tiles_rows=False, blocked_input=True):
-    """Output rows (batch x channel-block tiles x rows) across cores; a tile of pixels x channel
-    blocks, both unrolled, the channel block one vector; the input channels of a block unrolled
-    (an input in NCHW has none); the pad copy a parallel pass.
+    """A tile of pixels x channel blocks, both unrolled, the channel block one vector; the
+    input channels of a block unrolled (an input in NCHW has none). A padded map of at least
+    ``ROW_TASKS`` output rows: one parallel loop over the rows, each task padding the input
+    rows it reads; otherwise the pad copy a parallel pass, then output rows (batch x
+    channel-block tiles x rows) across cores.
 
     With 32 vector registers the tile is up to 8 pixels dividing the row (7 with the last tile
     shifted back when no divisor of 4 or more does) x 2 channel blocks; with 16 it holds at
@@ -96,18 +101,23 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tile
     if blocked_input:
         assert BLOCK in unrolled
         unrolled.remove(BLOCK)
-    tiles_per_row = batch * channel_blocks * rows
-    assert tiles_per_row % loops.parallel[-1] == 0
-    blocks = tiles_per_row // loops.parallel[-1]
-    assert channel_blocks % blocks == 0 and blocks in unrolled
+    if padded and not tiles_rows and batch * rows >= ROW_TASKS:
+        assert loops.parallel == [batch * rows]
+        candidates = [extent for extent in set(unrolled) if channel_blocks % extent == 0]
+    else:
+        assert len(loops.parallel) == (2 if padded else 1)
+        tiles_per_row = batch * channel_blocks * rows
+        assert tiles_per_row % loops.parallel[-1] == 0
+        candidates = [tiles_per_row // loops.parallel[-1]]
     if vector_registers(target) >= 32:
         pixels = pixel_tile(columns)
-        assert blocks == (2 if channel_blocks % 2 == 0 and 2 * pixels <= 16 else 1)
-        assert pixels in unrolled
+        blocks = 2 if channel_blocks % 2 == 0 and 2 * pixels <= 16 else 1
+        assert blocks in candidates and blocks in unrolled and pixels in unrolled
     else:
-        others = [extent for extent in unrolled if extent != blocks] or [blocks]
-        assert max(others) * blocks <= 12 and (columns == 1 or max(others) > 1)
-    assert len(loops.parallel) == (2 if padded else 1)
+        def fits(blocks):
+            others = [extent for extent in unrolled if extent != blocks] or [blocks]
+            return blocks in unrolled and max(others) * blocks <= 12 and (columns == 1 or max(others) > 1)
+        assert any(fits(blocks) for blocks in candidates)
     assert loops.vectorized == [BLOCK] * len(loops.vectorized) and len(loops.vectorized) >= 2
 
 

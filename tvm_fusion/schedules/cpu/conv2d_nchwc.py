@@ -5,10 +5,10 @@ vector register each. For every (input channel block, ky, kx, input channel) one
 per pixel is broadcast and multiplied into ``oc_tile`` contiguous weight vectors, so each
 load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv's stride.
 An SE gate scaling the input (``conv_epilogue``'s scaled variants) is applied once per value,
-not inlined into the loads (that cost a multiply per broadcast): on an unpadded input (a 1x1
-projection) each task scales the input row its output row reads and then runs every channel
-tile of that row on it, so the scaled map never goes through memory; behind a pad, in a pass
-over the map before the conv. Bias,
+not inlined into the loads (that cost a multiply per broadcast). The pad and the scale are
+computed per output row: each task prepares the input rows its output row reads, in cache,
+and runs every channel tile of the row on them (a map of few rows: a pass over the map first,
+rows then shared out with the channel tiles). Bias,
 activations and the residual add run on the tile before it is stored. Rows and columns may be
 symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
 last of a row shifted back, one copy per tile width (``symbolic_width.py``).
@@ -16,7 +16,6 @@ last of a row shifted back, one copy per tile width (``symbolic_width.py``).
 
 from __future__ import annotations
 
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
@@ -35,9 +34,9 @@ _MIN_EXACT_TILE = 4
 # On 16-register ISAs: registers left for the broadcast input and the weight vectors.
 _REGISTERS_KEPT_FREE = 4
 _MAX_CHANNEL_BLOCKS = 4
-# Output rows below which an SE-scaled conv keeps its scale a pass of its own: rows alone are
-# then too few tasks to balance over the cores.
-_MIN_ROW_TASKS = 4
+# Output rows below which the pad (or SE scale) stays a pass of its own: rows alone are then
+# too few tasks to balance over the cores.
+_MIN_ROW_TASKS = 6
 
 
 class Conv2dNCHWc(ScheduleRule):
@@ -88,21 +87,26 @@ class Conv2dNCHWc(ScheduleRule):
         n, oc, y, x, ob, *reduction = sch.get_loops(conv)  # (ic, ky, kx[, ib])
         if tiles_rows:
             y, x = x, y
-        row_scale = kernel.prologue if _scales_rows(sch, kernel.prologue, (n, y), tiles_rows) else []
-        schedule_pad(sch, [block for block in kernel.prologue if block not in row_scale])
+        per_row = _prologue_per_row(sch, kernel.prologue, (n, y, x), tiles_rows)
+        if not per_row:
+            schedule_pad(sch, kernel.prologue)
         oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
-        if row_scale:
-            # Tasks are output rows: the row's scaled input is computed once, in cache, for
-            # every channel tile (mobilenetv3_tiny's SE projections 7-24 -> 2-7 us, PP-OCRv4's
-            # 10-15 % faster than a pass over the whole map, kernel alone).
+        if per_row:
+            # Tasks are output rows, each padding (and SE-scaling) the input rows it reads, in
+            # cache, for every channel tile of the row; not a pass over the whole map first,
+            # which went through memory (kernel alone, 2 threads, AVX-512: 3x3/2 convs 32 -> 64
+            # over 112x112 and 64 -> 128 over 28x28 45 -> 62 % of the FMA peak, 3x3 64 -> 64
+            # over 56x56 62 -> 68 %; mobilenetv3_tiny's SE projections 7-24 -> 2-7 us).
             sch.reorder(n, y, oc_outer, x_outer, *reduction, oc_inner, x_inner, ob)
             store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
             rows = sch.fuse(n, y)
             sch.parallel(rows)
-            (scale,) = row_scale
-            sch.compute_at(scale, rows)
-            sch.vectorize(sch.get_loops(scale)[-1])
+            for block in reversed(kernel.prologue):  # a pad before the scale it reads
+                sch.compute_at(block, rows)
+                innermost = sch.get_loops(block)[-1]
+                if extent(sch, innermost) == extent(sch, ob):  # a channel block (NCHW: a row)
+                    sch.vectorize(innermost)
         else:
             sch.reorder(n, oc_outer, y, x_outer, *reduction, oc_inner, x_inner, ob)
             store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
@@ -134,19 +138,14 @@ def _scale_apart(func: tirx.PrimFunc, target: Target) -> OneReduction | None:
     return only_reduction(sch)
 
 
-def _scales_rows(sch: s_tir.Schedule, prologue: list, rows: tuple, tiles_rows: bool) -> bool:
-    """Whether the only block before the conv is an SE scale (``_scale_apart``: the map times
-    the gate, written in the map's shape, so no pad) and there are enough output rows to share
-    out between the cores as tasks."""
-    if tiles_rows or len(prologue) != 1:
+def _prologue_per_row(sch: s_tir.Schedule, prologue: list, loops: tuple, tiles_rows: bool) -> bool:
+    """Whether the blocks before the conv (its pad, an SE scale) are computed per output row:
+    when there are any, the map is static and there are enough rows to share out between the
+    cores as tasks."""
+    extents = [sch.get(loop).extent for loop in loops]
+    if not prologue or tiles_rows or not all(is_static(e) for e in extents):
         return False
-    block = sch.get(prologue[0])
-    written = block.writes[0].source.shape
-    if len(block.reads) != 2 or not any(
-            tvm_ffi.structural_equal(read.source.shape, written) for read in block.reads):
-        return False
-    extents = [sch.get(loop).extent for loop in rows]
-    return all(is_static(e) for e in extents) and int(extents[0]) * int(extents[1]) >= _MIN_ROW_TASKS
+    return int(extents[0]) * int(extents[1]) >= _MIN_ROW_TASKS
 
 
 def _register_tile(width: int, channel_blocks: int, registers: int) -> tuple[int, int]:
