@@ -40,10 +40,14 @@ def _run(mod, inputs, target):
 
 def partial_width(keys: int, lanes: int) -> int:
     """Lanes of the partial max/sum vectors: the largest power of two dividing the key count,
-    at most one vector register."""
+    at most one vector register; under 4, the largest divisor from half a register to two
+    registers that still leaves two steps per row (a row of 75 keys: 25 lanes on AVX-512, 15
+    on AVX2)."""
     width = 1
     while width * 2 <= lanes and keys % (width * 2) == 0:
         width *= 2
+    if width < 4:
+        width = max((d for d in range(lanes // 2, 2 * lanes + 1) if keys % d == 0 and keys >= 2 * d), default=width)
     return width
 
 
@@ -51,6 +55,8 @@ def partial_width(keys: int, lanes: int) -> int:
     ((1, 4, 64, 64), (1, 1, 1, 64), True, True, True),     # 64 keys: one full vector of partials
     ((2, 3, 40), (2, 1, 40), False, False, True),          # 40 keys: 8-wide partials (8 divides 40)
     ((6, 10), (6, 10), True, True, False),                 # 10 keys: too narrow to split, scalar reductions
+    ((3, 75), (3, 75), True, True, True),                  # 75 keys, odd: partials of a divisor (25 or 15)
+    ((2, 6625), (1, 6625), False, True, True),             # a CTC head's 6625 classes: 25 lanes
 ])
 def test_schedule_matches_unscheduled(target, lanes, shape, mask_shape, epilogue, fast_math, split):
     mod = _fused_softmax(shape, mask_shape, epilogue, fast_math)
@@ -72,7 +78,9 @@ def test_schedule_matches_unscheduled(target, lanes, shape, mask_shape, epilogue
     else:
         assert "_rf" not in script
     keys = shape[-1]
-    row_vector = lanes if keys > lanes and keys % lanes == 0 else keys
+    row_vector = keys
+    if keys > lanes:  # exp and normalize on whole vectors, or on the partials' width
+        row_vector = lanes if keys % lanes == 0 else partial if partial >= 4 else keys
     assert row_vector in loops.vectorized and set(loops.vectorized) <= {partial, row_vector}  # exp, normalize
 
     rng = np.random.default_rng(0)
