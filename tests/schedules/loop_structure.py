@@ -81,11 +81,12 @@ def column_tile(width: int, lanes: int, max_vectors: int) -> int:
     return min(tiles, key=lambda tile: -(-width // tile) * tile)
 
 
-def pixel_tile(columns: int) -> int:
+def pixel_tile(columns: int, widest: int = 8, narrowest_exact: int = 4) -> int:
     """The pixels of a blocked conv's tile (one vector each): the largest divisor of the row up
-    to 8; when none of at least 4 divides it, the tile of 8..4 that computes the fewest pixels
-    with the last one shifted back (ties to the wider)."""
-    exact = largest_divisor(columns, 8)
-    if exact >= 4 or columns < 4:
+    to ``widest``; when none of at least ``narrowest_exact`` divides it, the tile of
+    ``widest..narrowest_exact`` that computes the fewest pixels with the last one shifted back
+    (ties to the wider)."""
+    exact = largest_divisor(columns, widest)
+    if exact >= narrowest_exact or columns < narrowest_exact:
         return exact
-    return min(range(min(columns, 8), 3, -1), key=lambda tile: -(-columns // tile) * tile)
+    return min(range(min(columns, widest), narrowest_exact - 1, -1), key=lambda tile: -(-columns // tile) * tile)

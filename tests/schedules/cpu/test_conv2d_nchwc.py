@@ -55,13 +55,15 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     ((1, 2, 13, 13, BLOCK), (12, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),   # 13 pixels: overlapping tiles
     ((1, 2, 26, 26, BLOCK), (6, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # 13 columns, stride 2
     ((1, 2, 5, 8, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),     # 5 rows: the pad a pass first
+    ((1, 1, 6, 17, BLOCK), (3, 1, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),     # 3 blocks x 17 columns: 9 + overlap
 ])
 def test_blocked_conv_matches_the_unscheduled_kernel(target, run_kernel, x, w, stride, pad, dilation, residual):
     kernel, shapes = blocked_conv_kernel(x, w, stride, pad, dilation, residual)
     sch = Conv2dNCHWc().apply(kernel, target, False)
     assert sch is not None
     result_shape = out_shape(x, w, stride, pad, dilation)
-    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0)
+    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0,
+                                        window=w[2] * w[3])
     np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
                                run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)
 
@@ -78,12 +80,14 @@ def test_a_conv_reading_an_nchw_map_writes_blocks_under_the_same_tiles(target, r
     sch = Conv2dNCHWc().apply(kernel, target, False)
     assert sch is not None
     result_shape = out_shape(x, w, stride, pad, 1)
-    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0, blocked_input=False)
+    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0,
+                                        window=w[2] * w[3], blocked_input=False)
     np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
                                run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)
 
 
-def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tiles_rows=False, blocked_input=True):
+def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, window, tiles_rows=False,
+                                        blocked_input=True):
     """A tile of pixels x channel blocks, both unrolled, the channel block one vector; the
     input channels of a block unrolled (an input in NCHW has none). A padded map of at least
     ``ROW_TASKS`` output rows: one parallel loop over the rows, each task padding the input
@@ -91,8 +95,10 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tile
     channel-block tiles x rows) across cores.
 
     With 32 vector registers the tile is up to 8 pixels dividing the row (7 with the last tile
-    shifted back when no divisor of 4 or more does) x 2 channel blocks; with 16 it holds at
-    most 12 accumulators. A one-column map tiles its rows instead."""
+    shifted back when no divisor of 5 or more does) x 2 channel blocks, or x 1 block with an odd
+    number of blocks; with an odd number and a window wider than 1x1 (``window`` taps), up to
+    16 pixels (no divisor of 8 or more: shifted back) x 1 block; with 16 registers at most 12
+    accumulators. A one-column map tiles its rows instead."""
     batch, channel_blocks, rows, columns, _ = result_shape
     if tiles_rows:
         rows, columns = columns, rows
@@ -110,8 +116,9 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, tile
         assert tiles_per_row % loops.parallel[-1] == 0
         candidates = [tiles_per_row // loops.parallel[-1]]
     if vector_registers(target) >= 32:
-        pixels = pixel_tile(columns)
-        blocks = 2 if channel_blocks % 2 == 0 and 2 * pixels <= 16 else 1
+        wide = channel_blocks % 2 == 1 and window > 1
+        blocks = 2 if channel_blocks % 2 == 0 else 1
+        pixels = pixel_tile(columns, 16, 8) if wide else pixel_tile(columns, 8, 5)
         assert blocks in candidates and blocks in unrolled and pixels in unrolled
     else:
         def fits(blocks):
@@ -127,7 +134,8 @@ def test_a_one_column_map_tiles_its_rows(target, run_kernel):
     kernel, shapes = blocked_conv_kernel(x, w, pad=0)
     sch = Conv2dNCHWc().apply(kernel, target, False)
     result_shape = out_shape(x, w, 1, 0, 1)
-    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=False, tiles_rows=True)
+    assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=False,
+                                        window=w[2] * w[3], tiles_rows=True)
     assert max(loop_kinds(sch.mod["main"]).unrolled) > 2
     np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
                                run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)

@@ -27,10 +27,15 @@ from .target_info import vector_lanes, vector_registers
 
 # Output pixels per tile: with two channel blocks, 16 accumulators of AVX-512's 32 registers,
 # leaving room for the weight vectors and the broadcast input (measured on resnet_tiny: 7-8
-# beat 14 and 28, whose tiles spill).
+# beat 14 and 28, whose tiles spill). With one block (an odd number of them), twice as many
+# pixels fill the same 16.
 _MAX_ROW_TILE = 8
-# A row no tile of at least this many pixels divides gets overlapping tiles instead.
-_MIN_EXACT_TILE = 4
+# A row no tile of at least this many pixels divides gets overlapping tiles instead (52
+# columns take 6, overlapping: 62-64 % of the FMA peak, not 4: 57-59 %; 96 channels 3x3).
+_MIN_EXACT_TILE = 5
+# The same for one-block tiles: 52 columns take 13 pixels (60-64 %, 4 pixels 43 %), 20 take
+# 10 (62 %, 5: 49-51 %; 3x3 convs, 48 channels).
+_MIN_EXACT_TILE_ONE_BLOCK = 8
 # On 16-register ISAs: registers left for the broadcast input and the weight vectors.
 _REGISTERS_KEPT_FREE = 4
 _MAX_CHANNEL_BLOCKS = 4
@@ -71,7 +76,8 @@ class Conv2dNCHWc(ScheduleRule):
         channel_blocks = extent(sch, loops[1])
         if is_static(width):
             width = int(width)
-            ow_tile, oc_tile = _register_tile(width, channel_blocks, registers)
+            window = extent(sch, loops[6]) * extent(sch, loops[7])  # (n, oc, y, x, ob, ic, ky, kx..)
+            ow_tile, oc_tile = _register_tile(width, channel_blocks, registers, window)
             return schedule_static_width(sch, width, ow_tile, lambda copy, tile: self._schedule(
                 copy, tile, oc_tile, tiles_rows))
         # Symbolic rows and columns: full tiles of pixels, the last of a row shifted back.
@@ -148,16 +154,20 @@ def _prologue_per_row(sch: s_tir.Schedule, prologue: list, loops: tuple, tiles_r
     return int(extents[0]) * int(extents[1]) >= _MIN_ROW_TASKS
 
 
-def _register_tile(width: int, channel_blocks: int, registers: int) -> tuple[int, int]:
+def _register_tile(width: int, channel_blocks: int, registers: int, window: int) -> tuple[int, int]:
     """(pixels, channel blocks) of the accumulator tile at a static row width.
 
     32 registers (AVX-512): up to 8 pixels dividing the row (overlapping tiles when none of at
-    least 4 does) x 2 channel blocks. 16 registers (AVX2): the tile of at most 12 accumulators
+    least 5 does) x 2 channel blocks; with an odd number of blocks, a conv window wider than
+    1x1 takes up to 16 pixels (8) x 1 block (a 1x1 conv's short reduction did not gain: 60-66 %
+    at 10-14 pixels, 63-69 % at 7-8). 16 registers (AVX2): the tile of at most 12 accumulators
     with the most FMAs per load (``pixels * blocks / (pixels + blocks)``: one broadcast per
     pixel, one weight vector per block), discounted by the columns an overlapping last tile
     recomputes; on Zen 3 3x4 and 4x3 tiles beat the 7x1 and 8x1 ones by 1.2-1.5x.
     """
     if registers >= 32:
+        if channel_blocks % 2 and window > 1:
+            return pixel_tile(width, 2 * _MAX_ROW_TILE, _MIN_EXACT_TILE_ONE_BLOCK), 1
         tile = pixel_tile(width, _MAX_ROW_TILE, _MIN_EXACT_TILE)
         return tile, _wide_register_tile(tile, channel_blocks, registers)
 
