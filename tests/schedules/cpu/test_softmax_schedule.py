@@ -78,9 +78,11 @@ def test_schedule_matches_unscheduled(target, lanes, shape, mask_shape, epilogue
     else:
         assert "_rf" not in script
     keys = shape[-1]
-    row_vector = keys
-    if keys > lanes:  # exp and normalize on whole vectors, or on the partials' width
-        row_vector = lanes if keys % lanes == 0 else partial if partial >= 4 else keys
+    row_vector = keys  # exp and normalize on the row, on whole vectors, or past 4 vectors on the partials' width
+    if keys > lanes and keys % lanes == 0:
+        row_vector = lanes
+    elif keys > 4 * lanes and partial >= 4:
+        row_vector = partial
     assert row_vector in loops.vectorized and set(loops.vectorized) <= {partial, row_vector}  # exp, normalize
 
     rng = np.random.default_rng(0)

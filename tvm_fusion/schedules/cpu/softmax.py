@@ -28,6 +28,9 @@ from .target_info import vector_lanes
 
 # A partial-reduction vector narrower than this does not pay for its final reduction.
 _MIN_REDUCTION_LANES = 4
+# A row of up to this many vector registers that whole vectors do not divide (40 floats) is
+# one vector operation; a longer one is split (see the module docstring).
+_MAX_ROW_VECTORS = 4
 
 
 class Softmax(ScheduleRule):
@@ -112,10 +115,10 @@ def _vectorize_row(sch: s_tir.Schedule, block, lanes: int) -> None:
     length = extent(sch, innermost)
     if not isinstance(length, int) or length < 2:
         return  # a symbolic row length: a predicated vector would run scalar
-    if length > lanes:
-        width = lanes if length % lanes == 0 else partial_width(length, lanes)
-        if width >= _MIN_REDUCTION_LANES:
-            innermost = sch.split(innermost, [None, width])[1]
+    if length > lanes and length % lanes == 0:
+        innermost = sch.split(innermost, [None, lanes])[1]
+    elif length > _MAX_ROW_VECTORS * lanes and partial_width(length, lanes) >= _MIN_REDUCTION_LANES:
+        innermost = sch.split(innermost, [None, partial_width(length, lanes)])[1]
     sch.vectorize(innermost)
 
 
