@@ -143,11 +143,10 @@ def test_se_block_fuses_in_the_blocked_layout():
     assert len(read) == 2 and any(name.startswith("T_multiply") for name in read)
 
 
-def _scale_loops(module) -> tuple[int, bool]:
-    """The SE-scaled conv kernel's parallel loops, and whether the scale (a block before the
-    conv reading the map and the gate: the multiply, or the pad it was inlined into) is
-    computed inside the loop that runs the conv (per output row) rather than in a pass of its
-    own."""
+def _scale_loops(module) -> tuple[list[int], bool]:
+    """The SE-scaled conv kernel's parallel loop extents, and whether the scale (a block before
+    the conv reading the map and the gate: the multiply, or the pad it was inlined into) is
+    computed inside the loop that runs the conv (per task) rather than in a pass of its own."""
     scaled_conv = next(f for gv, f in module.functions_items() if gv.name_hint.startswith("fused_relax_multiply"))
     parallel = []
     tvm_ffi.structural_walk(scaled_conv.body, (tvm.tirx.For, lambda loop: parallel.append(loop) if (
@@ -159,23 +158,17 @@ def _scale_loops(module) -> tuple[int, bool]:
         scale = any(b.name_hint.startswith(("T_multiply", "pad_temp")) and len(b.reads) == 2 for b in blocks)
         return scale and any(b.name_hint.startswith("conv2d") for b in blocks)
 
-    return len(parallel), any(scales_and_convolves(loop) for loop in parallel)
+    return [int(loop.extent) for loop in parallel], any(scales_and_convolves(loop) for loop in parallel)
 
 
-@pytest.mark.parametrize("last_kernel", [1, 3])
-def test_a_scaled_conv_scales_each_output_row_in_its_task(last_kernel):
-    """A 1x1 projection after the gate, or a padded 3x3 conv: one parallel loop over output
-    rows, each task scaling (and padding) the input rows it reads, every channel tile of the
-    row then reading them from cache."""
-    _, module = compile_and_compare(blocked_se_model(last_kernel),
+@pytest.mark.parametrize("last_kernel, size, tasks", [
+    (1, 14, 14),   # a 1x1 projection after the gate, 14 rows: the rows are the tasks
+    (3, 14, 14),   # a padded 3x3 conv: each task pads and scales its three input rows
+    (1, 3, 3),     # 3 rows, too few alone: tasks are channel tiles (one here) x rows
+])
+def test_a_scaled_conv_scales_the_input_rows_of_each_task(last_kernel, size, tasks):
+    """One parallel loop, each task scaling (and padding) the input rows its output row reads,
+    every channel tile of the task then reading them from cache; not a pass over the map."""
+    _, module = compile_and_compare(blocked_se_model(last_kernel, size),
                                     phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
-    assert _scale_loops(module) == (1, True)
-
-
-def test_a_scaled_conv_of_few_rows_scales_the_map_in_a_pass_of_its_own():
-    """Must not: with fewer output rows (3) than tasks to balance over the cores, the scale
-    stays a parallel pass before the conv."""
-    _, module = compile_and_compare(blocked_se_model(1, size=3),
-                                    phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
-    parallel_loops, together = _scale_loops(module)
-    assert parallel_loops >= 2 and not together
+    assert _scale_loops(module) == ([tasks], True)

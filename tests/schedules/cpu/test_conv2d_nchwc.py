@@ -15,7 +15,7 @@ from tvm_fusion.schedules.cpu.target_info import vector_registers
 # One vector register of channels, the block the pipeline picks for this host (the rule
 # declines a block wider than a register).
 BLOCK = float_lanes(tvm.target.Target(host_target()))
-# Output rows from which the rule pads per row inside the conv's parallel loop.
+# Output rows from which the rule's tasks are rows alone (fewer: channel tiles x rows).
 ROW_TASKS = 6
 
 
@@ -54,7 +54,7 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     ((1, 1, 12, 12, BLOCK), (2, 1, 3, 3, BLOCK, BLOCK), 1, 2, 2, True),    # dilated
     ((1, 2, 13, 13, BLOCK), (12, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),   # 13 pixels: overlapping tiles
     ((1, 2, 26, 26, BLOCK), (6, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # 13 columns, stride 2
-    ((1, 2, 5, 8, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),     # 5 rows: the pad a pass first
+    ((1, 2, 5, 8, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),     # 5 rows: channel tiles x rows
     ((1, 1, 6, 17, BLOCK), (3, 1, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),     # 3 blocks x 17 columns: 9 + overlap
 ])
 def test_blocked_conv_matches_the_unscheduled_kernel(target, run_kernel, x, w, stride, pad, dilation, residual):
@@ -89,10 +89,9 @@ def test_a_conv_reading_an_nchw_map_writes_blocks_under_the_same_tiles(target, r
 def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, window, tiles_rows=False,
                                         blocked_input=True):
     """A tile of pixels x channel blocks, both unrolled, the channel block one vector; the
-    input channels of a block unrolled (an input in NCHW has none). A padded map of at least
-    ``ROW_TASKS`` output rows: one parallel loop over the rows, each task padding the input
-    rows it reads; otherwise the pad copy a parallel pass, then output rows (batch x
-    channel-block tiles x rows) across cores.
+    input channels of a block unrolled (an input in NCHW has none). One parallel loop: over
+    the output rows when a padded map has at least ``ROW_TASKS`` of them, else over (batch x
+    channel-block tiles x rows); a task pads the input rows it reads itself.
 
     With 32 vector registers the tile is up to 8 pixels dividing the row (7 with the last tile
     shifted back when no divisor of 5 or more does) x 2 channel blocks, or x 1 block with an odd
@@ -110,8 +109,8 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, wind
     if padded and not tiles_rows and batch * rows >= ROW_TASKS:
         assert loops.parallel == [batch * rows]
         candidates = [extent for extent in set(unrolled) if channel_blocks % extent == 0]
-    else:
-        assert len(loops.parallel) == (2 if padded else 1)
+    else:  # (channel tiles x rows) tasks, a pad inside each
+        assert len(loops.parallel) == 1
         tiles_per_row = batch * channel_blocks * rows
         assert tiles_per_row % loops.parallel[-1] == 0
         candidates = [tiles_per_row // loops.parallel[-1]]

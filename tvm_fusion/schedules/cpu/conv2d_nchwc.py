@@ -6,15 +6,17 @@ per pixel is broadcast and multiplied into ``oc_tile`` contiguous weight vectors
 load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv's stride.
 An SE gate scaling the input (``conv_epilogue``'s scaled variants) is applied once per value,
 not inlined into the loads (that cost a multiply per broadcast). The pad and the scale are
-computed per output row: each task prepares the input rows its output row reads, in cache,
-and runs every channel tile of the row on them (a map of few rows: a pass over the map first,
-rows then shared out with the channel tiles). Bias,
+computed in each task: a task prepares the input rows its output row reads, in cache, and
+runs every channel tile of the row on them (a map of few rows: tasks are channel tiles x rows,
+each preparing its rows itself). Bias,
 activations and the residual add run on the tile before it is stored. Rows and columns may be
 symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
 last of a row shifted back, one copy per tile width (``symbolic_width.py``).
 """
 
 from __future__ import annotations
+
+import math
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
@@ -39,8 +41,8 @@ _MIN_EXACT_TILE_ONE_BLOCK = 8
 # On 16-register ISAs: registers left for the broadcast input and the weight vectors.
 _REGISTERS_KEPT_FREE = 4
 _MAX_CHANNEL_BLOCKS = 4
-# Output rows below which the pad (or SE scale) stays a pass of its own: rows alone are then
-# too few tasks to balance over the cores.
+# Output rows from which rows alone are the tasks (fewer are too few to balance over the
+# cores: tasks are then channel tiles x rows).
 _MIN_ROW_TASKS = 6
 
 
@@ -93,12 +95,13 @@ class Conv2dNCHWc(ScheduleRule):
         n, oc, y, x, ob, *reduction = sch.get_loops(conv)  # (ic, ky, kx[, ib])
         if tiles_rows:
             y, x = x, y
-        per_row = _prologue_per_row(sch, kernel.prologue, (n, y, x), tiles_rows)
-        if not per_row:
+        in_task = _prologue_in_task(sch, kernel.prologue, (n, y, x), tiles_rows)
+        if not in_task:
             schedule_pad(sch, kernel.prologue)
         oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
-        if per_row:
+        rows_alone = in_task and _row_count(sch, (n, y)) >= _MIN_ROW_TASKS
+        if rows_alone:
             # Tasks are output rows, each padding (and SE-scaling) the input rows it reads, in
             # cache, for every channel tile of the row; not a pass over the whole map first,
             # which went through memory (kernel alone, 2 threads, AVX-512: 3x3/2 convs 32 -> 64
@@ -106,17 +109,22 @@ class Conv2dNCHWc(ScheduleRule):
             # over 56x56 62 -> 68 %; mobilenetv3_tiny's SE projections 7-24 -> 2-7 us).
             sch.reorder(n, y, oc_outer, x_outer, *reduction, oc_inner, x_inner, ob)
             store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
-            rows = sch.fuse(n, y)
-            sch.parallel(rows)
+            tasks = sch.fuse(n, y)
+        else:
+            # Too few rows to share out alone: tasks are (channel tile, row); with a pad or an
+            # SE scale, each task prepares its input rows itself, again per channel tile, which
+            # on maps this small beat a pass of its own (mobilenetv3_tiny's SE projections over
+            # 2-3 rows: 4.8-9.4 -> 3.1-6.8 us).
+            sch.reorder(n, oc_outer, y, x_outer, *reduction, oc_inner, x_inner, ob)
+            store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
+            tasks = sch.fuse(n, oc_outer, y)
+        sch.parallel(tasks)
+        if in_task:
             for block in reversed(kernel.prologue):  # a pad before the scale it reads
-                sch.compute_at(block, rows)
+                sch.compute_at(block, tasks)
                 innermost = sch.get_loops(block)[-1]
                 if extent(sch, innermost) == extent(sch, ob):  # a channel block (NCHW: a row)
                     sch.vectorize(innermost)
-        else:
-            sch.reorder(n, oc_outer, y, x_outer, *reduction, oc_inner, x_inner, ob)
-            store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
-            sch.parallel(sch.fuse(n, oc_outer, y))
         sch.unroll(oc_inner)
         sch.unroll(x_inner)
         if len(reduction) == 4:
@@ -144,14 +152,15 @@ def _scale_apart(func: tirx.PrimFunc, target: Target) -> OneReduction | None:
     return only_reduction(sch)
 
 
-def _prologue_per_row(sch: s_tir.Schedule, prologue: list, loops: tuple, tiles_rows: bool) -> bool:
-    """Whether the blocks before the conv (its pad, an SE scale) are computed per output row:
-    when there are any, the map is static and there are enough rows to share out between the
-    cores as tasks."""
-    extents = [sch.get(loop).extent for loop in loops]
-    if not prologue or tiles_rows or not all(is_static(e) for e in extents):
-        return False
-    return int(extents[0]) * int(extents[1]) >= _MIN_ROW_TASKS
+def _prologue_in_task(sch: s_tir.Schedule, prologue: list, loops: tuple, tiles_rows: bool) -> bool:
+    """Whether the blocks before the conv (its pad, an SE scale) are computed inside each task:
+    when there are any and the map is static (a symbolic one, or rows tiled down a column,
+    keep a pass of their own)."""
+    return bool(prologue) and not tiles_rows and all(is_static(sch.get(loop).extent) for loop in loops)
+
+
+def _row_count(sch: s_tir.Schedule, loops: tuple) -> int:
+    return math.prod(int(sch.get(loop).extent) for loop in loops)
 
 
 def _register_tile(width: int, channel_blocks: int, registers: int, window: int) -> tuple[int, int]:
