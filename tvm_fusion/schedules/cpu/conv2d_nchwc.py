@@ -100,24 +100,19 @@ class Conv2dNCHWc(ScheduleRule):
             schedule_pad(sch, kernel.prologue)
         oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
+        # With a pad or an SE scale, tasks are output rows, each padding (and SE-scaling) the
+        # input rows it reads, in cache, for every channel tile of the row; not a pass over the
+        # whole map first, which went through memory (kernel alone, 2 threads, AVX-512: 3x3/2
+        # convs 32 -> 64 over 112x112 and 64 -> 128 over 28x28 45 -> 62 % of the FMA peak, 3x3
+        # 64 -> 64 over 56x56 62 -> 68 %; mobilenetv3_tiny's SE projections 7-24 -> 2-7 us).
+        # Too few rows to share out alone: tasks are (channel tile, row), each preparing its
+        # input rows itself, which on maps this small beat a pass of its own (mobilenetv3_tiny's
+        # SE projections over 2-3 rows: 4.8-9.4 -> 3.1-6.8 us).
         rows_alone = in_task and _row_count(sch, (n, y)) >= _MIN_ROW_TASKS
-        if rows_alone:
-            # Tasks are output rows, each padding (and SE-scaling) the input rows it reads, in
-            # cache, for every channel tile of the row; not a pass over the whole map first,
-            # which went through memory (kernel alone, 2 threads, AVX-512: 3x3/2 convs 32 -> 64
-            # over 112x112 and 64 -> 128 over 28x28 45 -> 62 % of the FMA peak, 3x3 64 -> 64
-            # over 56x56 62 -> 68 %; mobilenetv3_tiny's SE projections 7-24 -> 2-7 us).
-            sch.reorder(n, y, oc_outer, x_outer, *reduction, oc_inner, x_inner, ob)
-            store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
-            tasks = sch.fuse(n, y)
-        else:
-            # Too few rows to share out alone: tasks are (channel tile, row); with a pad or an
-            # SE scale, each task prepares its input rows itself, again per channel tile, which
-            # on maps this small beat a pass of its own (mobilenetv3_tiny's SE projections over
-            # 2-3 rows: 4.8-9.4 -> 3.1-6.8 us).
-            sch.reorder(n, oc_outer, y, x_outer, *reduction, oc_inner, x_inner, ob)
-            store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
-            tasks = sch.fuse(n, oc_outer, y)
+        sch.reorder(*((n, y, oc_outer) if rows_alone else (n, oc_outer, y)),
+                    x_outer, *reduction, oc_inner, x_inner, ob)
+        store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
+        tasks = sch.fuse(n, y) if rows_alone else sch.fuse(n, oc_outer, y)
         sch.parallel(tasks)
         if in_task:
             for block in reversed(kernel.prologue):  # a pad before the scale it reads
@@ -139,7 +134,8 @@ class Conv2dNCHWc(ScheduleRule):
 
 def _scale_apart(func: tirx.PrimFunc, target: Target) -> OneReduction | None:
     """``func`` with its cheap blocks inlined but the SE scale of the conv's input (the 5-D
-    block before the conv that reads the map and the gate), which stays a pass of its own."""
+    block before the conv that reads the map and the gate), which stays a block of its own:
+    ``_schedule`` computes it once per value, not per FMA."""
     sch = cpu_schedule(func, target)
     kernel = only_reduction(sch)
     if kernel is None:

@@ -117,8 +117,10 @@ def _vectorize_row(sch: s_tir.Schedule, block, lanes: int) -> None:
         return  # a symbolic row length: a predicated vector would run scalar
     if length > lanes and length % lanes == 0:
         innermost = sch.split(innermost, [None, lanes])[1]
-    elif length > _MAX_ROW_VECTORS * lanes and partial_width(length, lanes) >= _MIN_REDUCTION_LANES:
-        innermost = sch.split(innermost, [None, partial_width(length, lanes)])[1]
+    elif length > _MAX_ROW_VECTORS * lanes:
+        width = partial_width(length, lanes)
+        if width >= _MIN_REDUCTION_LANES:
+            innermost = sch.split(innermost, [None, width])[1]
     sch.vectorize(innermost)
 
 
