@@ -189,6 +189,33 @@ def test_convs_off_the_block_stay_in_nchw_and_the_convs_around_them_convert():
     assert_same_outputs(Before, after, tolerance=1e-4)
 
 
+@pytest.mark.parametrize("block", [8, 16])
+def test_a_transposed_conv_after_a_blocked_conv_reads_nchw(block):
+    """TVM's layout inference fails on a conv2d_transpose reading blocks (dbnet's head on
+    AVX2's 8-channel blocks kept the whole model in NCHW): the conv before it is blocked, the
+    transposed conv reads NCHW, and the outputs do not change."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w1: R.Tensor((16, 16, 3, 3), "float32"),
+                 wt: R.Tensor((16, 4, 2, 2), "float32")):
+            with R.dataflow():
+                lv1 = R.nn.relu(R.nn.conv2d(x, w1, padding=[1, 1, 1, 1]))
+                gv = R.nn.conv2d_transpose(lv1, wt, strides=[2, 2])
+                R.output(gv)
+            return gv
+
+    after, report = convert(Before, block=block)
+    assert conv_layouts(after) == [f"NCHW{block}c"]
+    transposed = []
+    relax.analysis.post_order_visit(after["main"].body, lambda e: transposed.append(str(e.attrs.data_layout))
+                                    if isinstance(e, relax.Call) and e.op.name == "relax.nn.conv2d_transpose" else None)
+    assert transposed == ["NCHW"]
+    assert report.fired["blocked_layout.conv2d"] == 1 and not report.near_misses
+    assert_same_outputs(Before, after, tolerance=1e-4)
+
+
 @pytest.mark.parametrize("shape", ["input:1x3x64x64", "input:2x3x32x96"])
 def test_resnet_in_blocked_layout_matches_onnx_runtime_and_nchw(shape):
     """Every conv after the stem runs as NCHW16c under its own schedule; outputs agree with

@@ -74,6 +74,10 @@ class ConvertConvsToBlockedLayout:
         converted = []
 
         def desired_layout(call: relax.Call) -> dict:
+            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d_transpose":
+                # TVM's layout inference fails on a transposed conv reading blocks (dbnet's
+                # head after an 8-channel conv, blocked on AVX2's 8-channel blocks): it reads NCHW.
+                return {"relax.nn.conv2d_transpose": ["NCHW", str(call.attrs.kernel_layout)]}
             if self._blocks_output_only(call):
                 # Read in NCHW, written blocked (ONNX Runtime's NCHWc convs do the same for an RGB
                 # stem): no transform of the conv's output, the largest map near the input.
