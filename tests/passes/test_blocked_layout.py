@@ -216,6 +216,37 @@ def test_a_transposed_conv_after_a_blocked_conv_reads_nchw(block):
     assert_same_outputs(Before, after, tolerance=1e-4)
 
 
+def test_convs_before_a_stack_of_stacks_convert_and_the_stacks_stay():
+    """A CRNN: convs, then an LSTM's outputs stacked over the steps and then over the two
+    directions. TVM's layout inference fails on what a stack feeds (which kept such models in
+    NCHW): the stacks pass it as concats and come back as stacks."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 2, 4), "float32"), w: R.Tensor((16, 16, 3, 3), "float32")):
+            with R.dataflow():
+                conv = R.nn.relu(R.nn.conv2d(x, w, padding=[1, 1, 1, 1]))
+                steps = R.reshape(R.permute_dims(conv, axes=[3, 0, 1, 2]), R.shape([4, 1, 32]))
+                halves = R.split(steps, 2, axis=0)  # a call of tuple type on the way
+                h0 = R.squeeze(R.strided_slice(halves[0], (0,), (0,), (1,)), axis=[0])
+                h1 = R.squeeze(R.strided_slice(halves[1], (0,), (1,), (2,)), axis=[0])
+                forward = R.stack((h0, h1), axis=0)
+                backward = R.stack((h1, h0), axis=0)
+                gv = R.stack((forward, backward), axis=-3)
+                R.output(gv)
+            return gv
+
+    after, report = convert(Before, block=8)
+    assert not report.near_misses
+    assert conv_layouts(after) == ["NCHW8c"]
+    ops = []
+    relax.analysis.post_order_visit(after["main"].body, lambda e: ops.append(e.op.name)
+                                    if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    assert ops.count("relax.stack") == 3 and "relax.concat" not in ops and "relax.expand_dims" not in ops
+    assert_same_outputs(Before, after, tolerance=1e-4)
+
+
 @pytest.mark.parametrize("shape", ["input:1x3x64x64", "input:2x3x32x96"])
 def test_resnet_in_blocked_layout_matches_onnx_runtime_and_nchw(shape):
     """Every conv after the stem runs as NCHW16c under its own schedule; outputs agree with

@@ -20,13 +20,15 @@ side by side; ``DepthwiseConv2dNCHWc``), so mobile networks stay blocked from en
 blocked (``squeeze_excitation``, the squeeze conv padded) and the HardSwish/HardSigmoid
 clips and PP-LCNetV3's [1]-shaped affine scales, which TVM's inference sends back to NCHW,
 are sunk back into the blocked region. Other grouped convs keep the whole
-model in NCHW.
+model in NCHW. Two ops TVM's layout inference fails on are kept from it: a transposed conv
+reads NCHW, and stacks (a CRNN's LSTM outputs) pass through it as concats.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax, te, topi
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..patterns import NearMiss, PatternReport
 from ..patterns.base import dims_text, shape_dims, static_shape
@@ -93,9 +95,10 @@ class ConvertConvsToBlockedLayout:
             return {"relax.nn.conv2d": [f"NCHW{self.block}c", f"OIHW{self.block}i{self.block}o"]}
 
         try:
-            blocked = relax.transform.ConvertLayout({}, desired_layout)(split_channels_as_slices(padded_mod))
+            blocked = _concats_as_stacks(relax.transform.ConvertLayout({}, desired_layout)(
+                _stacks_as_concats(split_channels_as_slices(padded_mod))))
         except Exception as err:  # noqa: BLE001 - TVM's inference fails on ops it has no rule for
-            # (IndexError on a negative stack axis after an LSTM, InternalError, OpError...).
+            # (IndexError, InternalError, OpError...).
             lines = str(err).strip().splitlines()
             cause = lines[-1] if lines else type(err).__name__
             return self._stay_in_nchw(mod, f"layout inference failed: {cause}")  # unpadded, as it came
@@ -172,6 +175,77 @@ class ConvertConvsToBlockedLayout:
         if groups != 1 and not (self.depthwise and groups == data[1] == weight[0] and weight[1] == 1):
             return False  # grouped, or depthwise with blocked depthwise convs off
         return data[1] % self.block == 0 and weight[0] % self.block == 0
+
+
+def _stacks_as_concats(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every ``stack`` as the concat of its inputs, each with the new axis inserted (a new
+    module: the caller keeps the old one). TVM's layout inference fails on what a stack feeds
+    (``Index -1 out of bounds``, an LSTM's outputs stacked over the steps, then over the
+    directions), which kept every model with a bidirectional LSTM in NCHW."""
+    return _rewrite_functions(mod, _StackAsConcat)
+
+
+def _concats_as_stacks(mod: tvm.IRModule) -> tvm.IRModule:
+    """Back again after the layout inference: a concat of 64 inputs is lowered as a chain of
+    selects per element (ddddocr's LSTM output 31 -> 247 us as a concat)."""
+    return _rewrite_functions(mod, _ConcatAsStack)
+
+
+def _rewrite_functions(mod: tvm.IRModule, mutator_class) -> tvm.IRModule:
+    """``mod`` with each Relax function the mutator rewrote replaced (the others untouched:
+    the mutator's rebuilding alone would renormalize them)."""
+    mod = mod.clone()
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+            rewriter = mutator_class(mod)
+            rewritten = rewriter.visit_expr(func)
+            if rewriter.rewrote:
+                mod[gvar] = relax.analysis.remove_all_unused(rewritten)
+    return mod
+
+
+@mutator
+class _StackAsConcat(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.rewrote = False
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        if not call.op.same_as(tvm.ir.Op.get("relax.stack")):
+            return self.visit_expr_post_order(call)
+        ndim = call.ty.ndim
+        call = self.visit_expr_post_order(call)
+        parts = call.args[0]
+        if not isinstance(parts, relax.Tuple):
+            count = len(parts.ty.fields)
+            parts = relax.Tuple([relax.TupleGetItem(parts, index) for index in range(count)])
+        axis = int(call.attrs.axis) % ndim
+        self.rewrote = True
+        return relax.op.concat([relax.op.expand_dims(part, axis) for part in parts.fields], axis)
+
+
+@mutator
+class _ConcatAsStack(PyExprMutator):
+    """``concat([expand_dims(x_i, a)...], a)`` -> ``stack([x_i...], a)``."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.rewrote = False
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not call.op.same_as(tvm.ir.Op.get("relax.concat")) or not isinstance(call.args[0], relax.Tuple):
+            return call
+        axis = int(call.attrs.axis)
+        inputs = []
+        for part in call.args[0].fields:
+            value = self.lookup_binding(part) if isinstance(part, relax.Var) else part
+            if not (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.expand_dims"))
+                    and [int(a) for a in value.attrs.axis] == [axis]):
+                return call
+            inputs.append(value.args[0])
+        self.rewrote = True
+        return relax.op.stack(inputs, axis)
 
 
 def _nchw_conv_dims(call: relax.Call) -> tuple[tuple, tuple[int, ...]] | None:
