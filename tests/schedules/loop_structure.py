@@ -48,11 +48,12 @@ def matmul_tile_rows(lanes: int) -> int:
 def matmul_row_tiles(m: int, lanes: int) -> tuple[int, int]:
     """(rows per tile, row tiles) of MatmulEpilogue over ``m`` static rows: tiles of the largest
     divisor up to ``matmul_tile_rows``, or of that many rows over zero-padded rows when those
-    tiles average at least one real row more (128 rows on AVX2: 22 tiles of 6, not 32 of 4)."""
+    tiles average at least 1.5 real rows more (128 rows on AVX2: 22 tiles of 6, not 32 of 4;
+    32 rows: 8 tiles of 4, not 6 of 6)."""
     most = matmul_tile_rows(lanes)
     divisor = largest_divisor(m, most)
     tiles = -(-m // most)
-    if m > most and m / tiles >= divisor + 1:
+    if m > most and m / tiles >= divisor + 1.5:
         return most, tiles
     return divisor, m // divisor
 

@@ -33,7 +33,7 @@ def assert_register_tiled(funcs, lanes, batch, m, k, n):
 
 @pytest.mark.parametrize(
     "m, k, n",
-    [(128, 256, 64), (7, 13, 4), (1, 64, 100), (33, 17, 48), (5, 8, 1)],
+    [(128, 256, 64), (32, 24, 48), (7, 13, 4), (1, 64, 100), (33, 17, 48), (5, 8, 1)],
 )
 def test_bias_gelu_matches_unscheduled(assert_schedule_matches, lanes, m, k, n):
     funcs = assert_schedule_matches(

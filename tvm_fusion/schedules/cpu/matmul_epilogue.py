@@ -73,12 +73,13 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, max_rows: int
 
 def pads_rows(rows: int, max_rows: int) -> bool:
     """Whether a static row count runs faster padded to tiles of ``max_rows`` than in tiles of
-    its largest divisor up to ``max_rows``: when the padded tiles hold at least one row more on
-    average (128 rows on AVX2: 22 tiles of 6, 5.8 real rows each, against 32 tiles of 4).
-    Static builds at sequence 128, same-process A/B on Zen 3: bert_tiny 7.77 -> 7.21 ms,
-    gpt2_tiny 7.14 -> 6.37 ms."""
+    its largest divisor up to ``max_rows``: when the padded tiles hold at least 1.5 rows more
+    on average. 128 rows on AVX2 pad (22 tiles of 6, 5.8 real rows each, against 32 tiles of
+    4; static builds at sequence 128, same-process A/B on Zen 3: bert_tiny 7.77 -> 7.21 ms,
+    gpt2_tiny 7.14 -> 6.37 ms); 32 rows do not (6 tiles of 6 hold 5.3: ddddocr's 32 x 1024 x
+    8210 classifier, kernel alone on Zen 1, 8.80 ms padded against 8.17 ms in tiles of 4)."""
     divisor = largest_divisor(rows, max_rows)
-    return rows > max_rows and rows / -(-rows // max_rows) >= divisor + 1
+    return rows > max_rows and rows / -(-rows // max_rows) >= divisor + 1.5
 
 
 def _pad_rows(sch, matmul, axes: MatmulAxes, rows: int):
