@@ -5,6 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import helpers
 from tvm_fusion.errors import ModelError
 from tvm_fusion.frontend import onnx as onnx_frontend
 from tvm_fusion.frontend.dropout_guard import hide_dropouts, restore_dropouts
@@ -128,3 +129,45 @@ def test_another_onnx_ml_op_is_still_named_as_unsupported():
     with pytest.raises(ModelError) as info:
         onnx_frontend.import_model(model, [onnx_frontend.TensorSpec("x", (2, 3), "float32")])
     assert "ai.onnx.ml.Normalizer (nodes: norm0)" in info.value.message
+
+
+@pytest.mark.parametrize("depth", [np.array(5, np.int64), np.array([5], np.int64)])
+def test_one_hot_is_typed_as_its_values_and_takes_a_depth_vector(depth):
+    """paddle2onnx writes the depth as a one-element vector (TVM's converter refused it), and
+    TVM's typed every OneHot float64 whatever its values' type; negative indices count from the end."""
+    graph = helper.make_graph(
+        [helper.make_node("OneHot", ["i", "depth", "values"], ["y"], axis=-1)], "one_hot",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(depth, "depth"), numpy_helper.from_array(np.array([-1.0, 2.5], np.float32), "values")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    indices = np.array([[0, 4, -1], [2, -5, 3]], np.int64)
+    (expected,) = _onnxruntime(model, {"i": indices})
+    (got,) = helpers.run_imported(model, {"i": indices})
+    assert got.dtype == expected.dtype == np.float32
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_resize_with_empty_scales_beside_sizes_reads_the_sizes():
+    """paddle2onnx passes an empty ``scales`` with ``sizes``; TVM's converter refused the pair."""
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "roi", "scales", "sizes"], ["y"], mode="nearest",
+                          coordinate_transformation_mode="asymmetric", nearest_mode="floor")], "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.zeros(0, np.float32), "roi"), numpy_helper.from_array(np.zeros(0, np.float32), "scales"),
+         numpy_helper.from_array(np.array([1, 2, 6, 10], np.int64), "sizes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 5)).astype(np.float32)
+    (expected,) = _onnxruntime(model, {"x": x})
+    (got,) = helpers.run_imported(model, {"x": x})
+    assert got.shape == expected.shape == (1, 2, 6, 10)
+    np.testing.assert_array_equal(got, expected)
+
+
+def _onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)

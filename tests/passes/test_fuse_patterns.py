@@ -103,3 +103,33 @@ def test_required_ops_are_those_every_match_calls():
     assert required_ops(is_tuple_get_item(is_tuple([matmul, wildcard()]), 0)) == {"relax.matmul"}
     assert required_ops(wildcard()) == frozenset()
 
+
+
+def test_required_edges_are_the_op_to_op_reads_every_match_has():
+    """FusePatterns also skips a variant needing one op to feed another where none does (an
+    unrolled decoder calls matmul and add, but maybe never add on a matmul's result)."""
+    from tvm import relax
+    from tvm.relax.dpl import is_op, wildcard
+
+    from tvm_fusion.passes.fuse_patterns import called_edges, required_edges
+
+    matmul = is_op("relax.matmul")(wildcard(), wildcard())
+    biased = is_op("relax.add")(matmul, wildcard())
+    activated = is_op("relax.nn.relu")(biased) | is_op("relax.nn.relu")(is_op("relax.multiply")(biased, wildcard()))
+    assert required_edges(biased) == {("relax.matmul", "relax.add")}
+    assert required_edges(activated) == {("relax.matmul", "relax.add")}  # add -> relu only on one side
+    assert required_edges(is_op("relax.nn.relu")(biased | matmul)) == frozenset()  # relu's input: add or matmul
+    assert required_edges(wildcard()) == frozenset()
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            product = builder.emit(relax.op.matmul(x, relax.const(np.ones((4, 4), "float32"))))
+            summed = builder.emit(relax.op.add(x, x))  # add reads no matmul
+            out = builder.emit_output(relax.op.nn.relu(relax.op.multiply(product, summed)))
+        builder.emit_func_output(out)
+    edges = called_edges(builder.get())
+    assert edges == {("relax.matmul", "relax.multiply"), ("relax.add", "relax.multiply"),
+                     ("relax.multiply", "relax.nn.relu")}
+    assert not required_edges(biased) <= edges

@@ -25,6 +25,10 @@
 * Expand to a constant shape of a tensor with symbolic dims (GPT-2's causal mask): TVM's
   converter reads every input dim as a number and fails; ours broadcasts by ONNX's rules.
 * Clip: TVM's converter, with its maximum and minimum kernels marked for the ``clip`` pattern.
+* Resize with an empty ``scales`` beside its ``sizes`` (paddle2onnx's spelling, valid ONNX):
+  TVM's converter refuses it; ours passes the scales on as absent.
+* OneHot: TVM's refuses a one-element depth vector (paddle2onnx's) and types its output
+  float64 whatever its values' type; ours types it as ONNX does.
 * Scaler (``ai.onnx.ml``; skl2onnx's StandardScaler): not in TVM; ``(x - offset) * scale``.
 
 Everything else goes to TVM's own converters.
@@ -64,7 +68,7 @@ class Importer(ONNXGraphImporter):
         convert = {"Dropout": self._dropout, "EyeLike": self._eye_like,
                    "Upsample": self._upsample, "LSTM": self._recurrent(convert_lstm),
                    "GRU": self._recurrent(convert_gru), "Range": self._range,
-                   "Expand": self._expand, "Resize": self._resize, "Clip": self._clip,
+                   "Expand": self._expand, "Resize": self._resize, "Clip": self._clip, "OneHot": self._one_hot,
                    "Scaler": self._scaler, "ConvInteger": self._conv_integer,
                    "DynamicQuantizeLinear": self._dynamic_quantize_linear, "MatMulInteger": self._matmul_integer,
                    "DynamicQuantizeLSTM": self._recurrent(convert_lstm, quantized=True)}.get(op_name)
@@ -211,9 +215,14 @@ class Importer(ONNXGraphImporter):
 
     def _resize(self, inputs, attrs, opset):
         """TVM's converter, with whole-number float scales given to it as integers when the
-        input has symbolic dims (so each output size is an exact multiple of the input's)."""
+        input has symbolic dims (so each output size is an exact multiple of the input's), and
+        an empty ``scales`` beside ``sizes`` (paddle2onnx writes both; ONNX reads the sizes)
+        passed as absent, where TVM's would refuse the pair."""
         dims = getattr(inputs[0].ty, "shape", None)
         scales = self._constant(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else None
+        if (len(inputs) > 3 and inputs[3] is not None and isinstance(scales, tvm.ir.GenericConst)
+                and scales.value.numpy().size == 0):
+            return super()._convert_operator("Resize", [*inputs[:2], None, *inputs[3:]], attrs, opset)
         if dims is None or all(isinstance(d, tvm.tirx.IntImm) for d in dims) or not isinstance(
                 scales, tvm.ir.GenericConst):
             return None
@@ -222,6 +231,23 @@ class Importer(ONNXGraphImporter):
             return None
         whole = relax.const(values.astype("int64"))
         return super()._convert_operator("Resize", [*inputs[:2], whole, *inputs[3:]], attrs, opset)
+
+    def _one_hot(self, inputs, attrs, _opset):
+        """OneHot with constant depth and values. TVM's refuses a one-element depth vector (ONNX
+        allows a scalar or that; paddle2onnx writes the vector) and types its output float64
+        whatever the values' type; ONNX types it as the values."""
+        depth, values = self._constant(inputs[1]), self._constant(inputs[2])
+        if not isinstance(depth, tvm.ir.GenericConst) or not isinstance(values, tvm.ir.GenericConst):
+            return None
+        depth = int(depth.value.numpy().reshape(-1)[0])
+        dtype = str(values.value.numpy().dtype)
+        off_value, on_value = (relax.prim_value(tvm.tirx.const(v, dtype)) for v in values.value.numpy().tolist())
+        indices = inputs[0]
+        if not str(indices.ty.dtype).startswith("uint"):  # ONNX counts a negative index from the end
+            kind = indices.ty.dtype
+            indices = self.bb.emit(relax.op.where(relax.op.less(indices, relax.const(0, kind)),
+                                                  relax.op.add(indices, relax.const(depth, kind)), indices))
+        return relax.op.one_hot(indices, on_value, off_value, depth, attrs.get("axis", -1))
 
     def _expand(self, inputs, _attrs, _opset):
         """Expand of a symbolically shaped tensor to a constant shape (TVM's handles the rest)."""

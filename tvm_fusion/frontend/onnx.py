@@ -124,6 +124,7 @@ def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
 
     from .dims import concrete_shape, ranges_of, size_points
     from .dropout_guard import hide_dropouts, restore_dropouts
+    from .loop_unrolling import unroll_loops
     from .shape_values import freeze_shape_tensors
 
     points = size_points(ranges_of(inputs))
@@ -145,8 +146,10 @@ def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
             skip_fusion_patterns=[p for p in DEFAULT_FUSION_PATTERNS if p.startswith("Fusion")],
         ))
     except Exception:  # noqa: BLE001 - any onnxslim failure: let the importer try the original
-        return model
-    return _with_inputs_of(simplified, model)
+        return unroll_loops(model, feeds)
+    # Loops are unrolled after onnxslim, which takes minutes over the thousands of nodes of an
+    # unrolled decoder; the unrolled steps have their index values computed already.
+    return unroll_loops(_with_inputs_of(simplified, model), feeds)
 
 
 def with_declared_shapes(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:

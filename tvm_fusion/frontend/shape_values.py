@@ -16,8 +16,8 @@ import onnx
 from onnx import numpy_helper
 
 # Ops whose output depends on the input's shape only (not its values).
-_SHAPE_ONLY = frozenset({"Shape", "Size"})
-_NOT_DETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+SHAPE_ONLY = frozenset({"Shape", "Size"})
+NOT_DETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                                 "Multinomial", "Bernoulli"})
 
 
@@ -27,12 +27,12 @@ def shape_dependent(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
     static = {init.name for init in graph.initializer}
     from_shapes: set[str] = set()
     for node in graph.node:  # topologically sorted
-        if node.op_type in _NOT_DETERMINISTIC or any(attr.type == onnx.AttributeProto.GRAPH for attr in node.attribute):
+        if node.op_type in NOT_DETERMINISTIC or any(attr.type == onnx.AttributeProto.GRAPH for attr in node.attribute):
             continue
         inputs = [name for name in node.input if name]
-        if node.op_type in _SHAPE_ONLY or node.op_type == "Constant":
+        if node.op_type in SHAPE_ONLY or node.op_type == "Constant":
             static.update(node.output)
-            if node.op_type in _SHAPE_ONLY:
+            if node.op_type in SHAPE_ONLY:
                 from_shapes.update(node.output)
         elif inputs and all(name in static for name in inputs):
             static.update(node.output)

@@ -103,7 +103,12 @@ def _tail(bindings: list, start: int, users: dict, returned: set) -> list[int]:
     residuals = 0
     chain: list[int] = []
     best: list[int] = []
-    for index in range(start + 1, len(bindings)):
+    # Past the last reader of the chain's values nothing can join it: the walk stops there, not at
+    # the block's end (a block of an unrolled decoder holds thousands of bindings).
+    horizon = max(users.get(result, ()), default=start)
+    index = start
+    while index < min(horizon, len(bindings) - 1):
+        index += 1
         binding = bindings[index]
         value = binding.value if binding is not None else None
         if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
@@ -116,6 +121,7 @@ def _tail(bindings: list, start: int, users: dict, returned: set) -> list[int]:
             continue
         residuals += bool(others)
         inside.add(binding.var)
+        horizon = max([horizon, *users.get(binding.var, ())])
         chain.append(index)
         members = {start, *chain}
         exits = {var for var in inside if users.get(var, set()) - members or var in returned}

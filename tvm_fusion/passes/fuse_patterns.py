@@ -28,17 +28,18 @@ class FusePatterns:
         declined: dict[str, NearMiss] = {}
         accepted: list[tuple[str, str, relax.Var, list[relax.Var]]] = []
         original = _OriginalVars(mod)
-        # A variant needing an op the module does not call cannot match: FuseOpsByPattern, a
-        # whole-graph walk per variant, is skipped for it (an unrolled LSTM has thousands of
-        # bindings; the rules have hundreds of variants, most of them conv and attention forms).
-        present = called_ops(mod)
+        # A variant needing an op the module does not call, or one op feeding another where none
+        # does, cannot match: FuseOpsByPattern, a whole-graph walk per variant, is skipped for it
+        # (an unrolled LSTM or decoder has thousands of bindings; the rules have hundreds of
+        # variants, most of them conv and attention forms).
+        present, edges = called_ops(mod), called_edges(mod)
         patterns = [
             relax.transform.FusionPattern(f"{rule.name}.{variant}", root, annotations,
                                           self._check(rule, declined, accepted, variant, self.excluded, original,
                                                       mod))
             for rule in self.rules
             for variant, root, annotations in rule.variants()
-            if required_ops(root) <= present
+            if required_ops(root) <= present and required_edges(root) <= edges
         ]
         position_values = original.values
         position = {var: index for index, var in enumerate(position_values)}
@@ -202,6 +203,61 @@ def called_ops(mod: tvm.IRModule) -> set[str]:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return found
+
+
+def called_edges(mod: tvm.IRModule) -> set[tuple[str, str]]:
+    """(producer op, consumer op) for every op call that reads another op call's result."""
+    found: set[tuple[str, str]] = set()
+    for _, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        producers = {var: value.op.name for var, value in relax.analysis.get_var2val(func).items()
+                     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)}
+
+        def visit(expr):
+            if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+                for arg in expr.args:
+                    producer = producers.get(arg) if isinstance(arg, relax.Var) else (
+                        arg.op.name if isinstance(arg, relax.Call) and isinstance(arg.op, tvm.ir.Op) else None)
+                    if producer:
+                        found.add((producer, expr.op.name))
+
+        relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def required_edges(pattern: dpl.DFPattern) -> frozenset[tuple[str, str]]:
+    """(producer op, consumer op) pairs every match of ``pattern`` has: a call whose argument
+    is a call of a known op (on both sides of an alternative)."""
+    if isinstance(pattern, dpl.CallPattern):
+        args = list(pattern.args or ())
+        edges = frozenset().union(*(required_edges(arg) for arg in args))
+        consumer = _head_op(pattern)
+        return edges | {(producer, consumer) for producer in map(_head_op, args) if producer and consumer}
+    if isinstance(pattern, dpl.OrPattern):
+        return required_edges(pattern.left) & required_edges(pattern.right)
+    if isinstance(pattern, dpl.AndPattern):
+        return required_edges(pattern.left) | required_edges(pattern.right)
+    if isinstance(pattern, (dpl.TuplePattern, dpl.UnorderedTuplePattern)):
+        return frozenset().union(*(required_edges(field) for field in pattern.fields))
+    if isinstance(pattern, dpl.TupleGetItemPattern):
+        return required_edges(pattern.tuple)
+    if isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
+        return required_edges(pattern.pattern)
+    return frozenset()
+
+
+def _head_op(pattern: dpl.DFPattern) -> str | None:
+    """The op of the call every match of ``pattern`` is, if it is one known op."""
+    if isinstance(pattern, dpl.CallPattern):
+        op = pattern.op
+        return op.expr.name if isinstance(op, dpl.ExprPattern) and isinstance(op.expr, tvm.ir.Op) else None
+    if isinstance(pattern, dpl.OrPattern):
+        left = _head_op(pattern.left)
+        return left if left == _head_op(pattern.right) else None
+    if isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
+        return _head_op(pattern.pattern)
+    return None
 
 
 def required_ops(pattern: dpl.DFPattern) -> frozenset[str]:
