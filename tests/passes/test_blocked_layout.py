@@ -407,3 +407,44 @@ def test_a_layout_inference_failure_leaves_the_channels_unpadded(monkeypatch):
     after, report = convert(before)
     tvm.ir.assert_structural_equal(after, before)
     assert "blocked_layout.padded_channels" not in report.fired
+
+
+def test_layout_inference_sees_main_only_as_far_as_a_conv_layout_reaches(monkeypatch):
+    """TVM's ConvertLayout is quadratic in a function's bindings (an unrolled decoder after an
+    encoder: minutes), so it sees ``main`` cut after the last op a conv's layout reaches
+    through ops with a layout rule; the matmul chain after that is joined back unchanged."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 4, 4), "float32"), w: R.Tensor((16, 16, 3, 3), "float32"),
+                 m: R.Tensor((16, 16), "float32")):
+            with R.dataflow():
+                conv = R.nn.relu(R.nn.conv2d(x, w, padding=[1, 1, 1, 1]))
+                rows = R.reshape(conv, R.shape([16, 16]))  # reshape has no layout rule: the reach ends
+                step1 = R.tanh(R.matmul(rows, m))
+                step2 = R.tanh(R.matmul(step1, m))
+                step3 = R.tanh(R.matmul(step2, m))
+                step4 = R.tanh(R.matmul(step3, m))
+                gv = R.add(R.tanh(R.matmul(step4, m)), rows)
+                R.output(gv)
+            return gv
+
+    seen = []
+    convert_layout = relax.transform.ConvertLayout
+
+    def recording(*args, **kwargs):
+        layout_pass = convert_layout(*args, **kwargs)
+
+        def run(mod):
+            seen.append(len(mod["main"].body.blocks[0].bindings))
+            return layout_pass(mod)
+
+        return run
+
+    monkeypatch.setattr(relax.transform, "ConvertLayout", recording)
+    after, report = convert(Before, block=8)
+    assert not report.near_misses
+    assert conv_layouts(after) == ["NCHW8c"]
+    assert seen == [2 + 1]  # conv and relu, and an alias of relu's result: the one value the rest reads
+    assert_same_outputs(Before, after, tolerance=1e-4)

@@ -95,8 +95,10 @@ class ConvertConvsToBlockedLayout:
             return {"relax.nn.conv2d": [f"NCHW{self.block}c", f"OIHW{self.block}i{self.block}o"]}
 
         try:
-            blocked = _concats_as_stacks(relax.transform.ConvertLayout({}, desired_layout)(
-                _stacks_as_concats(split_channels_as_slices(padded_mod))))
+            source = _stacks_as_concats(split_channels_as_slices(padded_mod))
+            reach = _LayoutReach.of(source)
+            convert = relax.transform.ConvertLayout({}, desired_layout)
+            blocked = _concats_as_stacks(reach.join(convert(reach.head)) if reach else convert(source))
         except Exception as err:  # noqa: BLE001 - TVM's inference fails on ops it has no rule for
             # (IndexError, InternalError, OpError...).
             lines = str(err).strip().splitlines()
@@ -175,6 +177,75 @@ class ConvertConvsToBlockedLayout:
         if groups != 1 and not (self.depthwise and groups == data[1] == weight[0] and weight[1] == 1):
             return False  # grouped, or depthwise with blocked depthwise convs off
         return data[1] % self.block == 0 and weight[0] % self.block == 0
+
+
+class _LayoutReach:
+    """``main`` cut after the last binding a conv's layout can reach, and joined back.
+
+    TVM's ConvertLayout takes time quadratic in the bindings of a function (SLANet's 501
+    unrolled decoder steps: 24k bindings, minutes per run), but past the last op that a conv's
+    output reaches through ops with a layout rule nothing can be blocked. So it runs on ``head``,
+    ``main``'s bindings up to there returning what the rest reads (which it gives back in
+    NCHW), and ``join`` puts the rest after the converted bindings."""
+
+    def __init__(self, mod: tvm.IRModule, head: list, rest: list):
+        self.main, self.rest = mod["main"], rest
+        read_later = _vars_in(self.main.body.body)
+        for binding in rest:
+            read_later |= _vars_in(binding.value)
+        self.live = [b.var for b in head if b.var in read_later]
+        outputs = [relax.Var(f"{var.name}_reach", var.ty) for var in self.live]
+        body = relax.SeqExpr([relax.DataflowBlock(head + [relax.VarBinding(o, v) for o, v in zip(outputs, self.live)])],
+                             relax.Tuple(outputs))
+        self.head = mod.clone()
+        self.head["main"] = relax.Function(self.main.params, body, relax.TupleType([v.ty for v in self.live]),
+                                           self.main.is_pure, self.main.attrs)
+
+    @classmethod
+    def of(cls, mod: tvm.IRModule) -> "_LayoutReach | None":
+        """None when ``main`` is not one dataflow block or a conv's layout may reach its end."""
+        blocks = mod["main"].body.blocks
+        if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+            return None
+        bindings = list(blocks[0].bindings)
+        reached, last = set(), -1
+        for index, binding in enumerate(bindings):
+            value = binding.value
+            is_op = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            if is_op and value.op.name in ("relax.nn.conv2d", "relax.nn.conv2d_transpose"):
+                follows = True
+            elif is_op:
+                follows = value.op.get_attr("FRelaxInferLayout") is not None and bool(_vars_in(value) & reached)
+            else:  # a tuple, tuple item or alias carries its input's layout
+                follows = bool(_vars_in(value) & reached)
+            if follows:
+                reached.add(binding.var)
+                last = index
+        if last < 0 or len(bindings) - last - 1 < len(bindings) // 2:
+            return None  # little to cut: convert the whole function, as always
+        return cls(mod, bindings[:last + 1], bindings[last + 1:])
+
+    def join(self, converted: tvm.IRModule) -> tvm.IRModule:
+        """``converted``'s head, the values the rest reads bound to what it returns, the rest."""
+        func = converted["main"]
+        if len(func.body.blocks) != 1 or not isinstance(func.body.body, relax.Tuple):
+            raise ValueError("ConvertLayout changed the head's form")
+        bindings = list(func.body.blocks[0].bindings)
+        defined = {b.var for b in bindings}
+        for var, value in zip(self.live, func.body.body.fields):
+            if var not in defined:  # a blocked value: the rest reads its NCHW form
+                bindings.append(relax.VarBinding(var, value))
+        joined = converted.clone()
+        joined["main"] = relax.analysis.remove_all_unused(relax.Function(
+            self.main.params, relax.SeqExpr([relax.DataflowBlock(bindings + self.rest)], self.main.body.body),
+            self.main.ret_ty, self.main.is_pure, self.main.attrs))
+        return joined
+
+
+def _vars_in(expr) -> set:
+    found = set()
+    relax.analysis.post_order_visit(expr, lambda e: found.add(e) if isinstance(e, relax.Var) else None)
+    return found
 
 
 def _stacks_as_concats(mod: tvm.IRModule) -> tvm.IRModule:
