@@ -242,11 +242,9 @@ class Importer(ONNXGraphImporter):
         depth = int(depth.value.numpy().reshape(-1)[0])
         dtype = str(values.value.numpy().dtype)
         off_value, on_value = (relax.prim_value(tvm.tirx.const(v, dtype)) for v in values.value.numpy().tolist())
-        indices = inputs[0]
-        if not str(indices.ty.dtype).startswith("uint"):  # ONNX counts a negative index from the end
-            kind = indices.ty.dtype
-            indices = self.bb.emit(relax.op.where(relax.op.less(indices, relax.const(0, kind)),
-                                                  relax.op.add(indices, relax.const(depth, kind)), indices))
+        # ONNX counts a negative index from the end; TVM's own helper maps it (unsigned ones stay).
+        indices = onnx_frontend._normalize_negative_indices(self.bb, inputs[0],
+                                                            relax.const(depth, str(inputs[0].ty.dtype)))
         return relax.op.one_hot(indices, on_value, off_value, depth, attrs.get("axis", -1))
 
     def _expand(self, inputs, _attrs, _opset):

@@ -6,9 +6,10 @@ constants, so once the input shapes are bound the number of steps is known. Each
 a copy of the body's data nodes. What the body computes from the counter, shapes and
 constants alone (the condition, the row a step writes, its Range/Tile index tensors) is taken
 from ONNX Runtime running the body step by step on sample inputs, and written in as
-constants: the unrolled graph has static shapes, which onnxslim folds and our patterns see.
-A computation every step repeats on loop-invariant values (a projection of the encoder's
-output) is one node after onnxslim's common-subexpression elimination.
+constants: the unrolled graph has static shapes, which our patterns see. State the body
+passes on unchanged is read in place, and a computation every step would repeat on it (a
+projection of the encoder's output) runs once, before the first step. The unrolling runs
+after onnxslim, which would take minutes over the thousands of nodes it writes.
 
 A Loop whose step count depends on data (an early stop at an end token) cannot be unrolled:
 it is refused with that reason, naming the node.
@@ -67,11 +68,14 @@ class _Unrolling:
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                for node in self.body.node for a in node.attribute):
             self._refuse("its body holds an If or a Loop of its own", "")
-        self.local = {value.name for value in self.body.input} | {out for node in self.body.node
-                                                                   for out in node.output}
+        self.producers = {out: node for node in self.body.node for out in node.output if out}
+        self.local = {value.name for value in self.body.input} | set(self.producers)
         self.own_initializers = {init.name: numpy_helper.to_array(init) for init in self.body.initializer}
-        self.constants = {init.name: numpy_helper.to_array(init) for init in self.model.graph.initializer}
-        self.constants.update(self.own_initializers)
+        # Names the body reads from the outer graph: ONNX Runtime's run of the body takes them as inputs.
+        self.outer_reads = sorted({name for node in self.body.node for name in node.input if name}
+                                  - self.local - set(self.own_initializers))
+        self.outer_constants = {init.name: numpy_helper.to_array(init) for init in self.model.graph.initializer}
+        self.constants = self.outer_constants | self.own_initializers
         self.constants.update({node.output[0]: numpy_helper.to_array(node.attribute[0].t) for node in self.body.node
                                if node.op_type == "Constant" and node.attribute[0].name == "value"})
         # Carried values the body passes on unchanged (weights, encoder output): read in place.
@@ -88,7 +92,7 @@ class _Unrolling:
         """Body values computed from the step counter, shapes, constants and state-independent
         carried values alone (carried values whose initial value and update are such)."""
         outer_static, _ = shape_dependent(self.model)
-        outer_static |= {"", *(init.name for init in self.model.graph.initializer)}
+        outer_static |= {"", *self.outer_constants}
         inputs = [value.name for value in self.body.input]
         candidates = {k for k in range(self.carried) if self.loop.input[2 + k] in outer_static}
         cond_static = self.loop.input[1] in outer_static
@@ -102,14 +106,13 @@ class _Unrolling:
             candidates, cond_static = kept, cond_kept
 
     def _closure(self, seeds: set[str]) -> set[str]:
-        static = set(seeds) | {init.name for init in self.body.initializer}
-        outer_initializers = {init.name for init in self.model.graph.initializer}
+        static = set(seeds) | set(self.own_initializers)
         for node in self.body.node:  # topologically sorted
             if node.op_type in NOT_DETERMINISTIC:
                 continue
             reads = [name for name in node.input if name]
             if node.op_type in SHAPE_ONLY or node.op_type == "Constant" or all(
-                    name in static or (name not in self.local and name in outer_initializers) for name in reads):
+                    name in static or (name not in self.local and name in self.outer_constants) for name in reads):
                 static.update(out for out in node.output if out)
         return static
 
@@ -143,12 +146,8 @@ class _Unrolling:
 
     def _simulate(self, feed: dict, frontier: list[str]) -> list[dict]:
         """The body run by ONNX Runtime step by step on ``feed``: each step's frontier values."""
-        outer_reads = sorted({name for node in self.body.node for name in node.input if name}
-                             - {value.name for value in self.body.input}
-                             - {out for node in self.body.node for out in node.output}
-                             - {init.name for init in self.body.initializer})
-        known = {init.name: numpy_helper.to_array(init) for init in self.model.graph.initializer} | feed
-        wanted = [name for name in dict.fromkeys([*self.loop.input, *outer_reads]) if name and name not in known]
+        known = self.outer_constants | feed
+        wanted = [name for name in dict.fromkeys([*self.loop.input, *self.outer_reads]) if name and name not in known]
         values = evaluate(self.model, wanted, [feed]) if wanted else [[]]
         if values is None:
             self._refuse("ONNX Runtime could not compute its inputs at the bound shapes", "")
@@ -156,7 +155,7 @@ class _Unrolling:
         trip = int(np.asarray(known[self.loop.input[0]]).reshape(-1)[0]) if self.loop.input[0] else None
         cond = bool(np.asarray(known[self.loop.input[1]]).reshape(-1)[0]) if self.loop.input[1] else True
         state = [known[name] for name in self.loop.input[2:]]
-        session, names = self._body_session(known, outer_reads, frontier, state)
+        session, names = self._body_session(known, frontier, state)
         per_step, step = [], 0
         while cond and (trip is None or step < trip):
             if step == MAX_STEPS:
@@ -164,7 +163,7 @@ class _Unrolling:
             feed_body = {self.body.input[0].name: np.asarray(step, np.int64),
                          self.body.input[1].name: np.asarray(cond),
                          **{value.name: v for value, v in zip(self.body.input[2:], state)},
-                         **{name: known[name] for name in outer_reads}}
+                         **{name: known[name] for name in self.outer_reads}}
             out = dict(zip(names, session.run(names, feed_body)))
             previous = per_step[-1] if per_step else {}
             per_step.append({name: previous[name] if name in previous and _same(previous[name], out[name])
@@ -177,7 +176,7 @@ class _Unrolling:
             self._refuse("it runs no step, and its scan outputs would be empty", "")
         return per_step
 
-    def _body_session(self, known: dict, outer_reads: list[str], frontier: list[str], state: list):
+    def _body_session(self, known: dict, frontier: list[str], state: list):
         """An ONNX Runtime session of the body as a model of its own (outer values as inputs)."""
         import onnxruntime as ort
 
@@ -186,7 +185,7 @@ class _Unrolling:
         del graph.input[:]
         examples = {self.body.input[0].name: np.asarray(0, np.int64), self.body.input[1].name: np.asarray(True),
                     **{value.name: v for value, v in zip(self.body.input[2:], state)},
-                    **{name: known[name] for name in outer_reads}}
+                    **{name: known[name] for name in self.outer_reads}}
         for name, example in examples.items():
             example = np.asarray(example)
             graph.input.append(helper.make_tensor_value_info(
@@ -284,10 +283,9 @@ class _Unrolling:
 
     def _needed(self, outputs: list[str]) -> list[onnx.NodeProto]:
         """The data nodes (not state-independent) that the carried and scan outputs read, in order."""
-        producers = {out: node for node in self.body.node for out in node.output if out}
         needed, work = set(), [name for name in outputs if name not in self.static]
         while work:
-            node = producers.get(work.pop())
+            node = self.producers.get(work.pop())
             if node is None or id(node) in needed:
                 continue
             needed.add(id(node))
@@ -297,7 +295,7 @@ class _Unrolling:
     def _source(self, name: str) -> str:
         """The value ``name`` equals, seen through Identity, an Unsqueeze undone by a Squeeze, and
         adding zero or multiplying by one (paddle2onnx's ``assign`` writes all of them)."""
-        producers = {out: node for node in self.body.node for out in node.output if out}
+        producers = self.producers
         while name in producers:
             node = producers[name]
             if node.op_type == "Identity":
@@ -310,7 +308,7 @@ class _Unrolling:
                 name = inner.input[0]
             elif node.op_type in ("Add", "Sub", "Mul", "Div"):
                 neutral = 0 if node.op_type in ("Add", "Sub") else 1
-                operand = self._neutral_operand(node, neutral, producers)
+                operand = self._neutral_operand(node, neutral)
                 if operand is None:
                     return name
                 name = operand
@@ -318,7 +316,7 @@ class _Unrolling:
                 return name
         return name
 
-    def _neutral_operand(self, node: onnx.NodeProto, neutral: int, producers: dict) -> str | None:
+    def _neutral_operand(self, node: onnx.NodeProto, neutral: int) -> str | None:
         """The operand of ``node`` that it returns unchanged: the other operand is a one-element
         constant ``neutral`` that cannot broadcast it (a scalar, or a vector beside an Unsqueeze's
         output, which has a dim)."""
@@ -327,7 +325,7 @@ class _Unrolling:
             value = self.constants.get(node.input[other])
             if value is None or value.size != 1 or value.reshape(-1)[0] != neutral:
                 continue
-            widening = value.ndim > 1 or (value.ndim == 1 and getattr(producers.get(node.input[keep]), "op_type",
+            widening = value.ndim > 1 or (value.ndim == 1 and getattr(self.producers.get(node.input[keep]), "op_type",
                                                                        None) != "Unsqueeze")
             if not widening:
                 return node.input[keep]

@@ -21,6 +21,7 @@ from tvm import relax
 import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
 from ..patterns.base import same_dims, shape_dims
+from .rebinding import vars_in
 
 ELEMENTWISE_OPS = frozenset({
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
@@ -52,12 +53,12 @@ def absorb_elementwise_tails(mod: tvm.IRModule, rule_names: set[str]) -> tuple[t
     absorbed: list[AbsorbedTail] = []
     builder = relax.BlockBuilder(mod)
     blocks = []
-    returned = _vars_in(main.body.body)
+    returned = vars_in(main.body.body)
     for block in main.body.blocks:
         bindings = list(block.bindings)
         users: dict = {}
         for index, binding in enumerate(bindings):
-            for var in _vars_in(binding.value):
+            for var in vars_in(binding.value):
                 users.setdefault(var, set()).add(index)
         for index in range(len(bindings)):
             binding = bindings[index]
@@ -145,11 +146,6 @@ def _trailing_squeeze(bindings: list, start: int, chain: list[int], users: dict)
         return [index]
     return []
 
-
-def _vars_in(expr) -> set:
-    found = set()
-    relax.analysis.post_order_visit(expr, lambda e: found.add(e) if isinstance(e, relax.Var) else None)
-    return found
 
 
 def _grown_function(builder: relax.BlockBuilder, func: relax.Function, result: relax.Var,

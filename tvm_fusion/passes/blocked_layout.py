@@ -34,6 +34,7 @@ from ..patterns import NearMiss, PatternReport
 from ..patterns.base import dims_text, shape_dims, static_shape
 from .fold_constants import FoldConstantsSafely
 from .pad_conv_channels import one_pixel, pad_conv_channels
+from .rebinding import vars_in
 from .sink_layout_transforms import sink_transforms_to_nchw, split_channels_as_slices
 
 PATTERN_NAME = "blocked_layout"
@@ -190,9 +191,9 @@ class _LayoutReach:
 
     def __init__(self, mod: tvm.IRModule, head: list, rest: list):
         self.main, self.rest = mod["main"], rest
-        read_later = _vars_in(self.main.body.body)
+        read_later = vars_in(self.main.body.body)
         for binding in rest:
-            read_later |= _vars_in(binding.value)
+            read_later |= vars_in(binding.value)
         self.live = [b.var for b in head if b.var in read_later]
         outputs = [relax.Var(f"{var.name}_reach", var.ty) for var in self.live]
         body = relax.SeqExpr([relax.DataflowBlock(head + [relax.VarBinding(o, v) for o, v in zip(outputs, self.live)])],
@@ -215,9 +216,9 @@ class _LayoutReach:
             if is_op and value.op.name in ("relax.nn.conv2d", "relax.nn.conv2d_transpose"):
                 follows = True
             elif is_op:
-                follows = value.op.get_attr("FRelaxInferLayout") is not None and bool(_vars_in(value) & reached)
+                follows = value.op.get_attr("FRelaxInferLayout") is not None and bool(vars_in(value) & reached)
             else:  # a tuple, tuple item or alias carries its input's layout
-                follows = bool(_vars_in(value) & reached)
+                follows = bool(vars_in(value) & reached)
             if follows:
                 reached.add(binding.var)
                 last = index
@@ -241,11 +242,6 @@ class _LayoutReach:
             self.main.ret_ty, self.main.is_pure, self.main.attrs))
         return joined
 
-
-def _vars_in(expr) -> set:
-    found = set()
-    relax.analysis.post_order_visit(expr, lambda e: found.add(e) if isinstance(e, relax.Var) else None)
-    return found
 
 
 def _stacks_as_concats(mod: tvm.IRModule) -> tvm.IRModule:

@@ -229,22 +229,12 @@ def called_edges(mod: tvm.IRModule) -> set[tuple[str, str]]:
 def required_edges(pattern: dpl.DFPattern) -> frozenset[tuple[str, str]]:
     """(producer op, consumer op) pairs every match of ``pattern`` has: a call whose argument
     is a call of a known op (on both sides of an alternative)."""
-    if isinstance(pattern, dpl.CallPattern):
-        args = list(pattern.args or ())
-        edges = frozenset().union(*(required_edges(arg) for arg in args))
-        consumer = _head_op(pattern)
-        return edges | {(producer, consumer) for producer in map(_head_op, args) if producer and consumer}
-    if isinstance(pattern, dpl.OrPattern):
-        return required_edges(pattern.left) & required_edges(pattern.right)
-    if isinstance(pattern, dpl.AndPattern):
-        return required_edges(pattern.left) | required_edges(pattern.right)
-    if isinstance(pattern, (dpl.TuplePattern, dpl.UnorderedTuplePattern)):
-        return frozenset().union(*(required_edges(field) for field in pattern.fields))
-    if isinstance(pattern, dpl.TupleGetItemPattern):
-        return required_edges(pattern.tuple)
-    if isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
-        return required_edges(pattern.pattern)
-    return frozenset()
+    def at_call(call: dpl.CallPattern, args: list) -> frozenset:
+        consumer = _head_op(call)
+        return frozenset().union(*map(required_edges, args)) | {
+            (producer, consumer) for producer in map(_head_op, args) if producer and consumer}
+
+    return _every_match(pattern, at_call, required_edges)
 
 
 def _head_op(pattern: dpl.DFPattern) -> str | None:
@@ -263,20 +253,29 @@ def _head_op(pattern: dpl.DFPattern) -> str | None:
 def required_ops(pattern: dpl.DFPattern) -> frozenset[str]:
     """The ops every match of ``pattern`` calls: those of its calls, except where an alternative
     (``|``) needs only those both sides need. Patterns of other kinds require none."""
+    def at_call(call: dpl.CallPattern, args: list) -> frozenset:
+        own = {_head_op(call)} - {None}
+        return frozenset(own).union(*map(required_ops, args))
+
+    return _every_match(pattern, at_call, required_ops)
+
+
+def _every_match(pattern: dpl.DFPattern, at_call, required) -> frozenset:
+    """What every match of ``pattern`` has: ``at_call(call, its args)`` for a call pattern,
+    what both sides of an alternative have, what any part of a conjunction, tuple or wrapper
+    has (``required`` applied to the parts)."""
     if isinstance(pattern, dpl.CallPattern):
-        own = ({pattern.op.expr.name} if isinstance(pattern.op, dpl.ExprPattern)
-               and isinstance(pattern.op.expr, tvm.ir.Op) else set())
-        return frozenset(own).union(*(required_ops(arg) for arg in pattern.args or ()))
+        return at_call(pattern, list(pattern.args or ()))
     if isinstance(pattern, dpl.OrPattern):
-        return required_ops(pattern.left) & required_ops(pattern.right)
+        return required(pattern.left) & required(pattern.right)
     if isinstance(pattern, dpl.AndPattern):
-        return required_ops(pattern.left) | required_ops(pattern.right)
+        return required(pattern.left) | required(pattern.right)
     if isinstance(pattern, (dpl.TuplePattern, dpl.UnorderedTuplePattern)):
-        return frozenset().union(*(required_ops(field) for field in pattern.fields))
+        return frozenset().union(*map(required, pattern.fields))
     if isinstance(pattern, dpl.TupleGetItemPattern):
-        return required_ops(pattern.tuple)
+        return required(pattern.tuple)
     if isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
-        return required_ops(pattern.pattern)
+        return required(pattern.pattern)
     return frozenset()
 
 

@@ -1,4 +1,5 @@
-"""Re-emitting a binding under a mutator: the new variable keeps the old one's kind."""
+"""Relax bindings: re-emitting one under a mutator (the new variable keeps the old one's kind),
+and the variables an expression reads."""
 
 from __future__ import annotations
 
@@ -12,3 +13,10 @@ def rebind(builder: relax.BlockBuilder, old: relax.Var, value: relax.Expr, name:
     var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(str(name or old.name), value.ty)
     builder.emit_normalized(relax.VarBinding(var, value))
     return var
+
+
+def vars_in(expr: relax.Expr) -> set:
+    """Every variable ``expr`` refers to."""
+    found = set()
+    relax.analysis.post_order_visit(expr, lambda e: found.add(e) if isinstance(e, relax.Var) else None)
+    return found
