@@ -10,13 +10,20 @@ from tvm.relax.op import add, nn
 
 from tvm_fusion.passes.pipeline import lowering_passes
 from tvm_fusion.schedules.cpu import Conv2dNCHW, Conv2dNCHWc
+from tvm_fusion.schedules.cpu.conv2d_nchwc import _register_tile
 from tvm_fusion.schedules.cpu.target_info import vector_registers
 
 # One vector register of channels, the block the pipeline picks for this host (the rule
 # declines a block wider than a register).
 BLOCK = float_lanes(tvm.target.Target(host_target()))
-# Output rows from which the rule's tasks are rows alone (fewer: channel tiles x rows).
+# Output rows from which the rule's tasks may be rows alone (fewer: rows x channel tiles).
 ROW_TASKS = 6
+
+
+def rows_alone(rows, cores):
+    """Rows alone are the tasks when they share out over the cores within 1/16 of even."""
+    busiest = -(-rows // cores) * cores
+    return rows >= ROW_TASKS and busiest * 16 <= rows * 17
 
 
 def out_shape(x, w, stride, pad, dilation):
@@ -52,8 +59,10 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     ((1, 2, 15, 15, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # stride 2, odd map
     ((2, 1, 7, 9, BLOCK), (3, 1, 1, 1, BLOCK, BLOCK), 1, 0, 1, False),     # 1x1, odd channel blocks
     ((1, 1, 12, 12, BLOCK), (2, 1, 3, 3, BLOCK, BLOCK), 1, 2, 2, True),    # dilated
-    ((1, 2, 13, 13, BLOCK), (12, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),   # 13 pixels: overlapping tiles
+    ((1, 2, 13, 13, BLOCK), (12, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),   # 13 pixels: overlapping tiles, 13 rows: rows x channel tiles
     ((1, 2, 26, 26, BLOCK), (6, 2, 3, 3, BLOCK, BLOCK), 2, 1, 1, False),   # 13 columns, stride 2
+    ((1, 2, 34, 16, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),   # 34 rows: rows alone (17 per core)
+    ((1, 2, 17, 16, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),   # 17 rows: rows x channel tiles
     ((1, 2, 5, 8, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),     # 5 rows: channel tiles x rows
     ((1, 1, 6, 17, BLOCK), (3, 1, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),     # 3 blocks x 17 columns: 9 + overlap
 ])
@@ -90,14 +99,15 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, wind
                                         blocked_input=True):
     """A tile of pixels x channel blocks, both unrolled, the channel block one vector; the
     input channels of a block unrolled (an input in NCHW has none). One parallel loop: over
-    the output rows when a padded map has at least ``ROW_TASKS`` of them, else over (batch x
-    channel-block tiles x rows); a task pads the input rows it reads itself.
+    the output rows when a padded map has enough to share out evenly (``rows_alone``), else
+    over (batch x rows x channel-block tiles); a task pads the input rows it reads itself.
 
     With 32 vector registers the tile is up to 8 pixels dividing the row (7 with the last tile
     shifted back when no divisor of 5 or more does) x 2 channel blocks, or x 1 block with an odd
     number of blocks; with an odd number and a window wider than 1x1 (``window`` taps), up to
     16 pixels (no divisor of 8 or more: shifted back) x 1 block; with 16 registers at most 12
-    accumulators. A one-column map tiles its rows instead."""
+    accumulators, that with a weight vector per block and the broadcast input still fit the 16.
+    A one-column map tiles its rows instead."""
     batch, channel_blocks, rows, columns, _ = result_shape
     if tiles_rows:
         rows, columns = columns, rows
@@ -106,10 +116,10 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, wind
     if blocked_input:
         assert BLOCK in unrolled
         unrolled.remove(BLOCK)
-    if padded and not tiles_rows and batch * rows >= ROW_TASKS:
+    if padded and not tiles_rows and rows_alone(batch * rows, int(target.attrs["num-cores"])):
         assert loops.parallel == [batch * rows]
         candidates = [extent for extent in set(unrolled) if channel_blocks % extent == 0]
-    else:  # (channel tiles x rows) tasks, a pad inside each
+    else:  # (rows x channel tiles) tasks, a pad inside each
         assert len(loops.parallel) == 1
         tiles_per_row = batch * channel_blocks * rows
         assert tiles_per_row % loops.parallel[-1] == 0
@@ -122,7 +132,8 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, wind
     else:
         def fits(blocks):
             others = [extent for extent in unrolled if extent != blocks] or [blocks]
-            return blocks in unrolled and max(others) * blocks <= 12 and (columns == 1 or max(others) > 1)
+            pixels = max(others)
+            return blocks in unrolled and pixels * blocks + blocks + 1 <= 16 and (columns == 1 or pixels > 1)
         assert any(fits(blocks) for blocks in candidates)
     assert loops.vectorized == [BLOCK] * len(loops.vectorized) and len(loops.vectorized) >= 2
 
@@ -146,3 +157,21 @@ def test_the_nchw_rule_declines_a_blocked_conv_and_vice_versa(lowered, prim_func
     mod = lowered(lambda x, w: nn.conv2d(x, w, padding=1), x=(1, 16, 8, 8), w=(16, 16, 3, 3))
     for func in prim_funcs(mod).values():
         assert Conv2dNCHWc().apply(func, target, False) is None
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 13, 14, 20, 26, 52, 104])
+@pytest.mark.parametrize("channel_blocks", [1, 2, 3, 4, 6, 12, 24])
+def test_an_avx2_register_tile_fits_the_16_registers_and_is_fma_bound(width, channel_blocks):
+    """Accumulators + one weight vector per block + the broadcast input fit 16 registers (a
+    3x4 tile, 17, spilled); with 4 or more blocks the tile has one FMA per load or more."""
+    pixels, blocks = _register_tile(width, channel_blocks, 16, 9)
+    assert channel_blocks % blocks == 0 and pixels <= width
+    assert pixels * blocks + blocks + 1 <= 16
+    if channel_blocks % 4 == 0 and width >= 2:
+        assert pixels * blocks >= pixels + blocks
+
+
+def test_an_avx2_tile_of_a_13_pixel_row_wastes_the_fewest_columns():
+    """2 x 4 (7 tiles, 14 columns computed) over 4 x 3 (4 tiles, 16 columns): Zen 1, 96 channels
+    3x3 over 13x13, 371 against 812 us."""
+    assert _register_tile(13, 12, 16, 9) == (2, 4)

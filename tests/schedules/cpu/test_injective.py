@@ -5,7 +5,7 @@ import math
 import pytest
 from loop_structure import loop_kinds
 from tvm import relax
-from tvm.relax.op import add, concat, nn, permute_dims, reshape, take, where, greater
+from tvm.relax.op import add, concat, greater, nn, permute_dims, reshape, split, take, where
 
 from tvm_fusion.schedules.cpu import Injective
 
@@ -50,7 +50,30 @@ def test_concat_and_where(assert_schedule_matches, lanes):
         return where(greater(both, relax.const(0.0)), both, relax.const(0.5))
 
     funcs = assert_schedule_matches(Injective(), block, x=(6, 5), y=(6, 11))
-    assert_fused_vectors(funcs, lanes, 6 * 16, blocks=2)  # the comparison inlined into the select
+    assert_fused_vectors(funcs, lanes, 6 * 16, blocks=1)  # the concat and the comparison inlined into the select
+
+
+def test_a_concat_read_by_a_split_is_one_pass(assert_schedule_matches, lanes):
+    """YOLOv8's head: maps of three sizes flattened, joined and split into box and class rows.
+    The concats are selects inlined into each split output (no joined copy written first)."""
+    def head(a, b, c):
+        flat = [reshape(m, (1, 6, size)) for m, size in ((a, 64), (b, 16), (c, 4))]
+        return split(concat(flat, axis=2), [4], axis=1)
+
+    funcs = assert_schedule_matches(Injective(), head, a=(1, 6, 8, 8), b=(1, 6, 4, 4), c=(1, 6, 2, 2))
+    (func,) = funcs.values()
+    assert "alloc_buffer" not in func.script()
+    assert len(loop_kinds(func).vectorized) == 2  # the two outputs, each one loop nest
+
+
+def test_a_blocked_map_runs_its_rows_across_cores(assert_schedule_matches, lanes):
+    """NCHW[x]c maps (5-D, a channel block innermost): a core's share is a band of rows, as in
+    the convs before and after, whatever the op does along the channels (a concat here)."""
+    funcs = assert_schedule_matches(Injective(), lambda x, y: concat([x, y], axis=1),
+                                    x=(1, 3, 24, 20, lanes), y=(1, 2, 24, 20, lanes))
+    loops = loop_kinds(next(iter(funcs.values())))
+    assert loops.parallel == [24]
+    assert loops.vectorized == [lanes]
 
 
 def test_take_rows(lowered, prim_funcs, target):

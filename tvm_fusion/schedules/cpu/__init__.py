@@ -15,8 +15,10 @@ from .reduction import Reduction
 from .resize import Resize
 from .skip_norm import SkipNorm
 from .softmax import Softmax
+from .softmax_outer_axis import SoftmaxOverOuterAxis
 from .squeeze_excitation import SqueezeExcitation
 
 __all__ = ["Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
            "DepthwiseConv2dNCHWc", "Fallback", "Injective", "MatmulEpilogue", "MatmulMultiOutput", "Pooling",
-           "Reduction", "Resize", "SkipNorm", "Softmax", "SqueezeExcitation"]
+           "Reduction", "Resize", "SkipNorm", "Softmax", "SoftmaxOverOuterAxis",
+           "SqueezeExcitation"]

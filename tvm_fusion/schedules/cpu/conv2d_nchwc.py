@@ -7,8 +7,8 @@ load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv'
 An SE gate scaling the input (``conv_epilogue``'s scaled variants) is applied once per value,
 not inlined into the loads (that cost a multiply per broadcast). The pad and the scale are
 computed in each task: a task prepares the input rows its output row reads, in cache, and
-runs every channel tile of the row on them (a map of few rows: tasks are channel tiles x rows,
-each preparing its rows itself). Bias,
+runs every channel tile of the row on them (rows that do not share out evenly over the cores:
+tasks are rows x channel tiles, each preparing its rows itself). Bias,
 activations and the residual add run on the tile before it is stored. Rows and columns may be
 symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
 last of a row shifted back, one copy per tile width (``symbolic_width.py``).
@@ -25,7 +25,7 @@ from tvm.target import Target
 from .helpers import (OneReduction, cpu_schedule, extent, inline_cheap_blocks, iter_kinds, one_reduction_kernel,
                       only_reduction, pixel_tile, schedule_pad, store_tile_epilogue, vectorized_init)
 from .symbolic_width import is_static, schedule_by_width, schedule_static_width, static_except, width_tiles
-from .target_info import vector_lanes, vector_registers
+from .target_info import num_cores, vector_lanes, vector_registers
 
 # Output pixels per tile: with two channel blocks, 16 accumulators of AVX-512's 32 registers,
 # leaving room for the weight vectors and the broadcast input (measured on resnet_tiny: 7-8
@@ -38,11 +38,11 @@ _MIN_EXACT_TILE = 5
 # The same for one-block tiles: 52 columns take 13 pixels (60-64 %, 4 pixels 43 %), 20 take
 # 10 (62 %, 5: 49-51 %; 3x3 convs, 48 channels).
 _MIN_EXACT_TILE_ONE_BLOCK = 8
-# On 16-register ISAs: registers left for the broadcast input and the weight vectors.
-_REGISTERS_KEPT_FREE = 4
+# On 16-register ISAs: independent accumulators that keep two FMA ports of 4-cycle latency busy.
+_LATENCY_ACCUMULATORS = 8
 _MAX_CHANNEL_BLOCKS = 4
-# Output rows from which rows alone are the tasks (fewer are too few to balance over the
-# cores: tasks are then channel tiles x rows).
+# Output rows from which rows alone may be the tasks (fewer are too few to balance over the
+# cores: tasks are then rows x channel tiles).
 _MIN_ROW_TASKS = 6
 
 
@@ -69,7 +69,7 @@ class Conv2dNCHWc(ScheduleRule):
         loops = sch.get_loops(kernel.block)
         if extent(sch, loops[4]) > lanes or lanes % extent(sch, loops[4]):
             return None  # the channel block must fit one vector register
-        registers = vector_registers(target)
+        registers, cores = vector_registers(target), num_cores(target)
         height, width = (sch.get(loop).extent for loop in loops[2:4])
         # One output column (a 1-D conv exported as an Nx1 Conv2d): the tiles run down the rows.
         tiles_rows = is_static(width) and int(width) == 1 and is_static(height) and int(height) > 1
@@ -81,14 +81,14 @@ class Conv2dNCHWc(ScheduleRule):
             window = extent(sch, loops[6]) * extent(sch, loops[7])  # (n, oc, y, x, ob, ic, ky, kx..)
             ow_tile, oc_tile = _register_tile(width, channel_blocks, registers, window)
             return schedule_static_width(sch, width, ow_tile, lambda copy, tile: self._schedule(
-                copy, tile, oc_tile, tiles_rows))
+                copy, tile, oc_tile, cores, tiles_rows))
         # Symbolic rows and columns: full tiles of pixels, the last of a row shifted back.
         return schedule_by_width(
             sch.mod["main"], width, width_tiles(_MAX_ROW_TILE, lanes),
-            lambda copy, tile: self._schedule(copy, tile, _wide_register_tile(tile, channel_blocks, registers)))
+            lambda copy, tile: self._schedule(copy, tile, _wide_register_tile(tile, channel_blocks, registers), cores))
 
     @staticmethod
-    def _schedule(sch: s_tir.Schedule, ow_tile: int, oc_tile: int, tiles_rows: bool = False):
+    def _schedule(sch: s_tir.Schedule, ow_tile: int, oc_tile: int, cores: int, tiles_rows: bool = False):
         """Tiles of ``ow_tile`` pixels x ``oc_tile`` channel blocks; returns the pixel-tile loop."""
         kernel = only_reduction(sch)
         conv = kernel.block
@@ -105,14 +105,18 @@ class Conv2dNCHWc(ScheduleRule):
         # whole map first, which went through memory (kernel alone, 2 threads, AVX-512: 3x3/2
         # convs 32 -> 64 over 112x112 and 64 -> 128 over 28x28 45 -> 62 % of the FMA peak, 3x3
         # 64 -> 64 over 56x56 62 -> 68 %; mobilenetv3_tiny's SE projections 7-24 -> 2-7 us).
-        # Too few rows to share out alone: tasks are (channel tile, row), each preparing its
-        # input rows itself, which on maps this small beat a pass of its own (mobilenetv3_tiny's
-        # SE projections over 2-3 rows: 4.8-9.4 -> 3.1-6.8 us).
-        rows_alone = in_task and _row_count(sch, (n, y)) >= _MIN_ROW_TASKS
-        sch.reorder(*((n, y, oc_outer) if rows_alone else (n, oc_outer, y)),
-                    x_outer, *reduction, oc_inner, x_inner, ob)
+        # Rows that do not share out evenly over the cores (13 over 2) make tasks of (row,
+        # channel tile), each preparing its input rows itself (Zen 1, 192 channels 3x3 over
+        # 13x13, kernel alone: 1541 us as 13 row tasks, 1468 as 78 row x channel-tile tasks;
+        # mobilenetv3_tiny's SE projections over 2-3 rows: 4.8-9.4 -> 3.1-6.8 us against a
+        # pass of their own).
+        # Either way a core's tasks are a band of rows, as in the kernels before and after it
+        # (Injective's blocked maps too), so it mostly reads what it wrote itself (ddddocr-det
+        # on Zen 1: the kernels' time in the model beyond their time alone 5.0 -> 3.0 ms).
+        rows_alone = in_task and _rows_share_evenly(_row_count(sch, (n, y)), cores)
+        sch.reorder(n, y, oc_outer, x_outer, *reduction, oc_inner, x_inner, ob)
         store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
-        tasks = sch.fuse(n, y) if rows_alone else sch.fuse(n, oc_outer, y)
+        tasks = sch.fuse(n, y) if rows_alone else sch.fuse(n, y, oc_outer)
         sch.parallel(tasks)
         if in_task:
             for block in reversed(kernel.prologue):  # a pad before the scale it reads
@@ -159,16 +163,27 @@ def _row_count(sch: s_tir.Schedule, loops: tuple) -> int:
     return math.prod(int(sch.get(loop).extent) for loop in loops)
 
 
+def _rows_share_evenly(rows: int, cores: int) -> bool:
+    """Whether rows alone, as tasks, keep the busiest core within 1/16 of the mean."""
+    return rows >= _MIN_ROW_TASKS and -(-rows // cores) * cores * 16 <= rows * 17
+
+
 def _register_tile(width: int, channel_blocks: int, registers: int, window: int) -> tuple[int, int]:
     """(pixels, channel blocks) of the accumulator tile at a static row width.
 
     32 registers (AVX-512): up to 8 pixels dividing the row (overlapping tiles when none of at
     least 5 does) x 2 channel blocks; with an odd number of blocks, a conv window wider than
     1x1 takes up to 16 pixels (8) x 1 block (a 1x1 conv's short reduction did not gain: 60-66 %
-    at 10-14 pixels, 63-69 % at 7-8). 16 registers (AVX2): the tile of at most 12 accumulators
-    with the most FMAs per load (``pixels * blocks / (pixels + blocks)``: one broadcast per
-    pixel, one weight vector per block), discounted by the columns an overlapping last tile
-    recomputes; on Zen 3 3x4 and 4x3 tiles beat the 7x1 and 8x1 ones by 1.2-1.5x.
+    at 10-14 pixels, 63-69 % at 7-8).
+
+    16 registers (AVX2): the accumulators, one weight vector per block and the broadcast input
+    must all fit (a 3x4 tile's 17 spill). Among those, the tile that is FMA-bound (at least one
+    FMA per load: ``pixels * blocks >= pixels + blocks``) with enough accumulators to cover the
+    FMA latency (two ports x 4 cycles) and the fewest columns an overlapping last tile
+    recomputes; then the most accumulators. On Zen 3 3x4 and 4x3 tiles beat the 7x1 and 8x1
+    ones by 1.2-1.5x. Kernel alone, 2 threads, Zen 1, 3x3 convs, 2x4 against 3x4: 96 channels
+    over 13x13 371 against 401 us (4x2, recomputing 3 of the 13 columns: 425), 192 over 13x13
+    1492 against 1561, 96 over 52x52 5200 against 5430.
     """
     if registers >= 32:
         if channel_blocks % 2 and window > 1:
@@ -179,12 +194,13 @@ def _register_tile(width: int, channel_blocks: int, registers: int, window: int)
     def score(tile):
         pixels, blocks = tile
         computed = -(-width // pixels) * pixels
-        return pixels * blocks / (pixels + blocks) * width / computed, pixels
+        fma_bound = min(1.0, pixels * blocks / (pixels + blocks))
+        latency_covered = min(1.0, pixels * blocks / _LATENCY_ACCUMULATORS)
+        return fma_bound * latency_covered * width / computed, pixels * blocks, pixels
 
-    budget = registers - _REGISTERS_KEPT_FREE
     tiles = [(pixels, blocks) for pixels in range(1, min(width, _MAX_ROW_TILE) + 1)
              for blocks in range(1, _MAX_CHANNEL_BLOCKS + 1)
-             if channel_blocks % blocks == 0 and pixels * blocks <= budget]
+             if channel_blocks % blocks == 0 and pixels * blocks + blocks + 1 <= registers]
     return max(tiles, key=score)
 
 

@@ -48,11 +48,15 @@ def iter_kinds(block: s_tir.SBlock) -> str:
     return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
 
 
-def has_call(stmt) -> bool:
-    """True if ``stmt`` calls anything (exp, erf, rsqrt, a select...)."""
+def calls_in(stmt) -> list[Call]:
+    """The calls in ``stmt`` (exp, erf, rsqrt, a select...)."""
     calls = []
     tvm_ffi.structural_walk(stmt, (Call, calls.append))
-    return bool(calls)
+    return calls
+
+
+def has_call(stmt) -> bool:
+    return bool(calls_in(stmt))
 
 
 def inline_cheap_blocks(sch: s_tir.Schedule, keep: list = ()) -> None:

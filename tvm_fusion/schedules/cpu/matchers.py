@@ -1,5 +1,5 @@
-"""The blocks of a matmul and of a direct conv as the rules that schedule them read them, and
-what those rules choose alike: the matmul's register tile, the conv's tiles by output width.
+"""The blocks of a matmul, of a direct conv and of a softmax as the rules that schedule them
+read them, and what those rules choose alike: the matmul's register tile, the conv's tiles by output width.
 
 A helper module like ``helpers``: rules import from it, it defines no ScheduleRule.
 """
@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.ir.expr import TensorLoad
 from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
-from .helpers import (OneReduction, among, cpu_schedule, inline_cheap_blocks, iter_kinds, largest_divisor, only_reduction,
-                      row_tile)
+from .helpers import (OneReduction, among, cpu_schedule, extent_of, inline_cheap_blocks, is_spatial, iter_kinds,
+                      largest_divisor, only_reduction, row_tile, same_extents)
 from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
                              width_tiles)
 from .target_info import vector_lanes, vector_registers
@@ -362,3 +363,26 @@ def _size(buffer) -> int:
     for dim in buffer.shape:
         size *= int(dim) if is_static(dim) else 1 << 40
     return size
+
+
+# -- Softmax -----------------------------------------------------------------------------------
+
+
+def is_softmax(sch: s_tir.Schedule) -> bool:
+    """Exactly two reductions, a max then a sum, over the same domain, each reducing its last
+    iteration axis (which axis of the input that reads is up to the rule: ``Softmax`` takes
+    the innermost, ``SoftmaxOverOuterAxis`` the others)."""
+    stmts = [sch.get(block) for block in sch.get_child_blocks(get_root_block(sch))]
+    reductions = [stmt for stmt in stmts if not is_spatial(stmt)]
+    if len(reductions) != 2:
+        return False
+    combiners = [type(getattr(stmt.body, "value", None)) for stmt in reductions]
+    if combiners != [tirx.Max, tirx.Add]:
+        return False
+    domains = []
+    for stmt in reductions:
+        kinds = [iv.iter_type for iv in stmt.iter_vars]
+        if kinds[-1] != tirx.IterVar.CommReduce or tirx.IterVar.CommReduce in kinds[:-1]:
+            return False
+        domains.append([extent_of(iv.dom.extent) for iv in stmt.iter_vars])
+    return same_extents(*domains)

@@ -23,6 +23,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .helpers import cpu_schedule, extent, extent_of, inline_cheap_blocks, is_spatial, same_extents, vectorized_init
+from .matchers import is_softmax
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
 
@@ -38,7 +39,7 @@ class Softmax(ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         sch = cpu_schedule(func, target)
-        if sch is None or not _is_softmax(sch):
+        if sch is None or not is_softmax(sch):
             return None
         try:
             if not _schedule(sch, target):
@@ -79,24 +80,6 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
         elif is_spatial(sch.get(block)):
             _vectorize_row(sch, block, lanes)
     return True
-
-
-def _is_softmax(sch: s_tir.Schedule) -> bool:
-    """Exactly two reductions, a max then a sum, each over the last axis of the same rows."""
-    stmts = [sch.get(block) for block in sch.get_child_blocks(get_root_block(sch))]
-    reductions = [stmt for stmt in stmts if not is_spatial(stmt)]
-    if len(reductions) != 2:
-        return False
-    combiners = [type(getattr(stmt.body, "value", None)) for stmt in reductions]
-    if combiners != [tirx.Max, tirx.Add]:
-        return False
-    domains = []
-    for stmt in reductions:
-        kinds = [iv.iter_type for iv in stmt.iter_vars]
-        if kinds[-1] != tirx.IterVar.CommReduce or tirx.IterVar.CommReduce in kinds[:-1]:
-            return False
-        domains.append([extent_of(iv.dom.extent) for iv in stmt.iter_vars])
-    return same_extents(*domains)
 
 
 def _vectorize_partial(sch: s_tir.Schedule, block) -> None:
