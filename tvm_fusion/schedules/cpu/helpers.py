@@ -144,6 +144,14 @@ def largest_divisor(extent: int, limit: int) -> int:
     return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
 
 
+def power_of_two_width(extent: int, lanes: int) -> int:
+    """The widest power of two up to ``lanes`` (a vector register) that divides ``extent``."""
+    width = 1
+    while width * 2 <= lanes and extent % (width * 2) == 0:
+        width *= 2
+    return width
+
+
 def tile_factor(extent: tirx.Expr, limit: int) -> int:
     """A static extent's largest divisor up to ``limit`` (no remainder); ``limit`` itself for a
     symbolic extent, whose last tile is then predicated."""

@@ -1,5 +1,6 @@
 """The blocks of a matmul, of a direct conv and of a softmax as the rules that schedule them
-read them, and what those rules choose alike: the matmul's register tile, the conv's tiles by output width.
+read them, and what those rules choose alike: the matmul's register tile, the conv's tiles by
+output width.
 
 A helper module like ``helpers``: rules import from it, it defines no ScheduleRule.
 """
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.ir.expr import TensorLoad
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.sym import detect_linear_equation
 from tvm.target import Target
 

@@ -22,7 +22,8 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import cpu_schedule, extent, extent_of, inline_cheap_blocks, is_spatial, same_extents, vectorized_init
+from .helpers import (cpu_schedule, extent, extent_of, inline_cheap_blocks, is_spatial, power_of_two_width, same_extents,
+                      vectorized_init)
 from .matchers import is_softmax
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import vector_lanes
@@ -112,9 +113,7 @@ def partial_width(columns: int, lanes: int) -> int:
     dividing it, at most one vector register; when that is under ``_MIN_REDUCTION_LANES``, the
     largest divisor between half and twice a register that leaves at least two steps (25 of
     6625); else 1 (scalar reductions)."""
-    width = 1
-    while width * 2 <= lanes and columns % (width * 2) == 0:
-        width *= 2
+    width = power_of_two_width(columns, lanes)
     if width >= _MIN_REDUCTION_LANES:
         return width
     divisors = [d for d in range(lanes // 2, 2 * lanes + 1) if columns % d == 0 and columns >= 2 * d]

@@ -19,7 +19,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import cpu_schedule, extent, inline_cheap_blocks, is_spatial, vectorized_init
+from .helpers import cpu_schedule, extent, inline_cheap_blocks, is_spatial, power_of_two_width, vectorized_init
 from .matchers import is_softmax
 from .small_extent import MIN_PARALLEL_ELEMENTS
 from .target_info import vector_lanes
@@ -45,7 +45,7 @@ class SoftmaxOverOuterAxis(ScheduleRule):
         reduced = _reduced_axis(sch, blocks, len(loops))
         if reduced is None or reduced == len(loops) - 1 or not all(isinstance(e, int) for e in extents):
             return None
-        lanes = _lanes(extents[-1], vector_lanes(target, str(sch.get(output).writes[0].source.dtype)))
+        lanes = power_of_two_width(extents[-1], vector_lanes(target, str(sch.get(output).writes[0].source.dtype)))
         if lanes < _MIN_LANES:
             return None
         try:
@@ -101,12 +101,3 @@ def _is_reduce_loop(sch: s_tir.Schedule, block, loop) -> bool:
         if iv.iter_type == tirx.IterVar.CommReduce and isinstance(value, tirx.Var):
             return value.same_as(sch.get(loop).loop_var)
     return False
-
-
-def _lanes(columns: int, lanes: int) -> int:
-    """The widest power of two up to a vector register that divides the innermost axis."""
-    width = 1
-    while width * 2 <= lanes and columns % (width * 2) == 0:
-        width *= 2
-    return width
-
