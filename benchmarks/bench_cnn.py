@@ -9,7 +9,9 @@ pools outlive their sessions, and on 2 cores their spinning threads slowed kerne
 them by up to 13x (resnet_tiny's 96-channel 7x7 conv on Zen 1: 2.40 ms beside them, 0.18 ms
 alone). Each conv kernel is reported with its achieved GFLOP/s and its share of this
 machine's measured FMA peak (tvm_fusion.machine_peak, recorded with every result), and so are
-the three slowest kernels. Prints the tables and writes the raw numbers to
+the three slowest kernels; each depthwise kernel also with its GB/s against the measured L2
+bandwidth and its share of the L2 roofline (the lower of the FMA peak and its FLOP per byte x
+the L2 bandwidth). Prints the tables and writes the raw numbers to
 benchmarks/results/cnn.json (atomically).
 
     .venv/bin/python benchmarks/bench_cnn.py [--repeat 30] [--config configs/x86_64-host.toml] [--only resnet_tiny]
@@ -87,9 +89,11 @@ def time_kernels(prepared, runs: int) -> list[dict]:
         evaluator = library.mod.time_evaluator("main", device, number=KERNEL_CALLS_PER_SAMPLE, repeat=runs)
         ms = float(np.median(evaluator(*args).results)) * 1e3
         flops = kernel_flops(func)
+        moved = sum(arg.numpy().nbytes for arg in args)  # each input read and the output written once
         rows.append({"kernel": gvar.name_hint, "rule": optimized.schedule_rules.get(gvar.name_hint, "-"),
                      "calls": calls.get(gvar.name_hint, 0), "ms": ms,
-                     "gflops": flops / ms / 1e6 if flops else None})
+                     "gflops": flops / ms / 1e6 if flops else None, "flops": flops, "bytes": moved,
+                     "gbytes_per_s": moved / ms / 1e6})
     return sorted(rows, key=lambda r: -r["ms"] * max(r["calls"], 1))
 
 
@@ -129,7 +133,7 @@ def main() -> None:
     openvino = "openvino" in peers
     if not openvino:
         print("note: OpenVINO is not installed, so it is left out (pip install 'tvm_fusion[peers]')")
-    rows, kernel_rows, conv_rows, results = [], [], [], {}
+    rows, kernel_rows, conv_rows, depthwise_rows, results = [], [], [], [], {}
     for name, shape in CASES:
         if args.only and name != args.only:
             continue
@@ -145,6 +149,8 @@ def main() -> None:
         for kernel in kernels:
             kernel["percent_of_fma_peak"] = (None if kernel["gflops"] is None
                                              else 100 * kernel["gflops"] / report.peak.gflops)
+            if kernel["rule"].startswith("Depthwise"):
+                kernel.update(_against_l2(kernel, report.peak))
         convs = [k for k in kernels if "conv" in k["kernel"] and k["gflops"] is not None]
         results[key] = {**report.to_json(), "slowest_kernels": kernels[:SLOWEST], "conv_kernels": convs}
         ratios = report.ratios()
@@ -159,20 +165,37 @@ def main() -> None:
         for kernel in convs:
             conv_rows.append([key, kernel["kernel"][:60], kernel["rule"], kernel["calls"], kernel["ms"],
                               *_rate(kernel)])
+            if "percent_of_l2_bandwidth" in kernel:
+                depthwise_rows.append([key, kernel["kernel"][:60], kernel["ms"], round(kernel["gbytes_per_s"], 1),
+                                       round(kernel["percent_of_l2_bandwidth"], 1), round(kernel["gflops"], 1),
+                                       round(kernel["percent_of_l2_roof"], 1)])
     print(table(["model input", "threads", "ORT ms", *(["OpenVINO ms"] if openvino else []), "stock TVM ms",
                  "tvm_fusion ms", "tvm_fusion/ORT", *(["tvm_fusion/OpenVINO"] if openvino else []),
                  "speed-up vs stock", "max abs err"], rows))
     if results:
         peak = report.peak
         print(f"\nthis machine ({peak.target_key}, {peak.threads} threads): {peak.gflops:.0f} GFLOP/s FMA peak, "
-              f"{peak.gbytes_per_s:.1f} GB/s triad")
+              f"{peak.gbytes_per_s:.1f} GB/s triad, {peak.l2_gbytes_per_s:.1f} GB/s L2")
     print()
     print(table(["model input", "conv kernels", "rule", "calls", "ms per call", "GFLOP/s", "% of FMA peak"],
                 conv_rows))
     print()
+    print(table(["model input", "depthwise kernels", "ms per call", "GB/s", "% of L2 bandwidth", "GFLOP/s",
+                 "% of L2 roof"], depthwise_rows))
+    print()
     print(table(["model input", "slowest kernels (time x calls)", "rule", "calls", "ms per call", "GFLOP/s",
                  "% of FMA peak"], kernel_rows))
     write_json(args.out, results)
+
+
+def _against_l2(kernel: dict, peak) -> dict:
+    """A depthwise kernel against the L2 roofline: its tasks read rows just brought into cache,
+    so L2, not DRAM, bounds its memory side; with 9-25 multiply-adds per value read, the FMA
+    peak is often the lower roof (3x3: 2.25 FLOP per byte moved, above Zen 1's L2 ridge)."""
+    intensity = kernel["flops"] / kernel["bytes"]
+    roof = min(peak.gflops, intensity * peak.l2_gbytes_per_s)
+    return {"percent_of_l2_bandwidth": 100 * kernel["gbytes_per_s"] / peak.l2_gbytes_per_s,
+            "percent_of_l2_roof": 100 * kernel["gflops"] / roof}
 
 
 def _rate(kernel: dict) -> list:

@@ -12,19 +12,20 @@ def test_probed_once_then_read_from_disk_then_from_memory(tmp_path, monkeypatch,
     probes = []
     monkeypatch.setattr(mp, "probe_fma", lambda cfg: probes.append("fma") or 100.0)
     monkeypatch.setattr(mp, "probe_triad", lambda cfg: probes.append("triad") or 10.0)
+    monkeypatch.setattr(mp, "probe_l2", lambda cfg: probes.append("l2") or 40.0)
     cfg = resolve_config(config_path())
 
     first = mp.machine_peak(cfg)
-    assert probes == ["fma", "triad"] and first.ridge == 10.0
+    assert probes == ["fma", "triad", "l2"] and first.ridge == 10.0
     cached = json.loads((tmp_path / "tvm_fusion" / f"peak-{first.target_key}.v{mp.PROBE_VERSION}.json").read_text())
     assert cached["gflops"] == 100.0 and cached["threads"] == cfg.threads
 
     monkeypatch.setattr(mp, "_IN_PROCESS", {})  # a new process: the disk cache answers, the FMA probed again
-    assert mp.machine_peak(cfg) == first and probes == ["fma", "triad", "fma"]
+    assert mp.machine_peak(cfg) == first and probes == ["fma", "triad", "l2", "fma"]
     (tmp_path / "tvm_fusion" / f"peak-{first.target_key}.v{mp.PROBE_VERSION}.json").unlink()
-    assert mp.machine_peak(cfg) == first and len(probes) == 3  # the same process: no disk read needed
+    assert mp.machine_peak(cfg) == first and len(probes) == 4  # the same process: no disk read needed
     mp.machine_peak(cfg, refresh=True)
-    assert len(probes) == 5
+    assert len(probes) == 7
 
 
 def test_a_probe_taken_on_a_busy_machine_is_raised_by_a_later_one(tmp_path, monkeypatch, config_path):
@@ -36,6 +37,30 @@ def test_a_probe_taken_on_a_busy_machine_is_raised_by_a_later_one(tmp_path, monk
         monkeypatch.setattr(mp, "_IN_PROCESS", {})  # each a new process
         monkeypatch.setattr(mp, "probe_fma", lambda _cfg, fma=fma: fma)
         monkeypatch.setattr(mp, "probe_triad", lambda _cfg: 19.0)
+        monkeypatch.setattr(mp, "probe_l2", lambda _cfg: 80.0)
         assert mp.machine_peak(cfg).gflops == expected
     cached = json.loads(next((tmp_path / "tvm_fusion").glob("peak-*.json")).read_text())
     assert cached["gflops"] == 465.0 and cached["gbytes_per_s"] == 19.0
+
+
+def test_l2_probe_outruns_dram_and_stays_under_the_fma_peak(config_path):
+    """The L2 sweep's working set stays in cache: it must beat the 64 MiB triad, which goes to
+    DRAM (6.6-9.9x on Zen 1), and it cannot move more than the FMA peak's operands (12 bytes
+    per 2 flops of its own multiply-add)."""
+    cfg = resolve_config(config_path())
+    l2, triad, fma = mp.probe_l2(cfg), mp.probe_triad(cfg), mp.probe_fma(cfg)
+    assert 2 * triad < l2 < 6 * fma
+
+
+def test_l2_size_is_read_from_the_os_or_a_default(monkeypatch, tmp_path):
+    level2 = tmp_path / "cpu0" / "cache" / "index2"
+    level2.mkdir(parents=True)
+    (level2 / "level").write_text("2\n")
+    (level2 / "size").write_text("1024K\n")
+    real_path = mp.Path
+    monkeypatch.setattr(mp, "Path", lambda p: real_path(str(p).replace("/sys/devices/system/cpu", str(tmp_path))))
+    assert mp.l2_bytes() == 1024 * 1024
+    (level2 / "size").write_text("2M\n")
+    assert mp.l2_bytes() == 2 * 1024 * 1024
+    (level2 / "level").unlink()
+    assert mp.l2_bytes() == mp.L2_DEFAULT_BYTES

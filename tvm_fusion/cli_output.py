@@ -152,7 +152,7 @@ def print_bench(result) -> None:
     print(table(["runtime", "median ms", "x ONNX Runtime", "max abs err vs ORT"], rows, "lrrr"))
     peak = result.peak
     print(f"this machine ({peak.target_key}): {peak.gflops:.0f} GFLOP/s FMA peak, "
-          f"{peak.gbytes_per_s:.1f} GB/s triad (probed {peak.probed_at})")
+          f"{peak.gbytes_per_s:.1f} GB/s triad, {peak.l2_gbytes_per_s:.0f} GB/s L2 (probed {peak.probed_at})")
 
 
 def print_tune(result) -> None:
@@ -207,7 +207,8 @@ def print_profile(result, top: int) -> None:
     if result.artifact:
         print(f"artifact: {result.artifact} (its library timed end to end and per kernel)")
     print(f"model: {result.model}, {result.threads} threads; this machine ({peak.target_key}): "
-          f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B")
+          f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B, "
+          f"{peak.l2_gbytes_per_s:.0f} GB/s L2")
     rows = [[k.name[:48], k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",
              k.flops / 1e6, k.bytes / 1e6, k.gflops, k.gbytes_per_s, f"{k.bound} {k.roof_percent:.0f}%",
              ", ".join(k.onnx_nodes[-2:]) + (f" (+{len(k.onnx_nodes) - 2})" if len(k.onnx_nodes) > 2 else "")]

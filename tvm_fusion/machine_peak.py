@@ -1,7 +1,10 @@
-"""This machine's roofline: FMA throughput and DRAM bandwidth, measured once per machine class
-(the FMA peak again in each process, keeping the best).
+"""This machine's roofline: FMA throughput, DRAM bandwidth and L2 bandwidth, measured once per
+machine class (the FMA peak again in each process, keeping the best).
 
-``profile`` sets each kernel against these two roofs. Both are probed with TVM-compiled kernels
+``profile`` sets each kernel against the FMA and DRAM roofs. The L2 roof is for kernels whose
+tasks work in cache, depthwise convs above all: they read each input value for 9-25
+multiply-adds, in rows that their task has just brought into cache, so DRAM does not bound them
+(``benchmarks/bench_cnn.py`` sets them against it). Both are probed with TVM-compiled kernels
 at the config's thread count (the code our kernels are, not a vendor's datasheet), and cached in
 ``~/.cache/tvm_fusion/peak-<target key>.v<PROBE_VERSION>.json``: the target key (``kind-mcpu-Nc``, as the tuning
 store uses) names the machine class, so a cache never crosses machines.
@@ -26,11 +29,15 @@ from .report import write_json
 # chains in registers: a load, store and two broadcasts per FMA, 2.5x under the real peak).
 # 3: 20x the iterations: a 0.3 ms run measured the thread pool's wake-up as much as the FMAs
 # (230-460 GFLOP/s from one process to the next here; 460-475 at 6 ms).
-PROBE_VERSION = 3
+# 4: the L2 bandwidth probe.
+PROBE_VERSION = 4
 PROBE_RUNS = 7
 FMA_ACCUMULATORS = 12       # independent vector chains per thread: more than FMA latency x ports
 FMA_ITERATIONS = 4_000_000
 TRIAD_ELEMENTS = 16 * 1024 * 1024  # float32: 64 MiB per array, far beyond any L3 here
+L2_SHARE = 4                  # each thread's two arrays fill a quarter of its L2: no eviction
+L2_DEFAULT_BYTES = 256 * 1024  # where the OS does not say (the smallest L2 of recent x86 and Arm cores)
+L2_BYTES_PER_RUN = 256 * 1024 * 1024  # per thread: a few milliseconds, far above the fork/join cost
 
 
 @dataclasses.dataclass
@@ -39,6 +46,7 @@ class MachinePeak:
     threads: int
     gflops: float          # float32 FMA throughput, all threads
     gbytes_per_s: float    # STREAM-like triad a = b + 3c, 3 arrays counted
+    l2_gbytes_per_s: float  # x = 0.999 x + y on arrays in each thread's L2, 3 streams counted
     probed_at: str
 
     @property
@@ -74,7 +82,7 @@ def machine_peak(config: PipelineConfig, refresh: bool = False) -> MachinePeak:
             return _IN_PROCESS.setdefault((key, config.threads), cached)
         peak = dataclasses.replace(cached, gflops=fma, probed_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
     else:
-        peak = MachinePeak(key, config.threads, probe_fma(config), probe_triad(config),
+        peak = MachinePeak(key, config.threads, probe_fma(config), probe_triad(config), probe_l2(config),
                            time.strftime("%Y-%m-%dT%H:%M:%S"))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, dataclasses.asdict(peak), flag="$XDG_CACHE_HOME")
@@ -146,6 +154,47 @@ def probe_triad(config: PipelineConfig) -> float:
     arrays = [tvm.runtime.tensor(np.ones(TRIAD_ELEMENTS, "float32")) for _ in range(2)]
     best = _best_seconds(lambda: vm["main"](*arrays))
     return 3 * TRIAD_ELEMENTS * 4 / best / 1e9
+
+
+def probe_l2(config: PipelineConfig) -> float:
+    """GB/s of ``x = 0.999 x + y`` (2 loads and a store per element, vectorized) over arrays
+    that fill a quarter of each thread's L2, swept again and again: each sweep reads what the
+    last wrote, so no sweep can be skipped."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from .schedules.cpu.target_info import vector_lanes
+
+    lanes = vector_lanes(config.tvm_target(), "float32")
+    threads = config.threads
+    elements = max(lanes, l2_bytes() // L2_SHARE // 8 // lanes * lanes)  # two float32 arrays
+    sweeps = max(1, L2_BYTES_PER_RUN // (12 * elements))
+
+    @T.prim_func
+    def sweep(x: T.Buffer((threads, elements), "float32"), y: T.Buffer((threads, elements), "float32")):
+        for p in T.parallel(threads):
+            for _ in range(sweeps):
+                for i in range(elements // lanes):
+                    for lane in T.vectorized(lanes):
+                        x[p, i * lanes + lane] = x[p, i * lanes + lane] * T.float32(0.999) + y[p, i * lanes + lane]
+
+    library = tvm.compile(tvm.IRModule({"main": sweep}), target=config.tvm_target())
+    x, y = (tvm.runtime.tensor(np.ones((threads, elements), "float32")) for _ in range(2))
+    best = _best_seconds(lambda: library["main"](x, y))
+    return 12.0 * threads * elements * sweeps / best / 1e9
+
+
+def l2_bytes() -> int:
+    """The first CPU's L2 size from sysfs (Linux); ``L2_DEFAULT_BYTES`` where it is not there."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip()
+                units = {"K": 1024, "M": 1024 * 1024}
+                return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        except (OSError, ValueError):
+            break
+    return L2_DEFAULT_BYTES
 
 
 def _best_seconds(run) -> float:

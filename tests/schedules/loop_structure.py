@@ -8,6 +8,7 @@ import dataclasses
 
 import tvm
 import tvm_ffi
+from tvm import s_tir
 from tvm.tirx import ForKind
 
 from tvm_fusion.schedules.cpu.target_info import simd_bits
@@ -32,6 +33,22 @@ def loop_kinds(func: tvm.tirx.PrimFunc) -> LoopKinds:
 
     tvm_ffi.structural_walk(func.body, (tvm.tirx.For, visit))
     return LoopKinds(found[ForKind.PARALLEL], found[ForKind.VECTORIZED], found[ForKind.UNROLLED])
+
+
+def blocks_in(func) -> set[str]:
+    """Names of the blocks in ``func`` (a PrimFunc or any statement), the root left out."""
+    names = set()
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda block: names.add(block.name_hint)))
+    return names - {"root"}
+
+
+def blocks_under_parallel_loop(func) -> set[str]:
+    """Names of the blocks inside ``func``'s one parallel loop: all of them when each task
+    prepares its own inputs (no pass of its own before the tasks)."""
+    loops = []
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, loops.append))
+    (parallel,) = [loop for loop in loops if loop.kind == tvm.tirx.ForKind.PARALLEL]
+    return blocks_in(parallel)
 
 
 def float_lanes(target: tvm.target.Target) -> int:

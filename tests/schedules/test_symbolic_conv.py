@@ -13,8 +13,8 @@ from conftest import TARGET
 from tvm.tirx import ForKind
 from tvm_fusion.passes import FusePatterns
 from tvm_fusion.patterns import PatternReport, get_pattern
-from tvm_fusion.schedules.cpu import (Conv2dNCHW, Conv2dNCHWc, Conv2dTranspose, DepthwiseConv2d, Pooling,
-                                      Resize)
+from tvm_fusion.schedules.cpu import (Conv2dNCHW, Conv2dNCHWc, Conv2dTranspose, DepthwiseConv2d,
+                                      DepthwiseConv2dNCHWc, Pooling, Resize)
 from tvm_fusion.schedules.cpu.symbolic_width import width_tiles
 
 # 1-wide, smaller than any vector, not a multiple of any tile, and a large map.
@@ -373,3 +373,29 @@ def test_symbolic_layout_transform_divides_once_per_row():
     for h, w_ in [(1, 1), (3, 13), (40, 7)]:
         inputs = [rng.standard_normal((1, 16, h, w_)).astype("float32")]
         np.testing.assert_allclose(run_scheduled(inputs), run_unscheduled(inputs), rtol=0, atol=0)
+
+
+def test_blocked_depthwise_conv_keeps_the_whole_map_pad(lanes):
+    """DepthwiseConv2dNCHWc over symbolic rows: no band can be chosen to divide them, so the
+    map is padded by a pass of its own, and every size still matches."""
+    from tvm_fusion.passes.pipeline import lowering_passes
+
+    height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
+    params = [relax.Var("x", relax.TensorType((1, 2, height, width, lanes), "float32")),
+              relax.Var("w", relax.TensorType((2, 1, 3, 3, lanes), "float32"))]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(nn.relu(nn.conv2d(params[0], params[1], padding=1, groups=2 * lanes,
+                                                   data_layout=f"NCHW{lanes}c", kernel_layout=f"OIHW{lanes}o")))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential(lowering_passes())(bb.get())
+    scheduled = _schedule_with(DepthwiseConv2dNCHWc(), mod)
+    (func,) = [f for f in scheduled.functions.values() if isinstance(f, tirx.PrimFunc)]
+    tiles = width_tiles(8, lanes)
+    assert len(loop_kinds(func).parallel) == 2 * len(tiles)  # the pad pass and the rows, in every copy
+    rng = np.random.default_rng(5)
+    run_scheduled, run_unscheduled = runner(scheduled), runner(mod)
+    for h, w_ in [(1, 1), (3, 13), (37, 1), (130, 130)]:
+        inputs = [rng.standard_normal(shape).astype("float32") for shape in ((1, 2, h, w_, lanes), (2, 1, 3, 3, lanes))]
+        np.testing.assert_allclose(run_scheduled(inputs), run_unscheduled(inputs), rtol=1e-4, atol=1e-4)

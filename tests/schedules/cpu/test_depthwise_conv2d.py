@@ -1,7 +1,7 @@
 """DepthwiseConv2d: one filter per channel, window unrolled over a vector tile of columns."""
 
 import pytest
-from loop_structure import column_tile, loop_kinds
+from loop_structure import blocks_in, blocks_under_parallel_loop, column_tile, loop_kinds
 from tvm.relax.op import add, nn
 
 from tvm_fusion.schedules.cpu import DepthwiseConv2d
@@ -13,7 +13,8 @@ from tvm_fusion.schedules.cpu import DepthwiseConv2d
      ((1, 8, 26, 52), 3, 1, 1)],
 )
 def test_depthwise_bias_relu_matches_unscheduled(assert_schedule_matches, lanes, shape, kernel, strides, padding):
-    """Also: (batch x channel x output row) across cores after a parallel pad pass, up to 4
+    """Also: (batch x channel x band of output rows) across cores, at stride 1 each task padding
+    the input rows it reads (at stride 2 a pad pass first, its columns split into phases), up to 4
     vectors of output columns per tile (the last tile of a row shifted back when no whole
     vectors divide it; a divisor of a row shorter than a vector),
     the window taps unrolled."""
@@ -28,11 +29,13 @@ def test_depthwise_bias_relu_matches_unscheduled(assert_schedule_matches, lanes,
     rows, columns = ((size + 2 * padding - kernel) // strides + 1 for size in (height, width))
     cols = column_tile(columns, lanes, 4)
     loops = loop_kinds(func)
-    # The pad pass runs over padded rows (over each row's two column phases when a stride-2
-    # map's odd width is padded to split them), the conv over output rows.
-    pad_rows, conv_rows = loops.parallel
-    assert pad_rows in (batch * channels * (height + 2 * padding), 2 * batch * channels * (height + 2 * padding))
-    assert conv_rows == batch * channels * rows
+    tasks = loops.parallel[-1]
+    assert (batch * channels * rows) % tasks == 0 and tasks % (batch * channels) == 0
+    if strides == 1:
+        assert blocks_under_parallel_loop(func) == blocks_in(func)
+    else:
+        pad_rows = loops.parallel[0]
+        assert len(loops.parallel) == 2 and pad_rows % (height + 2 * padding) == 0
     assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2
     assert loops.unrolled.count(kernel) >= 2  # both window loops
     if strides == 2:  # the padded map's even and odd columns stored apart: contiguous taps
