@@ -3,7 +3,8 @@
     canonicalize  recognize exporter-decomposed activations (one op instead of five), compute
                   Conv1d as one-row Conv2d and cancel the transposes channels-last converters
                   wrap around each conv, so that fusion patterns see the graph the model author
-                  wrote
+                  wrote; stack the rows of independent matmuls by one constant weight (an
+                  unrolled RNN's input projections) into one matmul
     layout        (``conv_layout = "NCHWc"``, CPU) dense convs in the blocked channel layout,
                   transforms only where the blocked chain starts and ends
     fuse          our fusion patterns: each match becomes one composite = one kernel
@@ -26,6 +27,7 @@ from ..config import PipelineConfig
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
 from ..schedules.cpu.target_info import vector_lanes
 from .apply_rewrite_rules import ApplyRewriteRules
+from .batch_shared_weight_matmuls import BatchSharedWeightMatmuls
 from .blocked_layout import (ConvertConvsToBlockedLayout, blocked_conv2d_legalize,
                              gather_layout_transform_legalize)
 from .fast_math import fast_math_legalize_map
@@ -63,6 +65,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             SinkViews(),
             ApplyRewriteRules(rewrites, report),
             relax.transform.DeadCodeElimination(),
+            BatchSharedWeightMatmuls(),
             relax.transform.ConvertToDataflow(),
         ],
         "layout": lambda: layout_passes(config, report),
