@@ -100,7 +100,7 @@ def _weight_key(value) -> tuple | None:
     if not isinstance(weight, tvm.ir.GenericConst) or len(weight.value.shape) != 2:
         return None
     if value.attrs.out_dtype not in ("", None) and str(value.attrs.out_dtype) != "void":
-        return None
+        return None  # an explicit output type (a mixed-precision product) is left as written
     lhs_shape = _static_shape(lhs)
     if lhs_shape is None or len(lhs_shape) < 2 or str(lhs.ty.dtype) != str(weight.value.dtype):
         return None
@@ -139,11 +139,11 @@ def _stacked(builder: relax.BlockBuilder, matmuls: list) -> list:
     lhs = [binding.value.args[0] for binding in matmuls]
     weight = matmuls[0].value.args[1]
     first = matmuls[0].var
-    rows = relax.DataflowVar(f"{first.name}_rows", builder.normalize(relax.op.concat(lhs, axis=0)).ty)
+    rows_value = builder.normalize(relax.op.concat(lhs, axis=0))
+    rows = relax.DataflowVar(f"{first.name}_rows", rows_value.ty)
     stacked_value = builder.normalize(relax.op.matmul(rows, weight))
     stacked = relax.DataflowVar(f"{first.name}_stacked", stacked_value.ty)
-    result = [relax.VarBinding(rows, builder.normalize(relax.op.concat(lhs, axis=0))),
-              relax.VarBinding(stacked, stacked_value)]
+    result = [relax.VarBinding(rows, rows_value), relax.VarBinding(stacked, stacked_value)]
     start = 0
     for binding in matmuls:
         count = int(binding.value.args[0].ty.shape[0])
