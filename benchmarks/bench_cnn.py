@@ -27,6 +27,7 @@ import numpy as np
 
 from tvm_fusion import api
 from tvm_fusion.peers import installed_peers
+from tvm_fusion.profile_costs import kernel_costs
 from tvm_fusion.report import table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +90,7 @@ def time_kernels(prepared, runs: int) -> list[dict]:
         evaluator = library.mod.time_evaluator("main", device, number=KERNEL_CALLS_PER_SAMPLE, repeat=runs)
         ms = float(np.median(evaluator(*args).results)) * 1e3
         flops = kernel_flops(func)
-        moved = sum(arg.numpy().nbytes for arg in args)  # each input read and the output written once
+        _, moved = kernel_costs(func)  # each parameter read or written once
         rows.append({"kernel": gvar.name_hint, "rule": optimized.schedule_rules.get(gvar.name_hint, "-"),
                      "calls": calls.get(gvar.name_hint, 0), "ms": ms,
                      "gflops": flops / ms / 1e6 if flops else None, "flops": flops, "bytes": moved,

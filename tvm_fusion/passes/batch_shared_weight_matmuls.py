@@ -25,6 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..patterns.base import static_shape
 from .rebinding import vars_in
 
 MATMUL = "relax.matmul"
@@ -101,7 +102,7 @@ def _weight_key(value) -> tuple | None:
         return None
     if value.attrs.out_dtype not in ("", None) and str(value.attrs.out_dtype) != "void":
         return None  # an explicit output type (a mixed-precision product) is left as written
-    lhs_shape = _static_shape(lhs)
+    lhs_shape = static_shape(lhs)
     if lhs_shape is None or len(lhs_shape) < 2 or str(lhs.ty.dtype) != str(weight.value.dtype):
         return None
     array = weight.value.numpy()
@@ -182,9 +183,3 @@ def _reorder(prioritized: list) -> list:
                 heapq.heappush(ready, (priority[reader], reader))
     return order
 
-
-def _static_shape(expr) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or not all(isinstance(dim, tvm.tirx.IntImm) for dim in shape):
-        return None
-    return [int(dim) for dim in shape]
