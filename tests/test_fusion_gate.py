@@ -66,7 +66,8 @@ def corrupt_add_relu(mod, _ctx):
 def wrong_fusion(monkeypatch, tmp_path):
     monkeypatch.setitem(pattern_registry(), AddRelu.name, AddRelu())
     lowering = pipeline.lowering_passes
-    monkeypatch.setattr(pipeline, "lowering_passes", lambda fast_math=True: [corrupt_add_relu, *lowering(fast_math)])
+    monkeypatch.setattr(pipeline, "lowering_passes",
+                        lambda fast_math=True, winograd=True: [corrupt_add_relu, *lowering(fast_math, winograd)])
     path = tmp_path / "two_add_relus.onnx"
     onnx.save(two_add_relus(), path)
     config = dataclasses.replace(load_config(None), patterns=(AddRelu.name,))

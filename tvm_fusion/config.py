@@ -26,7 +26,8 @@ SCHEDULE_MODES = ("default", "none")
 CONV_LAYOUTS = ("NCHW", "NCHWc")
 SECTIONS = {
     "target": TARGET_KEYS,
-    "pipeline": ("patterns", "enable", "disable", "schedule", "fast_math", "conv_layout", "blocked_depthwise"),
+    "pipeline": ("patterns", "enable", "disable", "schedule", "fast_math", "conv_layout", "blocked_depthwise",
+                 "winograd"),
     "verify": ("rtol", "atol", "seed"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
@@ -59,6 +60,7 @@ class PipelineConfig:
     fast_math: bool = True
     conv_layout: str = "NCHW"  # "NCHWc": dense convs in the blocked channel layout (CPU)
     blocked_depthwise: bool = True  # with NCHWc: depthwise convs in it too
+    winograd: bool = True  # with NCHWc: 3x3 stride-1 convs by Winograd F(4x4 or 2x2, 3x3)
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
@@ -201,6 +203,9 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     blocked_depthwise = pipeline.get("blocked_depthwise", True)
     if not isinstance(blocked_depthwise, bool):
         raise fail("pipeline.blocked_depthwise", f"has value {blocked_depthwise!r}", "true or false")
+    winograd = pipeline.get("winograd", True)
+    if not isinstance(winograd, bool):
+        raise fail("pipeline.winograd", f"has value {winograd!r}", "true or false")
 
     verify = raw.get("verify", {})
     tolerances = {}
@@ -239,7 +244,7 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
 
     return PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
-        conv_layout=conv_layout, blocked_depthwise=blocked_depthwise,
+        conv_layout=conv_layout, blocked_depthwise=blocked_depthwise, winograd=winograd,
         rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
         threads=threads or cores, dim_defaults=dims, buckets=buckets,
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))

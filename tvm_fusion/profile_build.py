@@ -42,7 +42,7 @@ def build_profiled(prepared, progress: Progress = lambda _m: None, tuning_log=No
     progress("running the tvm_fusion pipeline")
     report = PatternReport()
     fused = fusion_pipeline(cfg, report, phases=GRAPH_PHASES, excluded=excluded)(named)
-    lowering = lowering_passes(cfg.fast_math)
+    lowering = lowering_passes(cfg.fast_math, cfg.winograd)
     split = [p.info.name for p in lowering].index("FuseTIR")
     grouped = tvm.transform.Sequential(lowering[:split])(fused)
     patterns, covered = kernel_groups(grouped)

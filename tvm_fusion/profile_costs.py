@@ -38,6 +38,8 @@ def _arith_ops(expr) -> int:
     kind = type(expr).__name__
     if kind == "BufferLoad" or not hasattr(expr, "ty"):
         return 0
+    if kind == "Select":  # one branch runs (a Winograd transform picks a point's own sum)
+        return max(_arith_ops(expr.true_value), _arith_ops(expr.false_value))
     is_float = "float" in str(expr.ty)
     own = int(is_float and kind in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Call"))
     if kind == "Call" and is_float and str(getattr(expr.op, "name", "")).endswith("fma"):

@@ -36,6 +36,7 @@ from .fold_constants import FoldConstantsSafely
 from .pad_conv_channels import one_pixel, pad_conv_channels
 from .rebinding import vars_in
 from .sink_layout_transforms import sink_transforms_to_nchw, split_channels_as_slices
+from .winograd_conv2d import winograd_conv2d_nchwc, winograd_tile
 
 PATTERN_NAME = "blocked_layout"
 
@@ -350,9 +351,10 @@ def _static_batch_channels(expr: relax.Expr) -> bool:
     return dims is not None and len(dims) == 4 and isinstance(dims[0], int) and isinstance(dims[1], int)
 
 
-def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call, winograd: bool = True) -> relax.Expr:
     """Legalize conv2d in ``NCHW{x}c``/``OIHW{x}i{x}o`` (TVM's own legalizer declines blocked
-    layouts); every other conv2d goes to TVM's legalizer."""
+    layouts), 3x3 stride-1 convs by Winograd where ``winograd_tile`` takes them (and
+    ``winograd``, the config's switch, is on); every other conv2d goes to TVM's legalizer."""
     attrs = call.attrs
     out_dtype = attrs.out_dtype if str(attrs.out_dtype) not in ("", "void") else None
     if attrs.data_layout == "NCHW" and len(attrs.out_layout) > 4:
@@ -365,9 +367,24 @@ def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.E
         return bb.call_te(_depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
                           [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
                           primfunc_name_hint="depthwise_conv2d_nchwc")
+    tile = _winograd_tile(call, out_dtype) if winograd else None
+    if tile is not None:
+        return bb.call_te(winograd_conv2d_nchwc, call.args[0], call.args[1], [int(p) for p in attrs.padding], tile,
+                          primfunc_name_hint="winograd_conv2d_nchwc")
     return bb.call_te(_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
                       [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
                       primfunc_name_hint="conv2d_nchwc")
+
+
+def _winograd_tile(call: relax.Call, out_dtype: str | None) -> int | None:
+    """``winograd_tile`` of a blocked conv2d call (its output tile, or None: the direct conv)."""
+    data, kernel = call.args
+    dtype = str(data.ty.dtype)
+    if out_dtype not in (None, dtype) or str(kernel.ty.dtype) != dtype:
+        return None
+    return winograd_tile([int(kernel.ty.shape[2]), int(kernel.ty.shape[3])], [int(s) for s in call.attrs.strides],
+                         [int(d) for d in call.attrs.dilation], int(call.attrs.groups),
+                         static_shape(data), static_shape(call), dtype)
 
 
 def gather_layout_transform_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

@@ -18,16 +18,19 @@ runs. It takes only kernels MatmulEpilogue schedules (``packable_weight``).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax, s_tir, tirx
+from tvm import s_tir, tirx
 from tvm.ir.expr import Call
 from tvm.target import Target
 
 from ..schedules import unscheduled_kernels
 from ..schedules.cpu.helpers import only_reduction
 from ..schedules.cpu.matchers import packable_weight
+from .kernel_constants import ConstantRewrite, calls_by_kernel, constant_at_every_call, rewrite_kernels
 
 _PAD_CHECK_SUFFIX = "_assumptions"
 
@@ -40,30 +43,17 @@ class PackMatmulWeights:
         self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        calls = _calls_by_kernel(mod)
-        packed = {}
+        calls = calls_by_kernel(mod)
+        rewrites = {}
         for gvar, func, target in unscheduled_kernels(mod, self.target):
             weight = packable_weight(func, target)
             if weight is None:
                 continue
             param, panel = weight
-            sites = calls.get(gvar, [])
-            if not sites or not all(isinstance(_args(call)[param], tvm.ir.GenericConst) for call in sites):
-                continue  # a weight computed at run time (or a kernel nobody calls) stays as it is
-            packed[gvar.name_hint] = (param, panel)
-        if not packed:
-            return mod
-        # A kernel's signature changes, so it gets a new GlobalVar (its type is the signature's)
-        # under its old name, and every call is rewritten to it.
-        kernels = {name: _packed_kernel(mod[name], param, panel) for name, (param, panel) in packed.items()}
-        kept = {gvar: func for gvar, func in mod.functions_items() if gvar.name_hint not in kernels}
-        builder = relax.BlockBuilder(tvm.IRModule(kept, attrs=mod.attrs, global_infos=mod.global_infos))
-        gvars = {name: builder.add_func(func, name) for name, func in kernels.items()}
-        mod = builder.get()
-        for gvar, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                mod[gvar] = _PackConstants(mod, packed, gvars).visit_expr(func)
-        return mod
+            if constant_at_every_call(calls.get(gvar, []), param):
+                rewrites[gvar.name_hint] = ConstantRewrite(_packed_kernel(func, param, panel), param, ("panel", panel),
+                                                           functools.partial(pack_columns, panel=panel))
+        return rewrite_kernels(mod, rewrites)
 
 
 def pack_columns(weight: np.ndarray, panel: int) -> np.ndarray:
@@ -129,52 +119,6 @@ def _states_padding(stmt) -> bool:
 
 def _writes_parameter(block: s_tir.SBlock, func: tirx.PrimFunc) -> bool:
     return any(block.writes[0].source.same_as(param) for param in func.params)
-
-
-def _args(call: relax.Call) -> list:
-    return list(call.args[1].fields)
-
-
-def _calls_by_kernel(mod: tvm.IRModule) -> dict:
-    """GlobalVar -> the ``call_tir`` calls of it, over every Relax function of ``mod``."""
-    calls: dict = {}
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and isinstance(expr.args[1], relax.Tuple):
-            calls.setdefault(expr.args[0], []).append(expr)
-
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return calls
-
-
-@relax.expr_functor.mutator
-class _PackConstants(relax.PyExprMutator):
-    """Every call of a packed kernel (by name) passes its weight constant packed, each once."""
-
-    def __init__(self, mod: tvm.IRModule, packed: dict, gvars: dict):
-        super().__init__(mod)
-        self.packed = packed
-        self.gvars = gvars
-        self.done: dict = {}
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if call.op.same_as(tvm.ir.Op.get("relax.call_tir")) and call.args[0].name_hint in self.packed:
-            name = call.args[0].name_hint
-            param, panel = self.packed[name]
-            args = _args(call)
-            args[param] = self._packed(args[param], panel)
-            call = relax.Call(call.op, [self.gvars[name], relax.Tuple(args), *call.args[2:]], call.attrs, call.ty_args)
-        return call
-
-    def _packed(self, constant: tvm.ir.GenericConst, panel: int) -> tvm.ir.GenericConst:
-        key = (constant, panel)
-        if key not in self.done:
-            self.done[key] = relax.const(pack_columns(constant.value.numpy(), panel))
-        return self.done[key]
 
 
 __all__ = ["PackMatmulWeights", "pack_columns"]

@@ -8,9 +8,11 @@
     layout        (``conv_layout = "NCHWc"``, CPU) dense convs in the blocked channel layout,
                   transforms only where the blocked chain starts and ends
     fuse          our fusion patterns: each match becomes one composite = one kernel
-    lower         LegalizeOps (vectorizable exp/erf/tanh when fast_math is on) + TVM's own
+    lower         LegalizeOps (blocked 3x3 convs by Winograd when winograd is on; vectorizable
+                  exp/erf/tanh when fast_math is on) + TVM's own
                   FuseOps/FuseTIR for everything our patterns left
-    schedule      constant matmul weights packed in column panels, then a tuned schedule
+    schedule      constant weights in the form their kernels read (Winograd convs' transformed
+                  weights, matmul weights in column panels), then a tuned schedule
                   from the tuning log, else a hand-written TensorIR schedule (stock CPU
                   schedules none)
 
@@ -35,6 +37,7 @@ from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
 from .conv1d_as_conv2d import Conv1dAsConv2d
 from .pack_matmul_weights import PackMatmulWeights
+from .precompute_winograd_weights import PrecomputeWinogradWeights
 from .sink_views import SinkViews
 
 
@@ -70,7 +73,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
         ],
         "layout": lambda: layout_passes(config, report),
         "fuse": lambda: [FusePatterns(fusions, report, excluded)],
-        "lower": lambda: lowering_passes(config.fast_math),
+        "lower": lambda: lowering_passes(config.fast_math, config.winograd),
         "schedule": lambda: schedule_passes(config, schedule_log, tuning),
     }
     return tvm.transform.Sequential([p for phase in phases for p in passes[phase]()],
@@ -84,18 +87,19 @@ def layout_passes(config: PipelineConfig, report: PatternReport) -> list[tvm.tra
     return [ConvertConvsToBlockedLayout(vector_lanes(target, "float32"), report, config.blocked_depthwise)]
 
 
-def legalize_map(fast_math: bool = True) -> dict:
-    """Our legalizations over TVM's: the blocked conv (TVM's refuses it), fast-math exp/erf/tanh."""
-    legalize = {"relax.nn.conv2d": blocked_conv2d_legalize,
+def legalize_map(fast_math: bool = True, winograd: bool = True) -> dict:
+    """Our legalizations over TVM's: the blocked conv (TVM's refuses it; Winograd with
+    ``winograd``), fast-math exp/erf/tanh."""
+    legalize = {"relax.nn.conv2d": lambda bb, call: blocked_conv2d_legalize(bb, call, winograd),
                 "relax.layout_transform": gather_layout_transform_legalize}
     if fast_math:
         legalize.update(fast_math_legalize_map())
     return legalize
 
 
-def lowering_passes(fast_math: bool = True) -> list[tvm.transform.Pass]:
+def lowering_passes(fast_math: bool = True, winograd: bool = True) -> list[tvm.transform.Pass]:
     return [
-        relax.transform.LegalizeOps(legalize_map(fast_math)),
+        relax.transform.LegalizeOps(legalize_map(fast_math, winograd)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -115,9 +119,15 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
         from ..tuning.apply import ApplyTuningRecords
 
         tuned = [ApplyTuningRecords(tuning, config.tvm_target(), log=schedule_log)]
-    # Weights are packed before the tuning log is read: MetaSchedule tunes the packed kernels
-    # (tuning/tasks.py), so records and hand schedules see the same kernel.
-    return [PackMatmulWeights(config.tvm_target()), *tuned, ApplySchedules(config.tvm_target(), log=schedule_log)]
+    # Weights are transformed before the tuning log is read: MetaSchedule tunes the kernels
+    # that take them (tuning/tasks.py), so records and hand schedules see the same kernel.
+    return [*weight_passes(config.tvm_target()), *tuned, ApplySchedules(config.tvm_target(), log=schedule_log)]
+
+
+def weight_passes(target) -> list[tvm.transform.Pass]:
+    """Constant weights put in the form their kernels read, once at build time: Winograd
+    convs' transformed weights, matmul weights in column panels."""
+    return [PrecomputeWinogradWeights(target), PackMatmulWeights(target)]
 
 
 def stock_fusion_pipeline() -> tvm.transform.Pass:

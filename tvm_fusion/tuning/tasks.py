@@ -32,13 +32,13 @@ class KernelTask:
 
 def lowered_module(prepared) -> tvm.IRModule:
     """The module compile schedules: our canonicalize, fuse and lower phases, and the weight
-    packing that starts the schedule phase (a tuned kernel is the packed one compile runs)."""
+    transforms that start the schedule phase (a tuned kernel is the one compile runs)."""
     from ..passes import GRAPH_PHASES, fusion_pipeline
-    from ..passes.pack_matmul_weights import PackMatmulWeights
+    from ..passes.pipeline import weight_passes
 
     phases = (*GRAPH_PHASES, "lower")
     lowered = fusion_pipeline(prepared.config, PatternReport(), phases=phases)(prepared.relax_module)
-    return PackMatmulWeights(prepared.config.tvm_target())(lowered)
+    return tvm.transform.Sequential(weight_passes(prepared.config.tvm_target()))(lowered)
 
 
 def kernel_tasks(module: tvm.IRModule, target: Target, exclude: tuple[str, ...] = ()) -> list[KernelTask]:

@@ -17,8 +17,9 @@ from .skip_norm import SkipNorm
 from .softmax import Softmax
 from .softmax_outer_axis import SoftmaxOverOuterAxis
 from .squeeze_excitation import SqueezeExcitation
+from .winograd_conv2d_nchwc import WinogradConv2dNCHWc
 
 __all__ = ["Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
            "DepthwiseConv2dNCHWc", "Fallback", "Injective", "MatmulEpilogue", "MatmulMultiOutput", "Pooling",
            "Reduction", "Resize", "SkipNorm", "Softmax", "SoftmaxOverOuterAxis",
-           "SqueezeExcitation"]
+           "SqueezeExcitation", "WinogradConv2dNCHWc"]

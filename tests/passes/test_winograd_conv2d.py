@@ -1,0 +1,103 @@
+"""Winograd F(m x m, 3 x 3) for blocked 3x3 convs: the transforms, which convs take it, and
+whole models against ONNX Runtime and the direct conv."""
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from helpers import assert_fused_matches_references
+from tvm_fusion import api
+from tvm_fusion.config import load_config
+from tvm_fusion.passes.winograd_conv2d import transform_matrices, winograd_tile
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_the_transforms_compute_a_3x3_correlation(tile):
+    """A^T [(G g G^T) * (B^T d B)] A is the valid 3x3 correlation of a (tile+2)^2 input tile."""
+    bt, g, at = transform_matrices(tile)
+    rng = np.random.default_rng(tile)
+    data, weight = rng.standard_normal((tile + 2, tile + 2)), rng.standard_normal((3, 3))
+    winograd = at @ ((g @ weight @ g.T) * (bt @ data @ bt.T)) @ at.T
+    direct = np.array([[np.sum(data[y:y + 3, x:x + 3] * weight) for x in range(tile)] for y in range(tile)])
+    np.testing.assert_allclose(winograd, direct, rtol=1e-12, atol=1e-12)
+
+
+def blocked(channels, rows, columns, block=8):
+    return (1, channels // block, rows, columns, block)
+
+
+@pytest.mark.parametrize("kernel, strides, dilation, groups, data, out, dtype, tile", [
+    ((3, 3), (1, 1), (1, 1), 1, blocked(48, 16, 64), blocked(192, 16, 64), "float32", 4),
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 10, 14), blocked(16, 10, 14), "float32", 2),  # 4 divides neither
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 4, 4), blocked(16, 4, 4), "float32", 2),      # one 4x4 tile: too few
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 13, 13), blocked(16, 13, 13), "float32", None),  # odd map
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 2, 2), blocked(16, 2, 2), "float32", None),      # one tile
+    ((3, 3), (2, 2), (1, 1), 1, blocked(16, 16, 16), blocked(16, 8, 8), "float32", None),    # strided
+    ((3, 3), (1, 1), (2, 2), 1, blocked(16, 16, 16), blocked(16, 12, 12), "float32", None),  # dilated
+    ((1, 1), (1, 1), (1, 1), 1, blocked(16, 16, 16), blocked(16, 16, 16), "float32", None),  # 1x1
+    ((3, 3), (1, 1), (1, 1), 2, blocked(16, 16, 16), blocked(16, 16, 16), "float32", None),  # grouped
+    ((3, 3), (1, 1), (1, 1), 1, blocked(8, 16, 16), blocked(32, 16, 16), "float32", None),   # 8 input channels
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 16, 16), blocked(16, 16, 16), "float16", None),
+    ((3, 3), (1, 1), (1, 1), 1, None, blocked(16, 16, 16), "float32", None),                 # symbolic map
+])
+def test_which_convs_take_winograd(kernel, strides, dilation, groups, data, out, dtype, tile):
+    assert winograd_tile(kernel, strides, dilation, groups, data, out, dtype) == tile
+
+
+def conv_chain_model(channels: int, seed: int = 0) -> onnx.ModelProto:
+    """3x3 conv -> Relu -> 3x3 conv + residual -> 3x3 conv at stride 2: two convs Winograd takes
+    (when the map allows), one it does not."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name, out_channels, in_channels):
+        value = rng.standard_normal((out_channels, in_channels, 3, 3)) / np.sqrt(9 * in_channels)
+        return helper.make_tensor(name, TensorProto.FLOAT, value.shape, value.astype("float32").ravel())
+
+    def bias(name, size):
+        return helper.make_tensor(name, TensorProto.FLOAT, (size,), rng.standard_normal(size).astype("float32"))
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["s2"]),
+        helper.make_node("Conv", ["s2", "w3", "b3"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, "height", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, "out_height", "out_width"])],
+        [weight("w1", 32, channels), bias("b1", 32), weight("w2", 32, 32), bias("b2", 32),
+         weight("w3", 16, 32), bias("b3", 16)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("shape, winograd_kernels", [
+    ("x:1x16x20x28", 2),   # F(4x4): 5 x 7 tiles
+    ("x:1x16x10x14", 2),   # F(2x2): 4 divides neither side
+    ("x:1x16x9x9", 0),     # odd map: the direct conv
+])
+def test_a_conv_chain_matches_onnx_runtime_and_the_direct_conv(tmp_path, shape, winograd_kernels):
+    """Against ONNX Runtime and the unfused module (rtol 1e-4, atol 1e-4: the F(4x4) transforms'
+    constants up to 8 round more than the direct sum), and against the same build with
+    ``winograd = false``, whose convs are all direct."""
+    model = conv_chain_model(16)
+    path = tmp_path / "conv_chain.onnx"
+    onnx.save(model, str(path))
+    config = dataclasses.replace(load_config(None), conv_layout="NCHWc")
+    outputs = {}
+    for winograd in (True, False):
+        cfg = dataclasses.replace(config, winograd=winograd)
+        prepared = api.prepare(path, cfg, input_shapes=shape)
+        optimized = api.optimize(prepared, tuning_log=False)
+        rules = list(optimized.schedule_rules.values())
+        assert rules.count("WinogradConv2dNCHWc") == (winograd_kernels if winograd else 0)
+        assert "Fallback" not in rules
+        rng = np.random.default_rng(0)
+        inputs = {s.name: rng.standard_normal(s.shape).astype("float32") for s in prepared.inputs}
+        (outputs[winograd],) = assert_fused_matches_references(model, prepared, optimized, inputs,
+                                                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-4, atol=1e-4)
