@@ -41,23 +41,25 @@ def batch_norm_params(rng, prefix: str, channels: int) -> dict[str, np.ndarray]:
             f"{prefix}_mean": rng.normal(0.0, 0.2, channels), f"{prefix}_var": rng.uniform(0.5, 1.5, channels)}
 
 
-def config(patterns=None, schedule="default", conv_layout="NCHW"):
+def config(patterns=None, schedule="default", conv_layout="NCHW", winograd=True):
     return parse_config({"target": {"kind": "llvm", "mcpu": "host", "num-cores": 2},
                          "pipeline": {"patterns": CONV_PATTERNS if patterns is None else patterns,
-                                      "schedule": schedule, "conv_layout": conv_layout}}, name="test")
+                                      "schedule": schedule, "conv_layout": conv_layout, "winograd": winograd}},
+                        name="test")
 
 
 def compile_and_compare(model: onnx.ModelProto, patterns=None, phases=("canonicalize", "fuse", "lower", "schedule"),
-                        seed: int = 1, rtol: float = 1e-4, atol: float = 1e-4):
+                        seed: int = 1, rtol: float = 1e-4, atol: float = 1e-4, winograd: bool = True):
     """Run the pipeline on ``model``; check the output against ONNX Runtime and against the
     unfused (stock) module at ``rtol``/``atol``. Returns (report, lowered module). With the
-    ``layout`` phase, convs take the blocked layout (``conv_layout = "NCHWc"``)."""
+    ``layout`` phase, convs take the blocked layout (``conv_layout = "NCHWc"``); ``winograd``:
+    the config's switch for its 3x3 convs."""
     rng = np.random.default_rng(seed)
     specs = [TensorSpec(v.name, tuple(d.dim_value for d in v.type.tensor_type.shape.dim), "float32")
              for v in model.graph.input]
     inputs = {s.name: rng.standard_normal(s.shape).astype(np.float32) * 2 for s in specs}
     report = PatternReport()
-    cfg = config(patterns, conv_layout="NCHWc" if "layout" in phases else "NCHW")
+    cfg = config(patterns, conv_layout="NCHWc" if "layout" in phases else "NCHW", winograd=winograd)
     module = fusion_pipeline(cfg, report, phases=phases)(import_model(model, specs))
     unfused = import_model(model, specs)
     got, stock = run(module, cfg, inputs), run(unfused, cfg, inputs)

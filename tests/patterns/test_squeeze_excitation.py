@@ -168,7 +168,29 @@ def _scale_loops(module) -> tuple[list[int], bool]:
 ])
 def test_a_scaled_conv_scales_the_input_rows_of_each_task(last_kernel, size, tasks):
     """One parallel loop, each task scaling (and padding) the input rows its output row reads,
-    every channel tile of the task then reading them from cache; not a pass over the map."""
+    every channel tile of the task then reading them from cache; not a pass over the map. (The
+    direct conv: with Winograd the 3x3 conv's scale is inlined into its input transform, which
+    test_a_scaled_3x3_conv_by_winograd_matches checks.)"""
     _, module = compile_and_compare(blocked_se_model(last_kernel, size),
-                                    phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
+                                    phases=("canonicalize", "layout", "fuse", "lower", "schedule"), winograd=False)
     assert _scale_loops(module) == ([tasks], True)
+
+
+def test_a_scaled_3x3_conv_by_winograd_matches():
+    """The SE gate's scale of a Winograd conv's input, inlined into its input transform: the
+    model's two 3x3 convs each one parallel loop over the 7 rows of F(2x2) tiles of the 14x14
+    map (no pass over the map first); outputs as ONNX Runtime's."""
+    _, module = compile_and_compare(blocked_se_model(3, 14), phases=("canonicalize", "layout", "fuse", "lower", "schedule"))
+
+    def block_names(func):
+        names = []
+        tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, lambda block: names.append(block.name_hint)))
+        return names
+
+    kernels = [func for func in module.functions.values()
+               if isinstance(func, tvm.tirx.PrimFunc) and "winograd_input_rows" in block_names(func)]
+    assert len(kernels) == 2
+    for kernel in kernels:
+        loops = []
+        tvm_ffi.structural_walk(kernel.body, (tvm.tirx.For, loops.append))
+        assert [int(loop.extent) for loop in loops if loop.kind == tvm.tirx.ForKind.PARALLEL] == [7]
