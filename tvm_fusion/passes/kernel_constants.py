@@ -9,7 +9,7 @@ from typing import Callable, Hashable
 
 import numpy as np
 import tvm
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,21 @@ def rewrite_kernels(mod: tvm.IRModule, rewrites: dict[str, ConstantRewrite]) -> 
         if isinstance(func, relax.Function):
             mod[gvar] = _TransformConstants(mod, rewrites, gvars).visit_expr(func)
     return mod
+
+
+def without_root_statements(body: s_tir.SBlockRealize, drop: Callable, buffers: Callable = lambda buf: False
+                            ) -> s_tir.SBlockRealize:
+    """A kernel's body without the root's top-level statements ``drop`` selects, nor the root's
+    buffers ``buffers`` selects (a kernel rewritten for a transformed constant loses the loop
+    nests that checked or computed that constant)."""
+    root = body.block
+    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    kept = [stmt for stmt in stmts if not drop(stmt)]
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+                        kept[0] if len(kept) == 1 else tirx.SeqStmt(kept),
+                        alloc_buffers=[buf for buf in root.alloc_buffers if not buffers(buf)],
+                        annotations=root.annotations)
+    return s_tir.SBlockRealize([], True, root)
 
 
 def _arguments(call: relax.Call) -> list:

@@ -30,7 +30,8 @@ from tvm.target import Target
 from ..schedules import unscheduled_kernels
 from ..schedules.cpu.helpers import only_reduction
 from ..schedules.cpu.matchers import packable_weight
-from .kernel_constants import ConstantRewrite, calls_by_kernel, constant_at_every_call, rewrite_kernels
+from .kernel_constants import (ConstantRewrite, calls_by_kernel, constant_at_every_call, rewrite_kernels,
+                               without_root_statements)
 
 _PAD_CHECK_SUFFIX = "_assumptions"
 
@@ -102,13 +103,7 @@ def _drop_padding_guards(func: tirx.PrimFunc, matmul: str) -> tirx.PrimFunc:
         return tvm_ffi.structural_map(block, [(Call, unguard)])
 
     body = tvm_ffi.structural_map(func.body, [(s_tir.SBlock, in_matmul)])
-    root = body.block
-    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    kept = [stmt for stmt in stmts if not _states_padding(stmt)]
-    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
-                        kept[0] if len(kept) == 1 else tirx.SeqStmt(kept),
-                        alloc_buffers=root.alloc_buffers, annotations=root.annotations)
-    return func.with_body(s_tir.SBlockRealize([], True, root))
+    return func.with_body(without_root_statements(body, _states_padding))
 
 
 def _states_padding(stmt) -> bool:

@@ -22,7 +22,8 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..schedules import unscheduled_kernels
-from .kernel_constants import ConstantRewrite, calls_by_kernel, constant_at_every_call, rewrite_kernels
+from .kernel_constants import (ConstantRewrite, calls_by_kernel, constant_at_every_call, rewrite_kernels,
+                               without_root_statements)
 from ..schedules.cpu.helpers import WINOGRAD_WEIGHT, is_winograd_block
 from .winograd_conv2d import weight_transform
 
@@ -64,15 +65,9 @@ def _weight_block(func: tirx.PrimFunc) -> s_tir.SBlock | None:
 def _weight_as_parameter(func: tirx.PrimFunc, block: s_tir.SBlock) -> tirx.PrimFunc:
     """``func`` without ``block``; the buffer ``block`` wrote takes the place of the parameter it read."""
     transformed, weight = block.writes[0].source, block.reads[0].source
-    root = func.body.block
-    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    kept = [stmt for stmt in stmts if not _contains(stmt, block)]
-    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
-                        kept[0] if len(kept) == 1 else tirx.SeqStmt(kept),
-                        alloc_buffers=[buf for buf in root.alloc_buffers if not buf.same_as(transformed)],
-                        annotations=root.annotations)
+    body = without_root_statements(func.body, lambda stmt: _contains(stmt, block), transformed.same_as)
     params = [transformed if param.same_as(weight) else param for param in func.params]
-    return tirx.PrimFunc(params, s_tir.SBlockRealize([], True, root), func.ret_type, func.attrs)
+    return tirx.PrimFunc(params, body, func.ret_type, func.attrs)
 
 
 def _contains(stmt, block: s_tir.SBlock) -> bool:
