@@ -31,10 +31,15 @@ def blocked(channels, rows, columns, block=8):
 
 @pytest.mark.parametrize("kernel, strides, dilation, groups, data, out, dtype, tile", [
     ((3, 3), (1, 1), (1, 1), 1, blocked(48, 16, 64), blocked(192, 16, 64), "float32", 4),
-    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 10, 14), blocked(16, 10, 14), "float32", 2),  # 4 divides neither
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 10, 14), blocked(16, 10, 14), "float32", 4),  # 3x4 tiles over 12x16
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 6, 6), blocked(16, 6, 6), "float32", 2),      # tie (4 per output): F(2x2)
     ((3, 3), (1, 1), (1, 1), 1, blocked(16, 4, 4), blocked(16, 4, 4), "float32", 2),      # one 4x4 tile: too few
-    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 13, 13), blocked(16, 13, 13), "float32", None),  # odd map
-    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 2, 2), blocked(16, 2, 2), "float32", None),      # one tile
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 13, 13), blocked(16, 13, 13), "float32", 4),  # odd map: 4x4 tiles
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 7, 7), blocked(16, 7, 7), "float32", 4),      # ResNet's last stage
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 3, 3), blocked(16, 3, 3), "float32", 2),      # one 4x4 tile: too few
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 2, 2), blocked(16, 2, 2), "float32", 2),      # one 2x2 tile
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 1, 40), blocked(16, 1, 40), "float32", None),  # one row: half zeros
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 40, 1), blocked(16, 40, 1), "float32", None),  # one column
     ((3, 3), (2, 2), (1, 1), 1, blocked(16, 16, 16), blocked(16, 8, 8), "float32", None),    # strided
     ((3, 3), (1, 1), (2, 2), 1, blocked(16, 16, 16), blocked(16, 12, 12), "float32", None),  # dilated
     ((1, 1), (1, 1), (1, 1), 1, blocked(16, 16, 16), blocked(16, 16, 16), "float32", None),  # 1x1
@@ -77,8 +82,10 @@ def conv_chain_model(channels: int, seed: int = 0) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("shape, winograd_kernels", [
     ("x:1x16x20x28", 2),   # F(4x4): 5 x 7 tiles
-    ("x:1x16x10x14", 2),   # F(2x2): 4 divides neither side
-    ("x:1x16x9x9", 0),     # odd map: the direct conv
+    ("x:1x16x10x14", 2),   # F(4x4) over 12x16
+    ("x:1x16x9x9", 2),     # odd map: F(4x4) over 12x12
+    ("x:1x16x6x6", 2),     # F(2x2)
+    ("x:1x16x1x24", 0),    # one row: the direct conv
 ])
 def test_a_conv_chain_matches_onnx_runtime_and_the_direct_conv(tmp_path, shape, winograd_kernels):
     """Against ONNX Runtime and the unfused module (rtol 1e-4, atol 1e-4: the F(4x4) transforms'

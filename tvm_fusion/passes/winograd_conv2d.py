@@ -22,8 +22,10 @@ its nonzero terms, chosen by a select on the point that folds away once the sche
 the points. ``U`` depends on the weight alone; ``PrecomputeWinogradWeights`` computes it at
 build time when the weight is a constant, so the kernel only reads it.
 
-The tile size is F(4x4) when 4 divides the output rows and columns, else F(2x2) when 2 does;
-other shapes, and convs too small to gain, keep the direct conv. The larger tile's transform
+The tile size is the one with fewer multiply-adds over whole tiles covering the map (F(4x4)
+where 4 divides it; a map no tile divides gets a last row and column of tiles computed on
+zeros, their outputs past the map not stored); maps so small or thin that neither saves
+enough, and convs with few channels, keep the direct conv. The larger tile's transform
 constants (up to 8) round more than the direct sum: on unit-scale maps the outputs differ
 from the direct conv's by up to about 5e-5, within the verifier's tolerances
 (tests/passes/test_winograd_conv2d.py, tests/schedules/cpu/test_winograd_conv2d_nchwc.py).
@@ -71,10 +73,15 @@ _TRANSFORMS = {
     },
 }
 
-# Below these the transforms cost more than the multiply-adds they save: the matrix products
-# reduce over the input channels, and a map of a few tiles has too few rows to fill a task.
+# Below this the transforms cost more than the multiply-adds they save: the matrix products
+# reduce over the input channels.
 _MIN_CHANNELS = 16
-_MIN_TILES = 4
+# F(4x4) over fewer tiles loses to F(2x2) (a 3x3 map with 256 channels: one F(4x4) tile 469
+# us, F(2x2) 214, direct 287 on Zen 1): a task's 36 products cannot spread over the cores.
+_MIN_LARGE_TILES = 4
+# The transforms cost about as much as a few multiply-adds per output; a cover with more than
+# this many (a map one row high, 8 by F(2x2): tiles half of zeros) keeps the direct conv's 9.
+_MAX_MULTIPLY_ADDS_PER_OUTPUT = 7.5
 
 
 def transform_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,8 +93,12 @@ def transform_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def winograd_tile(kernel_size, strides, dilation, groups: int, data_shape, out_shape, dtype: str) -> int | None:
     """The output tile (4 or 2) of a blocked conv (``data_shape`` and ``out_shape`` NCHW[x]c,
     None when symbolic), or None where the direct conv stays: not a 3x3 stride-1 undilated
-    ungrouped float32 conv, a symbolic map, rows or columns that 2 does not divide, few
-    channels, or fewer than ``_MIN_TILES`` tiles."""
+    ungrouped float32 conv, a symbolic map, few channels, or a map where no tile saves enough.
+
+    A map the tile does not divide is covered by whole tiles, the last row and column of tiles
+    reaching past it (computed on zeros, not stored). The tile is the one with the fewest
+    multiply-adds over that cover (ties: F(2x2), whose constants round less); F(4x4) needs
+    ``_MIN_LARGE_TILES`` tiles."""
     if (tuple(kernel_size) != (3, 3) or tuple(strides) != (1, 1) or tuple(dilation) != (1, 1)
             or groups != 1 or dtype != "float32" or data_shape is None or out_shape is None):
         return None
@@ -95,10 +106,16 @@ def winograd_tile(kernel_size, strides, dilation, groups: int, data_shape, out_s
     _, out_chunks, rows, columns, out_block = out_shape
     if min(in_chunks * in_block, out_chunks * out_block) < _MIN_CHANNELS:
         return None
-    for tile in (4, 2):
-        if rows % tile == 0 and columns % tile == 0 and (rows // tile) * (columns // tile) >= _MIN_TILES:
-            return tile
-    return None
+    candidates = [(_multiply_adds_per_output(tile, rows, columns), tile) for tile in (2, 4)
+                  if tile == 2 or -(-rows // tile) * -(-columns // tile) >= _MIN_LARGE_TILES]
+    cost, tile = min(candidates, default=(None, None))
+    return tile if cost is not None and cost <= _MAX_MULTIPLY_ADDS_PER_OUTPUT else None
+
+
+def _multiply_adds_per_output(tile: int, rows: int, columns: int) -> float:
+    """Multiply-adds per output and channel pair of F(tile x tile) over whole tiles covering
+    the map (9 for the direct conv)."""
+    return -(-rows // tile) * -(-columns // tile) * (tile + 2) ** 2 / (rows * columns)
 
 
 def weight_transform(weight: np.ndarray, tile: int) -> np.ndarray:
@@ -135,8 +152,8 @@ def winograd_conv2d_transformed(data: te.Tensor, transformed: te.Tensor, padding
     points = tile + 2
     batch, in_chunks, _, _, in_block = (int(dim) for dim in data.shape)
     out_chunks, out_block = int(transformed.shape[2]), int(transformed.shape[5])
-    padded, out_h, out_w = _padded(data, padding)
-    tiles_y, tiles_x = out_h // tile, out_w // tile
+    padded, out_h, out_w = _padded(data, padding, tile)
+    tiles_y, tiles_x = -(-out_h // tile), -(-out_w // tile)
     input_rows = te.compute(  # (B^T d)[e1, c]
         (points, points, batch, tiles_y, tiles_x, in_chunks, in_block),
         lambda e1, c, n, ty, tx, ic, ib: _by_index(
@@ -191,11 +208,14 @@ def _weighted_sum(terms: list) -> tirx.PrimExpr:
     return result
 
 
-def _padded(data: te.Tensor, padding) -> tuple[te.Tensor, int, int]:
-    """The map padded for a 3x3 stride-1 window (``padding``: top, left, bottom, right), and
-    the output rows and columns."""
+def _padded(data: te.Tensor, padding, tile: int) -> tuple[te.Tensor, int, int]:
+    """The map padded for a 3x3 stride-1 window (``padding``: top, left, bottom, right) and
+    with zeros below and right to whole tiles, and the output rows and columns."""
     top, left, bottom, right = padding
     rows, columns = (int(dim) for dim in data.shape[2:4])
-    if any(padding):
+    out_rows, out_columns = rows + top + bottom - 2, columns + left + right - 2
+    bottom += -out_rows % tile
+    right += -out_columns % tile
+    if top or left or bottom or right:
         data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="pad_temp")
-    return data, rows + top + bottom - 2, columns + left + right - 2
+    return data, out_rows, out_columns

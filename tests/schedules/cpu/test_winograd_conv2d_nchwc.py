@@ -48,6 +48,11 @@ def conv_kernel(x, w, pad, epilogue, winograd=True):
     ((1, 2, 18, 10, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 0, "silu"),       # no pad: 16 x 8 out
     ((1, 2, 4, 4, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 1, "none"),         # 4 tiles of 2x2, no epilogue
     ((1, 128, 8, 8, BLOCK), (2, 128, 3, 3, BLOCK, BLOCK), 1, "silu"),     # 1024+ input channels: a band of 1 tile
+    ((1, 2, 7, 7, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 1, "residual"),     # F(4x4) over 8x8: a last tile of 3x3
+    ((1, 2, 13, 7, BLOCK), (3, 2, 3, 3, BLOCK, BLOCK), 0, "silu"),        # no pad: 11 x 5 out, odd both ways
+    ((2, 2, 3, 3, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 1, "silu"),         # F(2x2) over 4x4, batch 2
+    ((1, 2, 2, 2, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 1, "none"),         # one F(2x2) tile
+    ((1, 2, 3, 21, BLOCK), (2, 2, 3, 3, BLOCK, BLOCK), 1, "residual"),    # 3 rows: one row of F(4x4) tiles
 ])
 def test_the_winograd_conv_matches_the_direct_conv(target, run_kernel, x, w, pad, epilogue):
     """The scheduled kernel, its weight transformed at build time, against the unscheduled
