@@ -24,8 +24,8 @@ build time when the weight is a constant, so the kernel only reads it.
 
 The tile size is the one with fewer multiply-adds over whole tiles covering the map (F(4x4)
 where 4 divides it; a map no tile divides gets a last row and column of tiles computed on
-zeros, their outputs past the map not stored); maps so small or thin that neither saves
-enough, and convs with few channels, keep the direct conv. The larger tile's transform
+zeros, their outputs past the map not stored); maps one row or column wide, where neither
+saves enough, and convs with few channels, keep the direct conv. The larger tile's transform
 constants (up to 8) round more than the direct sum: on unit-scale maps the outputs differ
 from the direct conv's by up to about 5e-5, within the verifier's tolerances
 (tests/passes/test_winograd_conv2d.py, tests/schedules/cpu/test_winograd_conv2d_nchwc.py).
