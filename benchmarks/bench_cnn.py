@@ -29,7 +29,7 @@ from tvm_fusion import api
 from tvm_fusion.peers import installed_peers
 from tvm_fusion.profile_costs import kernel_costs
 from tvm_fusion.report import table, write_json
-from tvm_fusion.schedules.cpu.helpers import WINOGRAD_INPUT, WINOGRAD_OUTPUT
+from tvm_fusion.schedules.cpu.helpers import WINOGRAD_INPUT, WINOGRAD_OUTPUT, is_winograd_block
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -60,13 +60,13 @@ def kernel_flops(func) -> int:
 
     blocks = []
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append))
-    tiles = [block for block in blocks if block.name_hint.startswith(WINOGRAD_INPUT)]
+    tiles = [block for block in blocks if is_winograd_block(block.name_hint, WINOGRAD_INPUT)]
     flops = 0
     for block in blocks:
         size = 1
         for iv in block.iter_vars:
             size *= int(iv.dom.extent)
-        if tiles and block.name_hint.startswith(WINOGRAD_OUTPUT):
+        if tiles and is_winograd_block(block.name_hint, WINOGRAD_OUTPUT):
             shape = tiles[0].writes[0].source.shape  # [e1, e2, n, ty, tx, IC/i, i]
             flops += 2 * 9 * size * int(shape[5]) * int(shape[6])
             continue
