@@ -115,6 +115,27 @@ def test_declines_a_block_that_feeds_the_matmul(target):
     assert MatmulEpilogue().apply(te.create_prim_func([a, b, c]), target, False) is None
 
 
+def test_declines_a_prologue_chain_before_inlining_any_of_it(target, monkeypatch):
+    """``3 * (2 * A) @ B``: the second block feeds the matmul, so the first is not inlined only to
+    decline after (a Winograd conv's input transform took 0.75 s to inline)."""
+    from tvm import s_tir
+
+    from tvm_fusion.schedules.cpu.matchers import matmul_kernel
+
+    a = te.placeholder((8, 32), name="A")
+    b = te.placeholder((32, 16), name="B")
+    doubled = te.compute((8, 32), lambda i, k: a[i, k] * 2.0, name="doubled")
+    tripled = te.compute((8, 32), lambda i, k: doubled[i, k] * 3.0, name="tripled")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((8, 16), lambda i, j: te.sum(tripled[i, k] * b[k, j], axis=k), name="matmul")
+    inlined = []
+    original = s_tir.Schedule.compute_inline
+    monkeypatch.setattr(s_tir.Schedule, "compute_inline",
+                        lambda sch, block: inlined.append(block) or original(sch, block))
+    assert matmul_kernel(te.create_prim_func([a, b, c]), target) is None
+    assert inlined == []
+
+
 def test_declines_softmax(lowered, prim_funcs, target):
     mod = lowered(lambda x: nn.softmax(x, axis=-1), x=(8, 32))
     for func in prim_funcs(mod).values():

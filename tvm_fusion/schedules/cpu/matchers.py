@@ -158,9 +158,11 @@ def _without_side_inputs(kernel: OneReduction) -> OneReduction | None:
     when one of them feeds the matmul (a real prologue) or cannot be inlined."""
     sch = kernel.sch
     operands = [region.source for region in kernel.stmt.reads]
+    # All checked before any is inlined: inlining a Winograd conv's input transform, only to
+    # find the next block feeds the product, took 0.75 s a kernel (nudenet's pipeline 9 s).
+    if any(among(region.source, operands) for block in kernel.prologue for region in sch.get(block).writes):
+        return None
     for block in kernel.prologue:
-        if any(among(region.source, operands) for region in sch.get(block).writes):
-            return None
         try:
             sch.compute_inline(block)
         except s_tir.ScheduleError:
