@@ -32,6 +32,7 @@ from .apply_rewrite_rules import ApplyRewriteRules
 from .batch_shared_weight_matmuls import BatchSharedWeightMatmuls
 from .blocked_layout import (ConvertConvsToBlockedLayout, blocked_conv2d_legalize,
                              gather_layout_transform_legalize)
+from .crop_dead_conv_taps import CropDeadConvTaps
 from .fast_math import fast_math_legalize_map
 from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
@@ -65,6 +66,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             # Folds the importer's constant bound/shape computations so rules see constants.
             FoldConstantsSafely(),
             Conv1dAsConv2d(),
+            CropDeadConvTaps(),
             SinkViews(),
             ApplyRewriteRules(rewrites, report),
             relax.transform.DeadCodeElimination(),
