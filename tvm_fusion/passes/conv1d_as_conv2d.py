@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rebinding import rebind
+from .rebinding import mutate_functions, rebind
 
 CONV1D = "relax.nn.conv1d"
 
@@ -23,10 +23,7 @@ CONV1D = "relax.nn.conv1d"
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Conv1dAsConv2d")
 class Conv1dAsConv2d:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        for gvar, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
-                mod[gvar] = _Rewriter(mod).visit_expr(func)
-        return mod
+        return mutate_functions(mod, _Rewriter)
 
 
 @mutator

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rebinding import rebind
+from .rebinding import mutate_functions, rebind
 
 
 
@@ -34,11 +34,7 @@ def fold_constant_layout_changes(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every reshape, transpose and layout transform of a constant replaced by its
     result (a layout transform whose index map ``transformed_constant`` cannot evaluate is left
     to FoldConstant)."""
-    mod = mod.clone()
-    for gvar, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mod[gvar] = _LayoutChangeFolder(mod).visit_expr(func)
-    return mod
+    return mutate_functions(mod, _LayoutChangeFolder)
 
 
 @mutator

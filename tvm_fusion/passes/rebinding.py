@@ -1,8 +1,9 @@
 """Relax bindings: re-emitting one under a mutator (the new variable keeps the old one's kind),
-and the variables an expression reads."""
+running a mutator over a module's functions, and the variables an expression reads."""
 
 from __future__ import annotations
 
+import tvm
 from tvm import relax
 
 
@@ -13,6 +14,16 @@ def rebind(builder: relax.BlockBuilder, old: relax.Var, value: relax.Expr, name:
     var = (relax.DataflowVar if isinstance(old, relax.DataflowVar) else relax.Var)(str(name or old.name), value.ty)
     builder.emit_normalized(relax.VarBinding(var, value))
     return var
+
+
+def mutate_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
+    """A copy of ``mod`` with each Relax function but the fused composites visited by
+    ``mutator(mod)`` (a PyExprMutator class); ``mod`` itself is left as it was."""
+    mod = mod.clone()
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+            mod[gvar] = mutator(mod).visit_expr(func)
+    return mod
 
 
 def vars_in(expr: relax.Expr) -> set:
