@@ -585,6 +585,16 @@ def test_squeeze_excitation():
     assert list(node.input) == ["x", "w1", "b1", "w2", "b2"] and attrs(node)["gate"] == b"hardsigmoid"
 
 
+def test_squeeze_excitation_without_biases():
+    """As torch's dynamo exporter writes it (all-zero biases dropped): the biases are empty inputs."""
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Conv", ["p", "w1"], ["c1"]),
+             helper.make_node("Relu", ["c1"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["c2"]),
+             helper.make_node("Sigmoid", ["c2"], ["y"])]
+    model = model_of(nodes, {"x": [2, 8, 5, 5]}, ["y"], {"w1": const(4, 8, 1, 1), "w2": const(8, 4, 1, 1)})
+    node = assert_fused_matches(model, "squeeze_excitation.se_relu_sigmoid", "SqueezeExcitation")
+    assert list(node.input) == ["x", "w1", "", "w2"] and attrs(node)["gate"] == b"sigmoid"  # trailing "" dropped
+
+
 def test_resize_merge_concat_of_resized_and_plain_levels():
     nodes = [helper.make_node("Resize", ["p5", "", "s4"], ["u5"], mode="nearest"),
              helper.make_node("Resize", ["p4", "", "s2"], ["u4"], mode="nearest"),

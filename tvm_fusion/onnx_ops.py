@@ -231,14 +231,15 @@ class ConvTransposeEpilogue(_FusedOp):
 
 
 class SqueezeExcitation(_FusedOp):
-    """gate(conv1x1(activation(conv1x1(GlobalAveragePool(x), w1) + b1), w2) + b2), shape (N, C, 1, 1)."""
+    """gate(conv1x1(activation(conv1x1(GlobalAveragePool(x), w1) + b1), w2) + b2), shape (N, C, 1, 1);
+    a bias left out ("") is zero."""
 
-    def _run(self, x, w1, b1, w2, b2, activation="relu", activation_params=None, gate="hardsigmoid",
+    def _run(self, x, w1, b1, w2, b2=None, activation="relu", activation_params=None, gate="hardsigmoid",
              gate_params=None):
         pooled = x.mean(axis=(2, 3))
-        hidden = pooled @ w1.reshape(w1.shape[0], -1).T + b1.reshape(-1)
+        hidden = pooled @ w1.reshape(w1.shape[0], -1).T + (0 if b1 is None else b1.reshape(-1))
         hidden = apply_activation(hidden.astype(x.dtype), activation, activation_params)
-        out = hidden @ w2.reshape(w2.shape[0], -1).T + b2.reshape(-1)
+        out = hidden @ w2.reshape(w2.shape[0], -1).T + (0 if b2 is None else b2.reshape(-1))
         out = apply_activation(out.astype(x.dtype), gate, gate_params)
         return (out.reshape(out.shape + (1, 1)),)
 

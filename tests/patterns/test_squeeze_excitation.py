@@ -194,3 +194,19 @@ def test_a_scaled_3x3_conv_by_winograd_matches():
         loops = []
         tvm_ffi.structural_walk(kernel.body, (tvm.tirx.For, loops.append))
         assert [int(loop.extent) for loop in loops if loop.kind == tvm.tirx.ForKind.PARALLEL] == [4]
+
+def test_se_block_without_biases_fuses():
+    """torch's dynamo exporter drops the squeeze convs' all-zero biases and pools with
+    ``ReduceMean(axes=[-1, -2])``: the same gate kernel as the legacy export's."""
+    rng = np.random.default_rng(0)
+    weights = random_weights(rng, w1=(8, 16, 1, 1), w2=(16, 8, 1, 1), w3=(8, 16, 1, 1), b3=(8,))
+    nodes = [helper.make_node("ReduceMean", ["x"], ["p"], axes=[-1, -2], keepdims=1),
+             helper.make_node("Conv", ["p", "w1"], ["s1"]),
+             helper.make_node("Relu", ["s1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["s2"]),
+             helper.make_node("HardSigmoid", ["s2"], ["g"], alpha=1 / 6),
+             helper.make_node("Mul", ["x", "g"], ["scaled"]),
+             helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"])]
+    report, module = compile_and_compare(make_model(nodes, {"x": (1, 16, 14, 14)}, "y", weights))
+    assert report.fired["squeeze_excitation.se_relu_hardsigmoid"] == 1
+    assert len(prim_func_names(module)) == 2

@@ -163,7 +163,8 @@ def resize_scales(graph: GraphIndex, resize: onnx.NodeProto) -> list[float]:
 
 
 def build_squeeze_excitation(region: Region, variant: str) -> list[onnx.NodeProto]:
-    """GlobalAveragePool -> Conv + bias -> activation -> Conv + bias -> gate."""
+    """GlobalAveragePool -> Conv [+ bias] -> activation -> Conv [+ bias] -> gate (a bias left
+    out is the empty input name)."""
     graph = region.graph
     pool = region.only("GlobalAveragePool", "ReduceMean")
     done = {graph.producer[pool.output[0]]}
@@ -182,8 +183,8 @@ def build_squeeze_excitation(region: Region, variant: str) -> list[onnx.NodeProt
         else:
             raise Unrepresentable(f"{step.kind} in the squeeze-excitation block")
     check_all_used(region, done)
-    if len(weights) != 2 or len(acts) != 2 or not all(b for _, b in weights):
-        raise Unrepresentable("not two 1x1 convs with biases, each followed by an activation")
+    if len(weights) != 2 or len(acts) != 2:
+        raise Unrepresentable("not two 1x1 convs, each followed by an activation")
     return [fused_node("SqueezeExcitation", [pool.input[0], *weights[0], *weights[1]], [end],
                        **activation_attributes(acts[0]), **activation_attributes(acts[1], "gate"))]
 

@@ -34,15 +34,15 @@ def squeeze_excitation_pattern(activation: str, gate: str):
     for index, act in ((1, activation), (2, gate)):
         annotations[f"weight{index}"], annotations[f"bias{index}"] = wildcard(), wildcard()
         conv = annotations[f"conv{index}"] = is_op("relax.nn.conv2d")(out, annotations[f"weight{index}"])
-        out = is_op("relax.add")(conv, annotations[f"bias{index}"])
-        out = ACTIVATIONS[act](out)
+        # A conv without a bias too: torch's dynamo exporter drops an all-zero one.
+        out = ACTIVATIONS[act](is_op("relax.add")(conv, annotations[f"bias{index}"]) | conv)
     return out, annotations
 
 
 class SqueezeExcitation(FusionRule):
     name = "squeeze_excitation"
     runs_before = ("conv_epilogue",)
-    description = "GlobalAveragePool -> 1x1 conv + bias -> act -> 1x1 conv + bias -> (hard)sigmoid: one kernel"
+    description = "GlobalAveragePool -> 1x1 conv [+ bias] -> act -> 1x1 conv [+ bias] -> (hard)sigmoid: one kernel"
 
     def variants(self):
         return [(f"se_{act}_{gate}", *squeeze_excitation_pattern(act, gate))
@@ -74,7 +74,7 @@ class SqueezeExcitation(FusionRule):
                     is_blocked_conv_layout(*layouts) and conv.data_layout == conv.out_layout):
                 return f"squeeze conv {index} layout is {conv.data_layout}/{conv.kernel_layout}"
             out_shape = static_shape(found[f"conv{index}"])
-            if static_shape(found[f"bias{index}"]) not in per_channel_shapes(out_shape):
+            if f"bias{index}" in found and static_shape(found[f"bias{index}"]) not in per_channel_shapes(out_shape):
                 return (f"squeeze conv {index} bias shape {static_shape(found[f'bias{index}'])} is not one "
                         "value per channel")
         if has_leaking_intermediate_variables(context):
