@@ -19,9 +19,8 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax, tirx
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rebinding import mutate_functions, rebind
+from .rebinding import replace_values
 
 CONV2D = "relax.nn.conv2d"
 
@@ -29,15 +28,7 @@ CONV2D = "relax.nn.conv2d"
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.CropDeadConvTaps")
 class CropDeadConvTaps:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return mutate_functions(mod, _Cropper)
-
-
-@mutator
-class _Cropper(PyExprMutator):
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        value = self.visit_expr(binding.value)
-        cropped = cropped_conv(value)
-        self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value if cropped is None else cropped))
+        return replace_values(mod, cropped_conv)
 
 
 def live_taps(size: int, out_size: int, taps: int, stride: int, dilation: int, pad_before: int) -> tuple[int, int] | None:

@@ -16,10 +16,8 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax, tirx
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rebinding import mutate_functions, rebind
-
+from .rebinding import replace_values
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.FoldConstantsSafely")
@@ -34,18 +32,14 @@ def fold_constant_layout_changes(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every reshape, transpose and layout transform of a constant replaced by its
     result (a layout transform whose index map ``transformed_constant`` cannot evaluate is left
     to FoldConstant)."""
-    return mutate_functions(mod, _LayoutChangeFolder)
+    return replace_values(mod, _folded_layout_change)
 
 
-@mutator
-class _LayoutChangeFolder(PyExprMutator):
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        value = self.visit_expr(binding.value)
-        if isinstance(value, relax.Call) and value.args and isinstance(value.args[0], tvm.ir.GenericConst):
-            folded = _layout_changed(value, value.args[0].value.numpy())
-            if folded is not None:
-                value = relax.const(folded, str(folded.dtype))
-        self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value))
+def _folded_layout_change(value: relax.Expr) -> relax.Expr | None:
+    if not (isinstance(value, relax.Call) and value.args and isinstance(value.args[0], tvm.ir.GenericConst)):
+        return None
+    folded = _layout_changed(value, value.args[0].value.numpy())
+    return None if folded is None else relax.const(folded, str(folded.dtype))
 
 
 def _layout_changed(call: relax.Call, array: np.ndarray) -> np.ndarray | None:

@@ -1,10 +1,14 @@
 """Relax bindings: re-emitting one under a mutator (the new variable keeps the old one's kind),
-running a mutator over a module's functions, and the variables an expression reads."""
+running a mutator over a module's functions (or replacing single bound values), and the
+variables an expression reads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tvm
 from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 
 def rebind(builder: relax.BlockBuilder, old: relax.Var, value: relax.Expr, name: str | None = None) -> relax.Var:
@@ -24,6 +28,24 @@ def mutate_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
         if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
             mod[gvar] = mutator(mod).visit_expr(func)
     return mod
+
+
+def replace_values(mod: tvm.IRModule, replace: Callable[[relax.Expr], relax.Expr | None]) -> tvm.IRModule:
+    """A copy of ``mod`` with each bound value ``v`` (its operands already replaced) bound to
+    ``replace(v)`` instead, where that is not None."""
+    return mutate_functions(mod, lambda module: _ValueReplacer(module, replace))
+
+
+@mutator
+class _ValueReplacer(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, replace: Callable[[relax.Expr], relax.Expr | None]):
+        super().__init__(mod)
+        self.replace = replace
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = self.visit_expr(binding.value)
+        replaced = self.replace(value)
+        self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value if replaced is None else replaced))
 
 
 def vars_in(expr: relax.Expr) -> set:
