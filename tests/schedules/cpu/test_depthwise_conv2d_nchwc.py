@@ -66,7 +66,7 @@ def test_depthwise_matches_the_unscheduled_kernel(target, run_kernel, x, kernel,
 
 
 @pytest.mark.parametrize("x, stride, cores, band", [
-    ((1, 4, 160, 160, BLOCK), 1, 2, 16),                 # the widest band
+    ((1, 4, 160, 1280 // BLOCK - 2, BLOCK), 1, 2, 16),   # 5 KiB padded rows: the widest band
     ((1, 2, 600, 4096 // BLOCK - 2, BLOCK), 1, 2, 6),    # 16 KiB padded rows: 8 in cache, a band of 6
     ((1, 2, 600, 16384 // BLOCK - 2, BLOCK), 1, 2, 1),   # 64 KiB rows: not even 3 fit, one row a task
     ((1, 1, 8, 8, BLOCK), 1, 2, 1),                      # 8 rows, 1 block: one row a task for 2 cores
