@@ -89,8 +89,33 @@ def test_a_depthwise_conv_converts_with_its_filters_blocked():
     assert "groups=32" in miss.reason and "blocked_depthwise = true" in miss.reason
 
 
-def test_must_not_convert_around_a_grouped_conv():
-    """Two groups of 16 channels: not depthwise, no blocked kernel; the model stays in NCHW."""
+def test_must_not_convert_around_a_grouped_conv_off_the_blocks():
+    """Eight groups of 4 channels (their run-time weight cannot be merged into whole blocks):
+    not depthwise, no blocked kernel; the model stays in NCHW."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32"), w1: R.Tensor((32, 16, 1, 1), "float32"),
+                 w2: R.Tensor((32, 4, 3, 3), "float32")):
+            with R.dataflow():
+                lv = R.nn.conv2d(x, w1)
+                gv = R.nn.conv2d(lv, w2, padding=[1, 1, 1, 1], groups=8)
+                R.output(gv)
+            return gv
+
+    after, report = convert(Before)
+    tvm.ir.assert_structural_equal(after, Before)
+    (miss,) = report.near_misses
+    assert "groups=8" in miss.reason and "grouped" in miss.reason and "stays in NCHW" in miss.reason
+    after, _ = convert(Before, depthwise=True)
+    tvm.ir.assert_structural_equal(after, Before)
+
+
+def test_a_grouped_conv_of_whole_blocks_converts_with_dense_block_filters():
+    """Two groups of 16 channels: each output block reads its group's input block, with
+    OIHW16i16o filters (the blocked dense kernel, ``_conv2d_nchwc`` with groups); outputs
+    agree with the NCHW module to float rounding (sums of 144 products, up to about 20)."""
 
     @I.ir_module
     class Before:
@@ -104,11 +129,19 @@ def test_must_not_convert_around_a_grouped_conv():
             return gv
 
     after, report = convert(Before)
-    tvm.ir.assert_structural_equal(after, Before)
-    (miss,) = report.near_misses
-    assert "groups=2" in miss.reason and "grouped" in miss.reason and "stays in NCHW" in miss.reason
-    after, _ = convert(Before, depthwise=True)
-    tvm.ir.assert_structural_equal(after, Before)
+    grouped = [e for e in _calls(after, "relax.nn.conv2d") if int(e.attrs.groups) == 2]
+    assert [(str(e.attrs.data_layout), str(e.attrs.kernel_layout)) for e in grouped] == [("NCHW16c", "OIHW16i16o")]
+    assert report.fired["blocked_layout.conv2d"] == 2 and not report.near_misses
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(shape).astype("float32") for shape in ((1, 16, 8, 8), (32, 16, 1, 1), (32, 16, 3, 3))]
+    np.testing.assert_allclose(run_lowered(after, *args), run_lowered(Before, *args), rtol=1e-4, atol=1e-4)
+
+
+def _calls(mod, op_name):
+    found = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: found.append(e) if isinstance(e, relax.Call)
+                                    and getattr(e.op, "name", None) == op_name else None)
+    return found
 
 
 def test_an_rgb_stem_reads_nchw_and_writes_the_blocked_layout():

