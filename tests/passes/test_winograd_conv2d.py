@@ -35,9 +35,16 @@ def blocked(channels, rows, columns, block=8):
     ((3, 3), (1, 1), (1, 1), 1, blocked(16, 6, 6), blocked(16, 6, 6), "float32", 2),      # tie (4 per output): F(2x2)
     ((3, 3), (1, 1), (1, 1), 1, blocked(16, 4, 4), blocked(16, 4, 4), "float32", 2),      # one 4x4 tile: too few
     ((3, 3), (1, 1), (1, 1), 1, blocked(16, 13, 13), blocked(16, 13, 13), "float32", 4),  # odd map: 4x4 tiles
-    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 7, 7), blocked(16, 7, 7), "float32", 4),      # ResNet's last stage
+    ((3, 3), (1, 1), (1, 1), 1, blocked(16, 7, 7), blocked(16, 7, 7), "float32", 4),      # a 7x7 map, few channels
     ((3, 3), (1, 1), (1, 1), 1, blocked(16, 3, 3), blocked(16, 3, 3), "float32", 2),      # one 4x4 tile: too few
     ((3, 3), (1, 1), (1, 1), 1, blocked(16, 2, 2), blocked(16, 2, 2), "float32", 2),      # one 2x2 tile
+    # With 16 lanes, transformed filters over 1 MiB and 32 values per map value (36 x channels /
+    # pixels) stay direct; with 8 lanes Winograd stays:
+    ((3, 3), (1, 1), (1, 1), 1, blocked(512, 7, 7, 16), blocked(512, 7, 7, 16), "float32", None),  # ResNet's last stage: 376
+    ((3, 3), (1, 1), (1, 1), 1, blocked(512, 7, 7), blocked(512, 7, 7), "float32", 4),
+    ((3, 3), (1, 1), (1, 1), 1, blocked(256, 14, 14, 16), blocked(256, 14, 14, 16), "float32", None),  # 47
+    ((3, 3), (1, 1), (1, 1), 1, blocked(128, 28, 28, 16), blocked(128, 28, 28, 16), "float32", 4),     # 5.9
+    ((3, 3), (1, 1), (1, 1), 1, blocked(32, 2, 2, 16), blocked(32, 2, 2, 16), "float32", 2),  # 128 per value, but 64 KiB
     ((3, 3), (1, 1), (1, 1), 1, blocked(16, 1, 40), blocked(16, 1, 40), "float32", None),  # one row: half zeros
     ((3, 3), (1, 1), (1, 1), 1, blocked(16, 40, 1), blocked(16, 40, 1), "float32", None),  # one column
     ((3, 3), (2, 2), (1, 1), 1, blocked(16, 16, 16), blocked(16, 8, 8), "float32", None),    # strided

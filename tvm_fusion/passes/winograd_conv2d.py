@@ -82,6 +82,17 @@ _MIN_LARGE_TILES = 4
 # The transforms cost about as much as a few multiply-adds per output; a cover with more than
 # this many (a map one row high, 8 by F(2x2): tiles half of zeros) keeps the direct conv's 9.
 _MAX_MULTIPLY_ADDS_PER_OUTPUT = 7.5
+# The transformed filters, (m+2)^2 values per channel pair against the direct conv's 9, are
+# read from memory on every call, by every task; on a deep conv over a small map they outweigh
+# the map many times over, and the direct conv, whose tasks are then channel tiles that read
+# each filter once (Conv2dNCHWc), wins. With 16 lanes (AVX-512) Winograd declines a conv whose
+# transformed filters exceed both an L2 share in bytes and ``_MAX_FILTER_VALUES_PER_MAP_VALUE``
+# values per input map value ((m+2)^2 x out channels / pixels). resnet18 on Emerald Rapids,
+# each conv's time in the model, Winograd against direct: 28x28, 128 channels (5.9) 432 against
+# 626 us; 14x14, 256 (47) 773 against 769; 7x7, 512 (376) 1775 against 999. Not measured with
+# 8 lanes, where the FMAs are half as fast per byte moved: AVX2 keeps Winograd there.
+_MAX_FILTER_VALUES_PER_MAP_VALUE = 32
+_FILTER_BYTES_IN_CACHE = 1 << 20
 
 
 def transform_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -98,7 +109,8 @@ def winograd_tile(kernel_size, strides, dilation, groups: int, data_shape, out_s
     A map the tile does not divide is covered by whole tiles, the last row and column of tiles
     reaching past it (computed on zeros, not stored). The tile is the one with the fewest
     multiply-adds over that cover (ties: F(2x2), whose constants round less); F(4x4) needs
-    ``_MIN_LARGE_TILES`` tiles."""
+    ``_MIN_LARGE_TILES`` tiles. A deep conv over a small map, whose transformed filters outweigh
+    the map (``_MAX_FILTER_VALUES_PER_MAP_VALUE``, with 16 lanes), stays direct."""
     if (tuple(kernel_size) != (3, 3) or tuple(strides) != (1, 1) or tuple(dilation) != (1, 1)
             or groups != 1 or dtype != "float32" or data_shape is None or out_shape is None):
         return None
@@ -109,7 +121,12 @@ def winograd_tile(kernel_size, strides, dilation, groups: int, data_shape, out_s
     candidates = [(_multiply_adds_per_output(tile, rows, columns), tile) for tile in (2, 4)
                   if tile == 2 or -(-rows // tile) * -(-columns // tile) >= _MIN_LARGE_TILES]
     cost, tile = min(candidates, default=(None, None))
-    return tile if cost is not None and cost <= _MAX_MULTIPLY_ADDS_PER_OUTPUT else None
+    if cost is None or cost > _MAX_MULTIPLY_ADDS_PER_OUTPUT:
+        return None
+    filter_values = (tile + 2) ** 2 * in_chunks * in_block * out_chunks * out_block
+    outweigh = (in_block >= 16 and filter_values * 4 > _FILTER_BYTES_IN_CACHE
+                and filter_values > _MAX_FILTER_VALUES_PER_MAP_VALUE * in_chunks * in_block * rows * columns)
+    return None if outweigh else tile
 
 
 def _multiply_adds_per_output(tile: int, rows: int, columns: int) -> float:

@@ -66,6 +66,10 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     ((1, 2, 17, 16, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),   # 17 rows: rows x channel tiles
     ((1, 2, 5, 8, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),     # 5 rows: channel tiles x rows
     ((1, 1, 6, 17, BLOCK), (3, 1, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),     # 3 blocks x 17 columns: 9 + overlap
+    ((1, 8, 7, 7, BLOCK), (16, 8, 3, 3, BLOCK, BLOCK), 1, 1, 1, True),     # deep over 7x7: channel tiles
+    ((1, 16, 7, 7, BLOCK), (32, 16, 1, 1, BLOCK, BLOCK), 1, 0, 1, False),  # 1x1 deep over 7x7: channel tiles
+    ((1, 8, 14, 14, BLOCK), (16, 8, 1, 1, BLOCK, BLOCK), 2, 0, 1, False),  # 1x1/2: filters 1.3x the map, rows
+    ((1, 2, 5, 5, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),     # filters outweigh the map, too few tiles
 ])
 def test_blocked_conv_matches_the_unscheduled_kernel(target, run_kernel, x, w, stride, pad, dilation, residual):
     kernel, shapes = blocked_conv_kernel(x, w, stride, pad, dilation, residual)
@@ -73,7 +77,7 @@ def test_blocked_conv_matches_the_unscheduled_kernel(target, run_kernel, x, w, s
     assert sch is not None
     result_shape = out_shape(x, w, stride, pad, dilation)
     assert_pixel_by_channel_block_tiles(sch.mod["main"], target, result_shape, padded=pad > 0,
-                                        window=w[2] * w[3])
+                                        window=w[2] * w[3], channel_tiles=channel_tiles(x, w, pad, result_shape, target))
     np.testing.assert_allclose(run_kernel(sch.mod["main"], shapes, result_shape),
                                run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)
 
@@ -96,12 +100,21 @@ def test_a_conv_reading_an_nchw_map_writes_blocks_under_the_same_tiles(target, r
                                run_kernel(kernel, shapes, result_shape), rtol=1e-4, atol=1e-4)
 
 
+def channel_tiles(x, w, pad, result_shape, target):
+    """Whether the tasks are channel tiles over the whole map: the filters hold more than 4x the
+    values of the padded map, and there are enough tiles to share out evenly."""
+    padded_map = np.prod([*x[:2], x[2] + 2 * pad, x[3] + 2 * pad, *x[4:]])
+    blocks = _register_tile(result_shape[3], w[0], vector_registers(target), w[2] * w[3])[1]
+    return bool(np.prod(w) > 4 * padded_map) and rows_alone(x[0] * w[0] // blocks, int(target.attrs["num-cores"]))
+
+
 def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, window, tiles_rows=False,
-                                        blocked_input=True):
+                                        blocked_input=True, channel_tiles=False):
     """A tile of pixels x channel blocks, both unrolled, the channel block one vector; the
     input channels of a block unrolled (an input in NCHW has none). One parallel loop: over
     the output rows when a padded map has enough to share out evenly (``rows_alone``), else
-    over (batch x rows x channel-block tiles); a task pads the input rows it reads itself.
+    over (batch x rows x channel-block tiles); a task pads the input rows it reads itself. With
+    ``channel_tiles`` a task is a tile of channel blocks over the whole map, after a pad pass.
 
     With 32 vector registers the tile is up to 8 pixels dividing the row (7 with the last tile
     shifted back when no divisor of 5 or more does) x 2 channel blocks, or x 1 block with an odd
@@ -117,7 +130,11 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, wind
     if blocked_input:
         assert BLOCK in unrolled
         unrolled.remove(BLOCK)
-    if padded and not tiles_rows and rows_alone(batch * rows, int(target.attrs["num-cores"])):
+    if channel_tiles:
+        tiles = loops.parallel[-1]
+        assert len(loops.parallel) == (2 if padded else 1) and (batch * channel_blocks) % tiles == 0
+        candidates = [batch * channel_blocks // tiles]
+    elif padded and not tiles_rows and rows_alone(batch * rows, int(target.attrs["num-cores"])):
         assert loops.parallel == [batch * rows]
         candidates = [extent for extent in set(unrolled) if channel_blocks % extent == 0]
     else:  # (rows x channel tiles) tasks, a pad inside each

@@ -43,7 +43,11 @@ _LATENCY_ACCUMULATORS = 8
 _MAX_CHANNEL_BLOCKS = 4
 # Output rows from which rows alone may be the tasks (fewer are too few to balance over the
 # cores: tasks are then rows x channel tiles).
-_MIN_ROW_TASKS = 6
+_MIN_TASKS = 6
+# Filter values per input map value from which a conv's tasks are channel tiles over the whole
+# map (resnet18 on Emerald Rapids, kernel alone: 3x3/2 256 -> 512 over 7x7, 18x the map,
+# 631 -> 497 us; 3x3/2 128 -> 256 over 14x14, 2.6x, 425 -> 538 us).
+_FILTERS_PER_MAP_VALUE = 4
 
 
 class Conv2dNCHWc(ScheduleRule):
@@ -80,21 +84,35 @@ class Conv2dNCHWc(ScheduleRule):
             width = int(width)
             window = extent(sch, loops[6]) * extent(sch, loops[7])  # (n, oc, y, x, ob, ic, ky, kx..)
             ow_tile, oc_tile = _register_tile(width, channel_blocks, registers, window)
+            by_channel_tile = (not tiles_rows and _weights_outweigh_map(kernel.stmt)
+                               and _shares_evenly(int(sch.get(loops[0]).extent) * channel_blocks // oc_tile, cores))
             return schedule_static_width(sch, width, ow_tile, lambda copy, tile: self._schedule(
-                copy, tile, oc_tile, cores, tiles_rows))
+                copy, tile, oc_tile, cores, tiles_rows, by_channel_tile))
         # Symbolic rows and columns: full tiles of pixels, the last of a row shifted back.
         return schedule_by_width(
             sch.mod["main"], width, width_tiles(_MAX_ROW_TILE, lanes),
             lambda copy, tile: self._schedule(copy, tile, _wide_register_tile(tile, channel_blocks, registers), cores))
 
     @staticmethod
-    def _schedule(sch: s_tir.Schedule, ow_tile: int, oc_tile: int, cores: int, tiles_rows: bool = False):
-        """Tiles of ``ow_tile`` pixels x ``oc_tile`` channel blocks; returns the pixel-tile loop."""
+    def _schedule(sch: s_tir.Schedule, ow_tile: int, oc_tile: int, cores: int, tiles_rows: bool = False,
+                  by_channel_tile: bool = False):
+        """Tiles of ``ow_tile`` pixels x ``oc_tile`` channel blocks; returns the pixel-tile loop.
+        ``by_channel_tile``: a task is a channel tile over the whole map, its filters read from
+        memory once (``_weights_outweigh_map``)."""
         kernel = only_reduction(sch)
         conv = kernel.block
         n, oc, y, x, ob, *reduction = sch.get_loops(conv)  # (ic, ky, kx[, ib])
         if tiles_rows:
             y, x = x, y
+        if by_channel_tile:
+            schedule_pad(sch, kernel.prologue)
+            oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
+            x_outer, x_inner = sch.split(x, [None, ow_tile])
+            sch.reorder(n, oc_outer, y, x_outer, *reduction, oc_inner, x_inner, ob)
+            store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
+            sch.parallel(sch.fuse(n, oc_outer))
+            Conv2dNCHWc._vectorize_tile(sch, conv, reduction, oc_inner, x_inner, ob)
+            return x_outer
         in_task = _prologue_in_task(sch, kernel.prologue, (n, y, x), tiles_rows)
         if not in_task:
             schedule_pad(sch, kernel.prologue)
@@ -113,7 +131,7 @@ class Conv2dNCHWc(ScheduleRule):
         # Either way a core's tasks are a band of rows, as in the kernels before and after it
         # (Injective's blocked maps too), so it mostly reads what it wrote itself (ddddocr-det
         # on Zen 1: the kernels' time in the model beyond their time alone 5.0 -> 3.0 ms).
-        rows_alone = in_task and _rows_share_evenly(_row_count(sch, (n, y)), cores)
+        rows_alone = in_task and _shares_evenly(_row_count(sch, (n, y)), cores)
         sch.reorder(n, y, oc_outer, x_outer, *reduction, oc_inner, x_inner, ob)
         store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
         tasks = sch.fuse(n, y) if rows_alone else sch.fuse(n, y, oc_outer)
@@ -124,6 +142,11 @@ class Conv2dNCHWc(ScheduleRule):
                 innermost = sch.get_loops(block)[-1]
                 if extent(sch, innermost) == extent(sch, ob):  # a channel block (NCHW: a row)
                     sch.vectorize(innermost)
+        Conv2dNCHWc._vectorize_tile(sch, conv, reduction, oc_inner, x_inner, ob)
+        return x_outer
+
+    @staticmethod
+    def _vectorize_tile(sch: s_tir.Schedule, conv, reduction: list, oc_inner, x_inner, ob) -> None:
         sch.unroll(oc_inner)
         sch.unroll(x_inner)
         if len(reduction) == 4:
@@ -133,7 +156,6 @@ class Conv2dNCHWc(ScheduleRule):
             sch.unroll(reduction[3])
         sch.vectorize(ob)
         vectorized_init(sch, conv, reduction[0])
-        return x_outer
 
 
 def _scale_apart(func: tirx.PrimFunc, target: Target) -> OneReduction | None:
@@ -159,13 +181,28 @@ def _prologue_in_task(sch: s_tir.Schedule, prologue: list, loops: tuple, tiles_r
     return bool(prologue) and not tiles_rows and all(is_static(sch.get(loop).extent) for loop in loops)
 
 
+def _weights_outweigh_map(conv: tirx.SBlock) -> bool:
+    """Whether the conv's filters (its read of highest rank) hold more than
+    ``_FILTERS_PER_MAP_VALUE`` times the values of the map it reads (lowest rank): deep convs
+    over small maps, ResNet's last stage. Tasks of output rows would each read every filter
+    again, as many times as there are rows; tasks of channel tiles read each filter once and
+    the small map from cache."""
+    buffers = sorted((read.source for read in conv.reads), key=lambda buffer: len(buffer.shape))
+    data, weight = buffers[0], buffers[-1]
+    if not all(is_static(dim) for dim in (*data.shape, *weight.shape)):
+        return False
+    values = [math.prod(int(dim) for dim in buffer.shape) for buffer in (weight, data)]
+    return values[0] > _FILTERS_PER_MAP_VALUE * values[1]
+
+
 def _row_count(sch: s_tir.Schedule, loops: tuple) -> int:
     return math.prod(int(sch.get(loop).extent) for loop in loops)
 
 
-def _rows_share_evenly(rows: int, cores: int) -> bool:
-    """Whether rows alone, as tasks, keep the busiest core within 1/16 of the mean."""
-    return rows >= _MIN_ROW_TASKS and -(-rows // cores) * cores * 16 <= rows * 17
+def _shares_evenly(tasks: int, cores: int) -> bool:
+    """Whether ``tasks`` equal tasks (rows, or channel tiles) keep the busiest core within 1/16
+    of the mean."""
+    return tasks >= _MIN_TASKS and -(-tasks // cores) * cores * 16 <= tasks * 17
 
 
 def _register_tile(width: int, channel_blocks: int, registers: int, window: int) -> tuple[int, int]:
