@@ -207,11 +207,7 @@ class _ChannelPadder(PyExprMutator):
         spread = np.zeros((width, *filters.shape[1:]), filters.dtype)
         spread[list(positions)] = filters
         self.convs += 1
-        attrs = call.attrs
-        return relax.op.nn.conv2d(
-            data, relax.const(spread, str(filters.dtype)), strides=list(attrs.strides), padding=list(attrs.padding),
-            dilation=list(attrs.dilation), groups=width, data_layout="NCHW", kernel_layout="OIHW",
-            out_layout="NCHW", out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype), positions
+        return _conv_like(call, data, spread, groups=width), positions
 
     def _grouped_on_blocks(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
         """A grouped conv in the conv region with its groups merged into whole channel blocks
@@ -231,11 +227,7 @@ class _ChannelPadder(PyExprMutator):
             return None
         filters, groups = merged
         self.convs += 1
-        attrs = call.attrs
-        return relax.op.nn.conv2d(
-            data, relax.const(filters, str(filters.dtype)), strides=list(attrs.strides), padding=list(attrs.padding),
-            dilation=list(attrs.dilation), groups=groups, data_layout="NCHW", kernel_layout="OIHW",
-            out_layout="NCHW", out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype), positions
+        return _conv_like(call, data, filters, groups), positions
 
     def _worth_padding(self, data_shape, filter_shape, out_shape) -> bool:
         out_channels, in_channels, kernel_h, kernel_w = filter_shape
@@ -285,6 +277,15 @@ class _ChannelPadder(PyExprMutator):
             positions += [offset + p for p in field_positions]
             offset += static_shape(source)[1]
         return relax.op.concat(sources, axis=1), tuple(positions)
+
+
+def _conv_like(call: relax.Call, data: relax.Expr, filters: np.ndarray, groups: int) -> relax.Call:
+    """An NCHW conv2d with ``call``'s window, of ``data`` by constant ``filters`` in ``groups``."""
+    attrs = call.attrs
+    return relax.op.nn.conv2d(
+        data, relax.const(filters, str(filters.dtype)), strides=list(attrs.strides), padding=list(attrs.padding),
+        dilation=list(attrs.dilation), groups=groups, data_layout="NCHW", kernel_layout="OIHW",
+        out_layout="NCHW", out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype)
 
 
 def _real_channels(padded: relax.Expr, positions: tuple[int, ...]) -> relax.Expr:
