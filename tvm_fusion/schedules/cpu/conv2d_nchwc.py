@@ -8,7 +8,9 @@ An SE gate scaling the input (``conv_epilogue``'s scaled variants) is applied on
 not inlined into the loads (that cost a multiply per broadcast). The pad and the scale are
 computed in each task: a task prepares the input rows its output row reads, in cache, and
 runs every channel tile of the row on them (rows that do not share out evenly over the cores:
-tasks are rows x channel tiles, each preparing its rows itself). Bias,
+tasks are rows x channel tiles, each preparing its rows itself); a deep conv over a small map,
+its filters several times the map, has tasks of channel tiles over the whole map instead, so
+that each filter is read once. Bias,
 activations and the residual add run on the tile before it is stored. Rows and columns may be
 symbolic (a model compiled for a range of sizes): the pixel tiles are then full, the
 last of a row shifted back, one copy per tile width (``symbolic_width.py``).
@@ -41,8 +43,8 @@ _MIN_EXACT_TILE_ONE_BLOCK = 8
 # On 16-register ISAs: independent accumulators that keep two FMA ports of 4-cycle latency busy.
 _LATENCY_ACCUMULATORS = 8
 _MAX_CHANNEL_BLOCKS = 4
-# Output rows from which rows alone may be the tasks (fewer are too few to balance over the
-# cores: tasks are then rows x channel tiles).
+# Tasks (output rows alone, or channel tiles alone) from which they balance over the cores
+# (fewer: tasks are rows x channel tiles).
 _MIN_TASKS = 6
 # Filter values per input map value from which a conv's tasks are channel tiles over the whole
 # map (resnet18 on Emerald Rapids, kernel alone: 3x3/2 256 -> 512 over 7x7, 18x the map,
