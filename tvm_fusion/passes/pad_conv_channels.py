@@ -171,12 +171,13 @@ class _ChannelPadder(PyExprMutator):
     def _padded_conv(self, call: relax.Call) -> tuple[relax.Call, tuple[int, ...]] | None:
         data, weight = call.args
         attrs = call.attrs
-        layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-        if _depthwise(call) and data in self.padded and layouts == ("NCHW", "OIHW", "NCHW"):
+        nchw = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NCHW", "OIHW", "NCHW")
+        depthwise = _depthwise(call)
+        if depthwise and data in self.padded and nchw:
             return self._padded_depthwise(call)
-        if not _depthwise(call) and int(attrs.groups) != 1 and layouts == ("NCHW", "OIHW", "NCHW"):
+        if not depthwise and int(attrs.groups) != 1 and nchw:
             return self._grouped_on_blocks(call)
-        if (int(attrs.groups) != 1 or layouts != ("NCHW", "OIHW", "NCHW")
+        if (int(attrs.groups) != 1 or not nchw
                 or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None):
             return None
         reads_padded = data in self.padded
@@ -216,13 +217,14 @@ class _ChannelPadder(PyExprMutator):
         if not isinstance(weight, tvm.ir.GenericConst) or (data not in self.padded and data not in self.conv_maps):
             return None
         filters = weight.value.numpy()
-        if data in self.padded:
+        reads_padded = data in self.padded
+        if reads_padded:
             data, positions = self.padded[data]
         elif filters.shape[1] % self.block == 0:
             return None  # its groups are whole blocks already
-        else:
-            positions = tuple(range(static_shape(data)[1]))
-        merged = merged_groups(filters, int(call.attrs.groups), positions, static_shape(data)[1], self.block)
+        width = static_shape(data)[1]
+        positions = positions if reads_padded else tuple(range(width))
+        merged = merged_groups(filters, int(call.attrs.groups), positions, width, self.block)
         if merged is None:
             return None
         filters, groups = merged

@@ -106,16 +106,7 @@ class Conv2dNCHWc(ScheduleRule):
         n, oc, y, x, ob, *reduction = sch.get_loops(conv)  # (ic, ky, kx[, ib])
         if tiles_rows:
             y, x = x, y
-        if by_channel_tile:
-            schedule_pad(sch, kernel.prologue)
-            oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
-            x_outer, x_inner = sch.split(x, [None, ow_tile])
-            sch.reorder(n, oc_outer, y, x_outer, *reduction, oc_inner, x_inner, ob)
-            store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
-            sch.parallel(sch.fuse(n, oc_outer))
-            Conv2dNCHWc._vectorize_tile(sch, conv, reduction, oc_inner, x_inner, ob)
-            return x_outer
-        in_task = _prologue_in_task(sch, kernel.prologue, (n, y, x), tiles_rows)
+        in_task = not by_channel_tile and _prologue_in_task(sch, kernel.prologue, (n, y, x), tiles_rows)
         if not in_task:
             schedule_pad(sch, kernel.prologue)
         oc_outer, oc_inner = sch.split(oc, [None, oc_tile])
@@ -134,9 +125,13 @@ class Conv2dNCHWc(ScheduleRule):
         # (Injective's blocked maps too), so it mostly reads what it wrote itself (ddddocr-det
         # on Zen 1: the kernels' time in the model beyond their time alone 5.0 -> 3.0 ms).
         rows_alone = in_task and _shares_evenly(_row_count(sch, (n, y)), cores)
-        sch.reorder(n, y, oc_outer, x_outer, *reduction, oc_inner, x_inner, ob)
+        if by_channel_tile:  # the rows inside a task, under its filters
+            outer, task_loops = (n, oc_outer, y), (n, oc_outer)
+        else:
+            outer, task_loops = (n, y, oc_outer), ((n, y) if rows_alone else (n, y, oc_outer))
+        sch.reorder(*outer, x_outer, *reduction, oc_inner, x_inner, ob)
         store_tile_epilogue(sch, conv, kernel.epilogue, x_outer)
-        tasks = sch.fuse(n, y) if rows_alone else sch.fuse(n, y, oc_outer)
+        tasks = sch.fuse(*task_loops)
         sch.parallel(tasks)
         if in_task:
             for block in reversed(kernel.prologue):  # a pad before the scale it reads
@@ -144,11 +139,6 @@ class Conv2dNCHWc(ScheduleRule):
                 innermost = sch.get_loops(block)[-1]
                 if extent(sch, innermost) == extent(sch, ob):  # a channel block (NCHW: a row)
                     sch.vectorize(innermost)
-        Conv2dNCHWc._vectorize_tile(sch, conv, reduction, oc_inner, x_inner, ob)
-        return x_outer
-
-    @staticmethod
-    def _vectorize_tile(sch: s_tir.Schedule, conv, reduction: list, oc_inner, x_inner, ob) -> None:
         sch.unroll(oc_inner)
         sch.unroll(x_inner)
         if len(reduction) == 4:
@@ -158,6 +148,7 @@ class Conv2dNCHWc(ScheduleRule):
             sch.unroll(reduction[3])
         sch.vectorize(ob)
         vectorized_init(sch, conv, reduction[0])
+        return x_outer
 
 
 def _scale_apart(func: tirx.PrimFunc, target: Target) -> OneReduction | None:
