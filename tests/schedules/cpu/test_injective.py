@@ -2,11 +2,17 @@
 
 import math
 
+import numpy as np
+import onnx
 import pytest
+import tvm
+from helpers import ort_outputs
 from loop_structure import loop_kinds
+from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
-from tvm.relax.op import add, concat, greater, nn, permute_dims, reshape, split, take, where
+from tvm.relax.op import add, concat, greater, nn, permute_dims, reshape, split, strided_slice, take, where
 
+from tvm_fusion import api
 from tvm_fusion.schedules.cpu import Injective
 
 # Below this many elements a block runs on one core (the rule's launch-cost threshold).
@@ -77,6 +83,48 @@ def test_a_blocked_map_runs_its_rows_across_cores(assert_schedule_matches, lanes
     assert loops.vectorized == [lanes]
 
 
+def channel_shuffle(x, branch):
+    """ShuffleNet v2's unit tail: the kept half of ``x`` and the branch joined, then the two
+    halves interleaved channel by channel (reshape to 2 groups, swap, flatten)."""
+    n, channels, rows, columns = (int(d) for d in x.ty.shape)
+    kept = strided_slice(x, [1], [0], [channels // 2])
+    groups = reshape(concat([kept, branch], axis=1), (n, 2, channels // 2, rows, columns))
+    return reshape(permute_dims(groups, (0, 2, 1, 3, 4)), (n, channels, rows, columns))
+
+
+@pytest.mark.parametrize("rows, columns", [(8, 8), (7, 7), (3, 6)])
+def test_a_channel_shuffle_copies_plane_by_plane(assert_schedule_matches, lanes, rows, columns):
+    """Every read takes whole (row, column) planes, each from a channel of its own: the channels
+    run across cores and each plane is one contiguous inner loop (vectors where it holds whole
+    ones), instead of one fused loop whose lanes each gather from a channel of their own."""
+    channels = 232
+    funcs = assert_schedule_matches(Injective(), channel_shuffle, x=(1, channels, rows, columns),
+                                    branch=(1, channels // 2, rows, columns))
+    loops = loop_kinds(next(iter(funcs.values())))
+    plane = rows * columns
+    assert loops.parallel == [channels]
+    assert loops.vectorized == ([lanes] if plane % lanes == 0 and plane > lanes else [])
+
+
+def test_a_channel_slice_copies_plane_by_plane(assert_schedule_matches, lanes):
+    """A split's second half: each output channel reads the channel 58 further on."""
+    funcs = assert_schedule_matches(Injective(), lambda x: strided_slice(x, [1], [58], [116]), x=(1, 116, 16, 16))
+    loops = loop_kinds(next(iter(funcs.values())))
+    assert (loops.parallel, loops.vectorized) == ([58], [lanes])
+
+
+def test_planes_under_a_vector_stay_fused(assert_schedule_matches, lanes):
+    """A shuffle of 2x2 maps: a plane is less than one vector, so the loops stay fused."""
+    funcs = assert_schedule_matches(Injective(), channel_shuffle, x=(1, 2048, 2, 2), branch=(1, 1024, 2, 2))
+    assert_fused_vectors(funcs, lanes, 2048 * 4, blocks=1)
+
+
+def test_a_transpose_of_the_planes_stays_fused(assert_schedule_matches, lanes):
+    """Swapping rows and columns moves the trailing axes themselves: no plane is copied whole."""
+    funcs = assert_schedule_matches(Injective(), lambda x: permute_dims(x, (0, 1, 3, 2)), x=(1, 64, 16, 16))
+    assert_fused_vectors(funcs, lanes, 64 * 256, blocks=1)
+
+
 def test_take_rows(lowered, prim_funcs, target):
     mod = lowered(lambda table, x: take(table, relax.const([3, 0, 2], "int64"), axis=0),
                   table=(10, 16), x=(1,))
@@ -88,3 +136,45 @@ def test_declines_reduction(lowered, prim_funcs, target):
     mod = lowered(lambda x: nn.softmax(x, axis=-1), x=(8, 32))
     for func in prim_funcs(mod).values():
         assert Injective().apply(func, target, False) is None
+
+
+def test_a_shufflenet_unit_matches_onnx_runtime(tmp_path, lanes):
+    """ShuffleNet v2's unit as torch exports it (Split, a 1x1 / depthwise 3x3 / 1x1 branch,
+    Concat, then the shuffle as Reshape, Transpose, Reshape) over 116 channels of 14x14:
+    the shuffle compiles to one Injective kernel copying 116 planes across cores, and the
+    outputs agree with ONNX Runtime (rtol 1e-4, atol 1e-5)."""
+    rng = np.random.default_rng(0)
+    channels, half, size = 116, 58, 14
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype("float32"), name)
+
+    nodes = [
+        helper.make_node("Split", ["x", "halves"], ["kept", "branch_in"], axis=1),
+        helper.make_node("Conv", ["branch_in", "expand"], ["e"]), helper.make_node("Relu", ["e"], ["e_relu"]),
+        helper.make_node("Conv", ["e_relu", "depthwise"], ["d"], group=half, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["d", "project"], ["p"]), helper.make_node("Relu", ["p"], ["p_relu"]),
+        helper.make_node("Concat", ["kept", "p_relu"], ["joined"], axis=1),
+        helper.make_node("Reshape", ["joined", "grouped_shape"], ["grouped"]),
+        helper.make_node("Transpose", ["grouped"], ["swapped"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["swapped", "map_shape"], ["y"])]
+    shape = [1, channels, size, size]
+    graph = helper.make_graph(
+        nodes, "shufflenet_unit", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(np.array([half, half], "int64"), "halves"),
+         weight("expand", half, half, 1, 1), weight("depthwise", half, 1, 3, 3), weight("project", half, half, 1, 1),
+         numpy_helper.from_array(np.array([1, 2, half, size, size], "int64"), "grouped_shape"),
+         numpy_helper.from_array(np.array(shape, "int64"), "map_shape")])
+    path = tmp_path / "shufflenet_unit.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    prepared = api.prepare(path)
+    optimized = api.optimize(prepared, tuning_log=False)
+    shuffles = [func for gvar, func in optimized.module.functions_items()
+                if isinstance(func, tvm.tirx.PrimFunc) and "transpose" in gvar.name_hint]
+    assert len(shuffles) == 1
+    assert loop_kinds(shuffles[0]).parallel == [channels]
+    x = rng.standard_normal(shape).astype("float32")
+    vm = relax.VirtualMachine(api.build(optimized.module, prepared.config), tvm.cpu())
+    (expected,) = ort_outputs(path, {"x": x}).values()
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
