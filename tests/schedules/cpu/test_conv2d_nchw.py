@@ -19,19 +19,32 @@ def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
+def channel_tile(channels: int, widest: int, shifts: bool = True) -> int:
+    """Output channels per tile: a divisor of the channels up to ``widest``; when that is
+    narrower than ``widest`` and the widest tile, the last one shifted back, computes at
+    most an eighth more channels (and ``shifts``: the conv has an epilogue), the widest."""
+    divisor = largest_divisor(channels, widest)
+    if shifts and divisor < widest < channels and -channels % widest * 8 <= channels:
+        return widest
+    return divisor
+
+
 def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride, padded):
     """Output rows (batch x channel tiles x rows) across cores; a tile of channels x columns,
     the columns whole vectors (two when the stride is 1; the last tile of a row shifted back
     when none divides it) or a divisor of a short row, the channels unrolled so that the tile
-    holds at most ``ACCUMULATORS`` vectors; the pad copy is a parallel pass of its own."""
+    holds at most ``ACCUMULATORS`` vectors (the last channel tile shifted back where no
+    divisor comes close); the pad copy is a parallel pass of its own, and no tile is
+    predicated."""
     split = stride == 2 and padded  # even and odd columns of the padded map stored apart
     cols = column_tile(columns, lanes, 2 if stride == 1 or split else 1)
-    channel_tile = largest_divisor(channels, ACCUMULATORS // -(-cols // lanes))
+    tile = channel_tile(channels, ACCUMULATORS // -(-cols // lanes))
     loops = loop_kinds(func)
-    conv_rows = batch * (channels // channel_tile) * rows
+    conv_rows = batch * -(-channels // tile) * rows
     assert loops.parallel[-1] == conv_rows and len(loops.parallel) == (2 if padded else 1)
     assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2
-    assert channel_tile in loops.unrolled
+    assert tile in loops.unrolled
+    assert "T.where" not in func.script()
     pads = [tuple(buf.shape) for buf in func.body.block.alloc_buffers if buf.name == "pad_temp"]
     assert len(pads) == (1 if padded else 0) and (not split or pads[0][-2] == 2)
 
@@ -44,7 +57,12 @@ def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride,
      ((2, 8, 9, 11), (12, 4, 3, 3), 1, 2, 2, 2),        # batch 2, dilated, grouped, odd sizes
      ((1, 16, 7, 7), (24, 16, 5, 5), 2, 2, 1, 1),       # 5x5 stride 2 on a 7x7 map
      ((1, 12, 13, 13), (24, 12, 3, 3), 1, 1, 1, 1),     # 13 columns: vectors, the last one shifted back
-     ((1, 12, 26, 26), (12, 12, 3, 3), 1, 1, 1, 1)],    # 26 columns
+     ((1, 12, 26, 26), (12, 12, 3, 3), 1, 1, 1, 1),     # 26 columns
+     # ShuffleNet's 1x1 convs: 58, 116 and 232 channels (2 x 29, 4 x 29, 8 x 29), the last
+     # channel tile shifted back
+     ((1, 58, 28, 28), (58, 58, 1, 1), 1, 0, 1, 1),
+     ((1, 116, 14, 14), (116, 116, 1, 1), 1, 0, 1, 1),
+     ((1, 232, 7, 7), (232, 232, 1, 1), 1, 0, 1, 1)],
 )
 def test_conv_bias_relu_matches_unscheduled(assert_schedule_matches, lanes, x, w, strides, padding, dilation,
                                             groups):
@@ -82,6 +100,18 @@ def test_a_one_column_map_tiles_its_rows(assert_schedule_matches, lanes):
     loops = loop_kinds(func)
     assert loops.vectorized and set(loops.vectorized) == {rows}
     assert loops.parallel[-1] == 20 // largest_divisor(20, ACCUMULATORS // -(-rows // lanes))
+
+
+def test_a_conv_without_epilogue_keeps_a_channel_divisor(assert_schedule_matches, lanes):
+    """Without an epilogue the conv accumulates in its output, which a shifted-back channel
+    tile would share with the task before it: the tile stays a divisor of 116 channels."""
+    funcs = assert_schedule_matches(Conv2dNCHW(), nn.conv2d, rtol=1e-4, atol=1e-4,
+                                    x=(1, 116, 14, 14), w=(116, 116, 1, 1))
+    (func,) = funcs.values()
+    cols = column_tile(14, lanes, 2)
+    tile = channel_tile(116, ACCUMULATORS // -(-cols // lanes), shifts=False)
+    assert loop_kinds(func).parallel[-1] == 116 // tile * 14
+    assert tile in loop_kinds(func).unrolled and "T.min" not in func.script()
 
 
 def test_declines_depthwise_and_matmul(lowered, prim_funcs, target):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
@@ -24,7 +25,7 @@ from tvm.target import Target
 from .helpers import (compute_epilogue_at, extent, largest_divisor, schedule_pad, store_tile_epilogue,
                       vectorize_innermost, vectorized_init)
 from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles, split_column_phases, splits_column_phases
-from .symbolic_width import is_static
+from .symbolic_width import is_static, mentions
 from .target_info import vector_registers
 
 # 16 accumulator vectors + input vector + broadcasts fit AVX-512's 32 registers; AVX2's 16
@@ -54,18 +55,30 @@ class Conv2dNCHW(ScheduleRule):
         # vectors once the map's even and odd columns are stored apart.
         contiguous = blocks.column_stride == 1 or splits_column_phases(sch, blocks)
         max_vectors = 2 if contiguous else 1
-        return schedule_conv_tiles(func, sch, blocks, lanes, max_vectors, lambda copy, copy_blocks, tile:
-                                   self._schedule(copy, copy_blocks, tile, lanes, accumulators))
+        overlaps = []  # (channel-tile loop variable, tile, channels) where the last tile shifts back
+        scheduled = schedule_conv_tiles(func, sch, blocks, lanes, max_vectors, lambda copy, copy_blocks, tile:
+                                        self._schedule(copy, copy_blocks, tile, lanes, accumulators, overlaps))
+        if scheduled is None or not overlaps:
+            return scheduled
+        shifted = _overlap_last_channel_tile(scheduled.mod["main"], *overlaps[0])
+        # Not found: the split's predicates stay (correct, only slower).
+        return scheduled if shifted is None else s_tir.Schedule(shifted)
 
     @staticmethod
-    def _schedule(sch: s_tir.Schedule, blocks: ConvBlocks, ow_tile: int, lanes: int, accumulators: int):
+    def _schedule(sch: s_tir.Schedule, blocks: ConvBlocks, ow_tile: int, lanes: int, accumulators: int,
+                  overlaps: list):
         """Tiles of ``oc_tile`` channels x ``ow_tile`` columns; returns the column-tile loop."""
         split_column_phases(sch, blocks)
         schedule_pad(sch, blocks.pad)
         n, f, y, x, rc, ry, rx = blocks.tiled_loops(sch.get_loops(blocks.conv))
         chunk = _channel_chunk(sch, blocks, rc, ry, x, ow_tile)
         vectors = -(-ow_tile // lanes)
-        oc_tile = largest_divisor(extent(sch, f), accumulators // vectors)
+        channels = extent(sch, f)
+        oc_tile = largest_divisor(channels, accumulators // vectors)
+        overlap = (chunk is None and bool(blocks.epilogue) and isinstance(extent(sch, x), int)
+                   and _shifted_channel_tile(channels, accumulators // vectors, oc_tile))
+        if overlap:
+            oc_tile = overlap
         f_outer, f_inner = sch.split(f, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
         if chunk is None:
@@ -78,6 +91,8 @@ class Conv2dNCHW(ScheduleRule):
             vectorize_innermost(sch, compute_epilogue_at(sch, blocks.conv, blocks.epilogue, y), y, lanes)
         rows = sch.fuse(n, f_outer, y)
         sch.parallel(rows)
+        if overlap:
+            overlaps.append((sch.get(rows).loop_var, oc_tile, channels))
         sch.unroll(f_inner)
         sch.vectorize(x_inner)
         # The init splits out only after the loops above are final (parallel refuses a loop
@@ -87,6 +102,42 @@ class Conv2dNCHW(ScheduleRule):
         else:
             vectorize_innermost(sch, sch.decompose_reduction(blocks.conv, init_at), rows, lanes)
         return x_outer
+
+
+def _shifted_channel_tile(channels: int, widest: int, divisor: int) -> int | None:
+    """The widest channel tile, its last tile shifted back to end at the last channel, when no
+    divisor of ``channels`` comes close (ShuffleNet's 58, 116 and 232 channels: 2, 4 and 8 of
+    16) and the channels computed twice stay under an eighth; None to keep the divisor."""
+    if divisor >= widest or channels <= widest or -channels % widest * 8 > channels:
+        return None
+    return widest
+
+
+def _overlap_last_channel_tile(func: tirx.PrimFunc, rows: tirx.Var, tile: int, channels: int) -> tirx.PrimFunc | None:
+    """``func`` with each channel tile starting at ``min(start, channels - tile)``.
+
+    The tile's first channel is ``(task index expression) * tile`` in every block of the tile
+    (init, conv, epilogue); the split's predicates on the tasks are dropped, as every tile now
+    lies inside the channels. The channels of the last tile that the one before computed too
+    are computed again with the same values; each task accumulates in its own tile (the
+    epilogue reads the tile, so the conv's buffer is compacted to it), so the overlap races
+    on no partial sum. None when no tile start is found."""
+    starts = []
+
+    def shifted(mul):
+        if isinstance(mul.b, tirx.IntImm) and int(mul.b) == tile and mentions(mul.a, rows):
+            starts.append(mul)
+            return tirx.Min(mul, tirx.IntImm(mul.b.ty.dtype, channels - tile))
+        return mul
+
+    def realize(node):
+        if is_static(node.predicate) or not mentions(node.predicate, rows):
+            return node
+        return s_tir.SBlockRealize(node.iter_values, True, node.block)
+
+    body = tvm_ffi.structural_map(tvm_ffi.structural_map(func.body, [(tirx.Mul, shifted)]),
+                                  [(s_tir.SBlockRealize, realize)])
+    return func.with_body(body) if starts else None
 
 
 def _channel_chunk(sch: s_tir.Schedule, blocks: ConvBlocks, rc, ry, x, ow_tile: int) -> int | None:

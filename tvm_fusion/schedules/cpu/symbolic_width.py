@@ -106,7 +106,7 @@ def _overlap_last_tile(func: tirx.PrimFunc, outer: tirx.Var, tile: int, width) -
         return mul
 
     def realize(node):
-        if is_static(node.predicate) or not _mentions(node.predicate, outer):
+        if is_static(node.predicate) or not mentions(node.predicate, outer):
             return node
         return s_tir.SBlockRealize(node.iter_values, True, node.block)
 
@@ -135,7 +135,7 @@ def _unique_block_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlock, rename)]))
 
 
-def _mentions(expr, var: tirx.Var) -> bool:
+def mentions(expr, var: tirx.Var) -> bool:
     found = []
     tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None))
     return bool(found)
