@@ -9,10 +9,11 @@ from tvm import relax
 from tvm.relax.op import add, matmul, nn
 
 from tvm_fusion.schedules.cpu import Conv2dNCHW
-from tvm_fusion.schedules.cpu.target_info import vector_registers
+from tvm_fusion.schedules.cpu.target_info import num_cores, vector_registers
 
 # Accumulator vectors a tile may hold: 16 of AVX-512's 32 registers, 12 of AVX2's 16.
 ACCUMULATORS = min(16, vector_registers(tvm.target.Target(host_target())) - 4)
+CORES = num_cores(tvm.target.Target(host_target()))
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
@@ -53,7 +54,9 @@ def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride,
     "x, w, strides, padding, dilation, groups",
     [((1, 16, 28, 28), (32, 16, 3, 3), 1, 1, 1, 1),     # 3x3, 2 vectors of columns
      ((1, 3, 30, 30), (16, 3, 3, 3), 2, 1, 1, 1),       # stem: 3 input channels, stride 2
-     ((1, 24, 14, 14), (40, 24, 1, 1), 1, 0, 1, 1),     # 1x1, columns not a vector multiple
+     ((1, 24, 14, 14), (40, 24, 1, 1), 1, 0, 1, 1),     # 1x1, columns not a vector multiple: one row
+     ((1, 24, 14, 14), (8, 24, 1, 1), 1, 0, 1, 1),      # too few channel tiles to drop the rows
+     ((1, 48, 64, 72), (16, 48, 1, 1), 1, 0, 1, 1),     # a map past 512 KiB keeps its rows
      ((2, 8, 9, 11), (12, 4, 3, 3), 1, 2, 2, 2),        # batch 2, dilated, grouped, odd sizes
      ((1, 16, 7, 7), (24, 16, 5, 5), 2, 2, 1, 1),       # 5x5 stride 2 on a 7x7 map
      ((1, 12, 13, 13), (24, 12, 3, 3), 1, 1, 1, 1),     # 13 columns: vectors, the last one shifted back
@@ -75,7 +78,18 @@ def test_conv_bias_relu_matches_unscheduled(assert_schedule_matches, lanes, x, w
     funcs = assert_schedule_matches(Conv2dNCHW(), block, rtol=1e-4, atol=1e-4, x=x, w=w, b=(1, channels, 1, 1))
     (func,) = funcs.values()
     rows, columns = (output_size(x[i], w[i], strides, padding, dilation) for i in (2, 3))
+    if pixels_as_one_row(x, w, strides, padding, lanes):
+        rows, columns = 1, rows * columns
     assert_register_blocked(func, lanes, x[0], channels, rows, columns, strides, padded=padding > 0)
+
+
+def pixels_as_one_row(x, w, stride, padding, lanes) -> bool:
+    """A 1x1 unit-stride conv without pad whose rows are not whole vectors, over a map of at
+    most 512 KiB, with at least two channel tiles (of half the accumulators) per core: its
+    pixels are tiled as one row."""
+    tiles = x[0] * -(-w[0] // (ACCUMULATORS // 2))
+    return (w[2:] == (1, 1) and stride == 1 and padding == 0 and x[2] > 1 and x[3] % lanes != 0
+            and x[1] * x[2] * x[3] * 4 <= 512 * 1024 and tiles >= 2 * CORES)
 
 
 def test_residual_and_hardswish_epilogue(assert_schedule_matches, lanes):
