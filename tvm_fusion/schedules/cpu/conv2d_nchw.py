@@ -123,8 +123,9 @@ def _pixels_flatten(sch: s_tir.Schedule, blocks: ConvBlocks, lanes: int, channel
     conv = sch.get(blocks.conv)
     n, f, rows, columns, channels_in, window_rows, window_columns = (int(iv.dom.extent) if is_static(iv.dom.extent)
                                                                    else None for iv in conv.iter_vars)
-    if (not blocks.epilogue or blocks.pad or blocks.tiles_rows or blocks.column_stride != 1 or None in (n, f, rows, columns)
-            or (window_rows, window_columns) != (1, 1) or rows == 1 or columns % lanes == 0):
+    if (not blocks.epilogue or blocks.pad or blocks.tiles_rows or blocks.column_stride != 1
+            or None in (n, f, rows, columns) or (window_rows, window_columns) != (1, 1)
+            or rows == 1 or columns % lanes == 0):
         return False
     batch = conv.iter_vars[0].var
     maps = [read.source for read in conv.reads if len(read.source.shape) == 4 and read.region[0].min.same_as(batch)
