@@ -138,7 +138,7 @@ def test_declines_reduction(lowered, prim_funcs, target):
         assert Injective().apply(func, target, False) is None
 
 
-def test_a_shufflenet_unit_matches_onnx_runtime(tmp_path, lanes):
+def test_a_shufflenet_unit_matches_onnx_runtime(tmp_path):
     """ShuffleNet v2's unit as torch exports it (Split, a 1x1 / depthwise 3x3 / 1x1 branch,
     Concat, then the shuffle as Reshape, Transpose, Reshape) over 116 channels of 14x14:
     the shuffle compiles to one Injective kernel copying 116 planes across cores, and the
