@@ -25,7 +25,7 @@ from tvm.target import Target
 from .helpers import (compute_epilogue_at, extent, largest_divisor, schedule_pad, store_tile_epilogue,
                       vectorize_innermost, vectorized_init)
 from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles, split_column_phases, splits_column_phases
-from .symbolic_width import is_static, mentions
+from .symbolic_width import is_static, mentions, without_predicates_on
 from .target_info import num_cores, vector_registers
 
 # 16 accumulator vectors + input vector + broadcasts fit AVX-512's 32 registers; AVX2's 16
@@ -178,13 +178,7 @@ def _overlap_last_channel_tile(func: tirx.PrimFunc, rows: tirx.Var, tile: int, c
             return tirx.Min(mul, tirx.IntImm(mul.b.ty.dtype, channels - tile))
         return mul
 
-    def realize(node):
-        if is_static(node.predicate) or not mentions(node.predicate, rows):
-            return node
-        return s_tir.SBlockRealize(node.iter_values, True, node.block)
-
-    body = tvm_ffi.structural_map(tvm_ffi.structural_map(func.body, [(tirx.Mul, shifted)]),
-                                  [(s_tir.SBlockRealize, realize)])
+    body = tvm_ffi.structural_map(without_predicates_on(func.body, rows), [(tirx.Mul, shifted)])
     return func.with_body(body) if starts else None
 
 

@@ -105,14 +105,19 @@ def _overlap_last_tile(func: tirx.PrimFunc, outer: tirx.Var, tile: int, width) -
             return start if int(mul.b) == tile else start * (int(mul.b) // tile)
         return mul
 
+    body = tvm_ffi.structural_map(without_predicates_on(func.body, outer), [(tirx.Mul, column)])
+    return func.with_body(body)
+
+
+def without_predicates_on(stmt, var: tirx.Var):
+    """``stmt`` with every block predicate that mentions ``var`` dropped: a split's bounds
+    checks, once each tile of ``var`` is shifted to lie inside the extent."""
     def realize(node):
-        if is_static(node.predicate) or not mentions(node.predicate, outer):
+        if is_static(node.predicate) or not mentions(node.predicate, var):
             return node
         return s_tir.SBlockRealize(node.iter_values, True, node.block)
 
-    body = tvm_ffi.structural_map(func.body, [(s_tir.SBlockRealize, realize)])
-    body = tvm_ffi.structural_map(body, [(tirx.Mul, column)])
-    return func.with_body(body)
+    return tvm_ffi.structural_map(stmt, [(s_tir.SBlockRealize, realize)])
 
 
 def _renew_loop_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
