@@ -159,17 +159,24 @@ def _planes_across_cores(sch: s_tir.Schedule, loops: list, planes: int, lanes: i
     (contiguous in every buffer: vectors where it holds whole ones, else LLVM's own)."""
     outer, inner = sch.fuse(*loops[:-planes]), sch.fuse(*loops[-planes:])
     plane = int(sch.get(inner).extent)
-    if plane % lanes == 0 and plane > lanes:
-        _, vector = sch.split(inner, [None, lanes])
-        sch.vectorize(vector)
+    _whole_vectors(sch, inner, lanes)
     if int(sch.get(outer).extent) * plane >= MIN_PARALLEL_ELEMENTS:
         sch.parallel(outer)
 
 
 def _parallel_vectorize(sch: s_tir.Schedule, loop, lanes: int) -> None:
     extent = int(sch.get(loop).extent)
-    if extent % lanes == 0 and extent > lanes:
-        loop, vector = sch.split(loop, [None, lanes])
-        sch.vectorize(vector)
+    loop = _whole_vectors(sch, loop, lanes)
     if extent >= MIN_PARALLEL_ELEMENTS:
         sch.parallel(loop)
+
+
+def _whole_vectors(sch: s_tir.Schedule, loop, lanes: int):
+    """``loop`` split into vectors when it holds more than one and whole ones; returns the loop
+    over them (``loop`` itself when not split)."""
+    extent = int(sch.get(loop).extent)
+    if extent % lanes or extent <= lanes:
+        return loop
+    outer, vector = sch.split(loop, [None, lanes])
+    sch.vectorize(vector)
+    return outer
