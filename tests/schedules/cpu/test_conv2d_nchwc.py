@@ -70,6 +70,10 @@ def blocked_conv_kernel(x, w, stride=1, pad=0, dilation=1, residual=False):
     ((1, 16, 7, 7, BLOCK), (32, 16, 1, 1, BLOCK, BLOCK), 1, 0, 1, False),  # 1x1 deep over 7x7: channel tiles
     ((1, 8, 14, 14, BLOCK), (16, 8, 1, 1, BLOCK, BLOCK), 2, 0, 1, False),  # 1x1/2: filters 1.3x the map, rows
     ((1, 2, 5, 5, BLOCK), (4, 2, 3, 3, BLOCK, BLOCK), 1, 1, 1, False),     # filters outweigh the map, too few tiles
+    ((1, 2, 6, 20, BLOCK), (15, 2, 1, 1, BLOCK, BLOCK), 1, 0, 1, True),    # 1x1, 15 blocks: 5 pixels x 3 blocks
+    ((1, 2, 3, 7, BLOCK), (5, 2, 1, 1, BLOCK, BLOCK), 1, 0, 1, False),     # 1x1, 5 blocks: 3 pixels (overlapping) x 5
+    ((1, 2, 4, 20, BLOCK), (6, 2, 1, 1, BLOCK, BLOCK), 1, 0, 1, False),    # 1x1, 6 blocks, 5 | 20 columns: 5 x 3
+    ((1, 2, 4, 14, BLOCK), (6, 2, 1, 1, BLOCK, BLOCK), 1, 0, 1, False),    # 1x1, 6 blocks, 14 columns: 7 x 2
 ])
 def test_blocked_conv_matches_the_unscheduled_kernel(target, run_kernel, x, w, stride, pad, dilation, residual):
     kernel, shapes = blocked_conv_kernel(x, w, stride, pad, dilation, residual)
@@ -118,8 +122,9 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, wind
 
     With 32 vector registers the tile is up to 8 pixels dividing the row (7 with the last tile
     shifted back when no divisor of 5 or more does) x 2 channel blocks, or x 1 block with an odd
-    number of blocks; with an odd number and a window wider than 1x1 (``window`` taps), up to
-    16 pixels (no divisor of 8 or more: shifted back) x 1 block; with 16 registers at most 12
+    number of blocks; a 1x1 conv whose blocks 3 (or 5) divides takes 3 (5) blocks x up to 5 (3)
+    pixels, when the blocks are odd or those pixels divide the row; with an odd number and a
+    window wider than 1x1 (``window`` taps), up to 16 pixels (no divisor of 8 or more: shifted back) x 1 block; with 16 registers at most 12
     accumulators, that with a weight vector per block and the broadcast input still fit the 16.
     A one-column map tiles its rows instead."""
     batch, channel_blocks, rows, columns, _ = result_shape
@@ -146,6 +151,11 @@ def assert_pixel_by_channel_block_tiles(func, target, result_shape, padded, wind
         wide = channel_blocks % 2 == 1 and window > 1
         blocks = 2 if channel_blocks % 2 == 0 else 1
         pixels = pixel_tile(columns, 16, 8) if wide else pixel_tile(columns, 8, 5)
+        three_or_five = [b for b in (3, 5) if channel_blocks % b == 0][:1]
+        if window == 1 and three_or_five:
+            odd_pixels = pixel_tile(columns, 16 // three_or_five[0], min(16 // three_or_five[0], 4))
+            if channel_blocks % 2 or columns % odd_pixels == 0:
+                blocks, pixels = three_or_five[0], odd_pixels
         assert blocks in candidates and blocks in unrolled and pixels in unrolled
     else:
         def fits(blocks):
@@ -193,3 +203,17 @@ def test_an_avx2_tile_of_a_13_pixel_row_wastes_the_fewest_columns():
     """2 x 4 (7 tiles, 14 columns computed) over 4 x 3 (4 tiles, 16 columns): Zen 1, 96 channels
     3x3 over 13x13, 371 against 812 us."""
     assert _register_tile(13, 12, 16, 9) == (2, 4)
+
+
+@pytest.mark.parametrize("width, channel_blocks, window, tile", [
+    (80, 15, 1, (5, 3)),   # ppocrv4-rec's 240 -> 240 over 12x80: 53 -> 75 % of the FMA peak
+    (7, 5, 1, (3, 5)),     # 5 blocks: 3 pixels, the last tile shifted back
+    (160, 6, 1, (5, 3)),   # even blocks, 5 pixels divide the row
+    (14, 6, 1, (7, 2)),    # even blocks, 5 pixels would overlap: 4x2 and 7x2 measured no worse
+    (80, 4, 1, (8, 2)),    # no 3 or 5 among the blocks
+    (104, 3, 9, (13, 1)),  # a 3x3 window keeps its wide one-block tile
+])
+def test_an_avx512_1x1_conv_tiles_3_or_5_channel_blocks(width, channel_blocks, window, tile):
+    """A 1x1 conv's short reduction: 16 accumulators as 5x3 or 3x5 load fewer vectors per FMA
+    than 8x1 (conv2d_nchwc._odd_blocks_tile)."""
+    assert _register_tile(width, channel_blocks, 32, window) == tile
