@@ -62,6 +62,21 @@ def matmul_tile_rows(lanes: int) -> int:
     return 8 if lanes >= 16 else 6
 
 
+def matmul_column_tile(n: int, lanes: int) -> tuple[int, int]:
+    """(columns per tile, vector width of the update) of the matmul rules over ``n`` columns:
+    up to two whole vectors; else, where a power of two of at least 4 lanes divides ``n``, up
+    to 3 such narrower vectors on AVX-512 (2 on AVX2) unrolled, each a register; else a
+    divisor of ``n`` as one vector."""
+    exact = whole_vectors(n, lanes, 2)
+    if exact:
+        return exact, exact
+    width = max(w for w in (1, 2, 4, 8, 16) if w <= lanes and n % w == 0)
+    if width >= 4:
+        return width * largest_divisor(n // width, 3 if lanes >= 16 else 2), width
+    divisor = largest_divisor(n, 2 * lanes)
+    return divisor, divisor
+
+
 def matmul_row_tiles(m: int, lanes: int) -> tuple[int, int]:
     """(rows per tile, row tiles) of MatmulEpilogue over ``m`` static rows: tiles of the largest
     divisor up to ``matmul_tile_rows``, or of that many rows over zero-padded rows when those

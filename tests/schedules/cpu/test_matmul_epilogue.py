@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 import tvm
-from loop_structure import largest_divisor, loop_kinds, matmul_row_tiles, whole_vectors
+from loop_structure import loop_kinds, matmul_column_tile, matmul_row_tiles
 from tvm import relax, te
 from tvm.relax.op import add, divide, matmul, multiply, nn, permute_dims, sigmoid
 
 from tvm_fusion.passes.pack_matmul_weights import PackMatmulWeights, pack_columns
 from tvm_fusion.schedules.cpu import MatmulEpilogue
+from tvm_fusion.schedules.cpu.matchers import matmul_tile_columns
+from tvm_fusion.schedules.cpu.target_info import vector_lanes
 
 
 def _bias_gelu(x, w, b):
@@ -18,22 +20,28 @@ def _bias_gelu(x, w, b):
 def assert_register_tiled(funcs, lanes, batch, m, k, n):
     """One kernel; its (batch x column panel x row tile) loop runs in parallel over tiles of
     up to 8 rows (6 on AVX2; rows zero-padded where that fills the tiles better) x 2 vectors of
-    columns (a divisor of the extent when vectors do not fit), the rows unrolled and the columns
-    (update, init and epilogue store) vectorized; padded rows of A are copied K-wide vectors."""
+    columns (narrower power-of-two vectors, or a divisor of the extent, when whole ones do not
+    fit), the rows unrolled and the columns (update, init and epilogue store) vectorized, the
+    update and init in register-wide pieces; padded rows of A are copied K-wide vectors."""
     (func,) = funcs.values()
     rows, row_tiles = matmul_row_tiles(m, lanes)
-    cols = whole_vectors(n, lanes, 2) or largest_divisor(n, 2 * lanes)
+    cols, piece = matmul_column_tile(n, lanes)
     loops = loop_kinds(func)
     assert loops.parallel == [batch * row_tiles * (n // cols)]
     padded = rows * row_tiles > m
-    assert loops.vectorized.count(cols) >= 2
-    assert sorted(loops.vectorized) == sorted([cols] * loops.vectorized.count(cols) + ([k] if padded else []))
+    assert loops.vectorized.count(piece) >= 2  # the update and its init
+    stores = [cols] * loops.vectorized.count(cols) if piece != cols else []
+    expected = [piece] * loops.vectorized.count(piece) + stores + ([k] if padded else [])
+    assert sorted(loops.vectorized) == sorted(expected)
     assert rows in loops.unrolled
+    if piece != cols:
+        assert cols // piece in loops.unrolled
 
 
 @pytest.mark.parametrize(
     "m, k, n",
-    [(128, 256, 64), (32, 24, 48), (7, 13, 4), (1, 64, 100), (33, 17, 48), (5, 8, 1)],
+    [(128, 256, 64), (32, 24, 48), (7, 13, 4), (1, 64, 100), (33, 17, 48), (5, 8, 1),
+     (40, 240, 120), (16, 32, 72), (24, 16, 36)],
 )
 def test_bias_gelu_matches_unscheduled(assert_schedule_matches, lanes, m, k, n):
     funcs = assert_schedule_matches(
@@ -193,3 +201,19 @@ def test_packed_weight_tiles_one_panel_per_column_tile(target, lanes, m, batch, 
     kernel = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target=target)
     kernel["main"](*[tvm.runtime.tensor(a) for a in (x, pack_columns(w, panel), b)], result)
     np.testing.assert_allclose(result.numpy(), np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mcpu, n, columns", [
+    ("skylake-avx512", 120, 24),  # 3 x 8 lanes: PP-OCRv4-rec's 40 x 240 x 120, 138 -> 34 us
+    ("skylake-avx512", 72, 24),
+    ("skylake-avx512", 100, 4),   # 25 = 5 x 5: one 4-lane vector a row
+    ("skylake-avx512", 64, 32),   # whole vectors: unchanged
+    ("skylake-avx512", 25, 25),   # no 4-lane vector divides: one vector of the divisor
+    ("haswell", 36, 4),           # AVX2: 36 = 4 x 9, one 4-lane vector a row
+    ("haswell", 48, 16),
+])
+def test_odd_column_counts_take_narrower_power_of_two_vectors(mcpu, n, columns):
+    """Columns off the vector width: one vector of 24 or 30 lanes ran at a quarter of the speed
+    of the same tile as unrolled 8-lane vectors (matchers.matmul_tile_columns)."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    assert matmul_tile_columns(n, vector_lanes(target, "float32"), target) == columns

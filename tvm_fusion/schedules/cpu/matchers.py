@@ -19,7 +19,7 @@ from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
 from .helpers import (OneReduction, among, cpu_schedule, extent_of, inline_cheap_blocks, is_spatial, iter_kinds,
-                      largest_divisor, only_reduction, row_tile, same_extents)
+                      MIN_VECTOR_PIECE, largest_divisor, only_reduction, power_of_two_width, row_tile, same_extents)
 from .symbolic_width import (is_static, overlapped_tile, schedule_by_width, schedule_static_width, static_except,
                              width_tiles)
 from .target_info import vector_lanes, vector_registers
@@ -204,12 +204,24 @@ def matmul_tile_rows(target: Target) -> int:
     return MATMUL_TILE_ROWS if vector_registers(target) >= 32 else (16 - 4) // _TILE_VECTORS
 
 
-def matmul_tile_columns(extent: int, lanes: int) -> int:
-    """Columns per tile: whole vectors when they divide the extent, else the largest divisor."""
+def matmul_tile_columns(extent: int, lanes: int, target: Target) -> int:
+    """Columns per tile: whole vectors when they divide the extent; else narrower power-of-two
+    vectors, as many per row as the register file holds (120 columns on 16 lanes: 3 x 8); else
+    the largest divisor."""
     for vectors in (_TILE_VECTORS, 1):
         if extent % (vectors * lanes) == 0:
             return vectors * lanes
+    width = power_of_two_width(extent, lanes)
+    if width >= MIN_VECTOR_PIECE:
+        return width * largest_divisor(extent // width, _narrow_vectors_per_row(target))
     return largest_divisor(extent, _TILE_VECTORS * lanes)
+
+
+def _narrow_vectors_per_row(target: Target) -> int:
+    """Narrow vectors per tile row: the rows' accumulators, one B vector each and A's broadcast
+    fill the register file (AVX-512: 8 rows x 3 + 3 + 1 = 28 of 32; AVX2: 6 x 2 + 2 + 1)."""
+    rows = matmul_tile_rows(target)
+    return max(1, (vector_registers(target) - 1) // (rows + 1))
 
 
 def _strip_cast(expr: tirx.Expr) -> tirx.Expr:

@@ -4,7 +4,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorized_init
+from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorize_in_registers, vectorized_init
 from .matchers import (MATMUL_K_UNROLL, MatmulAxes, batch_axes, matmul_kernel, matmul_tile_columns, matmul_tile_rows,
                        rows_from_batch)
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
@@ -26,11 +26,12 @@ class MatmulEpilogue(ScheduleRule):
         sch, matmul = kernel.sch, kernel.block
         axes = rows_from_batch(sch.get(matmul), axes)
         dtype = sch.get(matmul).writes[0].source.dtype
-        sch = _schedule(sch, matmul, kernel.epilogue, axes, vector_lanes(target, dtype), matmul_tile_rows(target))
+        sch = _schedule(sch, matmul, kernel.epilogue, axes, vector_lanes(target, dtype), target)
         return serial_when_small(sch, MIN_PARALLEL_TILE_WORK)  # a few symbolic rows: one core
 
 
-def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, max_rows: int) -> s_tir.Schedule:
+def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, target: Target) -> s_tir.Schedule:
+    max_rows = matmul_tile_rows(target)
     rows_extent = sch.get(matmul).iter_vars[axes.m].dom.extent
     padded_lhs = None
     if not isinstance(rows_extent, tirx.IntImm) or pads_rows(int(rows_extent), max_rows):
@@ -46,7 +47,7 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, max_rows: int
 
     m_outer, m_inner = sch.split(m_loop, [None, tile_rows])
     if axes.n_inner is None:
-        n_outer, n_inner = sch.split(loops[axes.n], [None, matmul_tile_columns(extent(sch, loops[axes.n]), lanes)])
+        n_outer, n_inner = sch.split(loops[axes.n], [None, matmul_tile_columns(extent(sch, loops[axes.n]), lanes, target)])
     else:  # a weight in column panels: a tile is one panel
         n_outer, n_inner = loops[axes.n], loops[axes.n_inner]
     k_outer, k_inner = sch.split(k_loop, [None, k_unroll])
@@ -65,7 +66,7 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, max_rows: int
     if k_unroll > 1:
         sch.unroll(k_inner)
     sch.unroll(m_inner)
-    sch.vectorize(n_inner)
+    vectorize_in_registers(sch, n_inner, lanes)
     vectorized_init(sch, matmul, k_outer)
     _vectorize_tile_store(sch, output, lanes)
     return sch

@@ -5,7 +5,8 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import TILE_SCOPE, cpu_schedule, extent, has_static_extents, is_spatial, largest_divisor, vectorized_init
+from .helpers import (TILE_SCOPE, cpu_schedule, extent, has_static_extents, is_spatial, largest_divisor,
+                      vectorize_in_registers, vectorized_init)
 from .matchers import MATMUL_K_UNROLL, match_matmul, matmul_tile_columns, matmul_tile_rows
 from .target_info import vector_lanes
 
@@ -49,7 +50,7 @@ class MatmulMultiOutput(ScheduleRule):
                 sch.compute_inline(block)
 
         rows = largest_divisor(out_extents[-2], matmul_tile_rows(target))
-        cols = matmul_tile_columns(out_extents[-1], lanes)
+        cols = matmul_tile_columns(out_extents[-1], lanes, target)
         tiles = []
         for block in outputs:
             *batch, i, j = sch.get_loops(block)
@@ -67,6 +68,6 @@ class MatmulMultiOutput(ScheduleRule):
         sch.reorder(k_outer, k_inner, i, j)
         sch.unroll(k_inner)
         sch.unroll(i)
-        sch.vectorize(j)
+        vectorize_in_registers(sch, j, lanes)
         vectorized_init(sch, matmul, k_outer)
         return sch
