@@ -81,6 +81,7 @@ def _largest_allocation(func) -> int:
     (1, 64, 2, 32, relax.op.multiply, (1, 1, 64, 64), True, False, False),  # GPT-2 causal, libm exp
     (1, 256, 1, 64, relax.op.divide, None, False, True, False),             # longer keys, no mask
     (1, 48, 2, 16, relax.op.multiply, (1, 1, 48, 48), False, True, True),   # Llama: Q, K head-first
+    (1, 40, 8, 15, relax.op.multiply, None, False, True, False),            # PP-OCRv4-rec's SVTR heads
 ])
 def test_schedule_matches_unscheduled_with_row_tiles(target, lanes, batch, seq, heads, dim, scale_op, mask_shape,
                                                      causal, fast_math, qk_heads):
@@ -93,9 +94,12 @@ def test_schedule_matches_unscheduled_with_row_tiles(target, lanes, batch, seq, 
 
     # No seq x seq score matrix: every intermediate is at most a tile of <= 32 rows x all keys.
     assert _largest_allocation(sch.mod["main"]) <= 32 * seq < seq * seq
-    # One parallel loop over (batch, head, tile of up to 2 vectors of query rows); every step on
+    # One parallel loop over (batch, head, tile of up to 2 vectors of query rows, or where no
+    # whole vectors divide the rows, of the widest power-of-two vector that does); every step on
     # vectors of the tile's rows, except the probs·V tile, on up to 2 vectors of the head dim.
     row_tile = largest_divisor(seq, 2 * lanes)
+    if row_tile % lanes and seq % 4 == 0:
+        row_tile = max(w for w in (4, 8, 16) if w <= lanes and seq % w == 0)
     dim_tile = whole_vectors(dim, lanes, 2) or largest_divisor(dim, 2 * lanes)
     loops = loop_kinds(sch.mod["main"])
     assert loops.parallel == [batch * heads * (seq // row_tile)]

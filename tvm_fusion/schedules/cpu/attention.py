@@ -38,8 +38,8 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (among, compute_epilogue_at, cpu_schedule, extent, is_spatial, largest_divisor, tile_factor,
-                      vectorized_init)
+from .helpers import (MIN_VECTOR_PIECE, among, compute_epilogue_at, cpu_schedule, extent, is_spatial, largest_divisor,
+                      power_of_two_width, tile_factor, vectorized_init)
 from .matchers import match_matmul
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
 from .target_info import vector_lanes
@@ -181,10 +181,19 @@ def _lengths(sch: s_tir.Schedule, parts: _Parts) -> tuple:
 
 def _row_tile(rows, keys, lanes: int) -> int:
     """Query rows per task: two vectors of rows, fewer when the tiles would outgrow L2; for a
-    static row count, the largest divisor of it up to that (no remainder tile)."""
+    static row count, the largest divisor of it up to that (no remainder tile), or where that
+    is not whole vectors, the widest power-of-two vector dividing it: the tile's rows are the
+    vector of every step, and one LLVM vector of 20 rows (PP-OCRv4-rec's 40) runs as an odd
+    width (see ``vectorize_in_registers``)."""
     budget = max(_TILE_BUDGET_BYTES // (4 * 4 * (keys if isinstance(keys, int) else _ASSUMED_KEYS)), 1)
     limit = min(2 * lanes, budget)
-    return largest_divisor(rows, limit) if isinstance(rows, int) else limit
+    if not isinstance(rows, int):
+        return limit
+    tile = largest_divisor(rows, limit)
+    width = power_of_two_width(rows, lanes)
+    if tile % lanes and MIN_VECTOR_PIECE <= width <= limit:
+        return width
+    return tile
 
 
 def _rewritten(sch: s_tir.Schedule, parts: _Parts, func: tirx.PrimFunc) -> tuple[s_tir.Schedule, _Parts]:
