@@ -124,6 +124,7 @@ BAD_CONFIGS = [
     ("[pipeline]\nconv_layout = 'NHWC'\n", "pipeline.conv_layout", "'NHWC'", "NCHW, NCHWc"),
     ("[pipeline]\nblocked_depthwise = 'yes'\n", "pipeline.blocked_depthwise", "'yes'", "true or false"),
     ("[pipeline]\nwinograd = 1\n", "pipeline.winograd", "1", "true or false"),
+    ("[pipeline]\nflush_subnormals = 'no'\n", "pipeline.flush_subnormals", "'no'", "true or false"),
     ("[verify]\nrtol = -1e-3\n", "verify.rtol", "-0.001", "non-negative number"),
     ("[verify]\natol = 'small'\n", "verify.atol", "'small'", "non-negative number"),
     ("[verify]\nseed = 1.5\n", "verify.seed", "1.5", "an integer"),

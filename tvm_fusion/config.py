@@ -27,7 +27,7 @@ CONV_LAYOUTS = ("NCHW", "NCHWc")
 SECTIONS = {
     "target": TARGET_KEYS,
     "pipeline": ("patterns", "enable", "disable", "schedule", "fast_math", "conv_layout", "blocked_depthwise",
-                 "winograd"),
+                 "winograd", "flush_subnormals"),
     "verify": ("rtol", "atol", "seed"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
@@ -61,6 +61,7 @@ class PipelineConfig:
     conv_layout: str = "NCHW"  # "NCHWc": dense convs in the blocked channel layout (CPU)
     blocked_depthwise: bool = True  # with NCHWc: depthwise convs in it too
     winograd: bool = True  # with NCHWc: 3x3 stride-1 convs by Winograd F(4x4 or 2x2, 3x3)
+    flush_subnormals: bool = True  # float32 constants' subnormal values set to zero at build time
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
@@ -206,6 +207,9 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     winograd = pipeline.get("winograd", True)
     if not isinstance(winograd, bool):
         raise fail("pipeline.winograd", f"has value {winograd!r}", "true or false")
+    flush_subnormals = pipeline.get("flush_subnormals", True)
+    if not isinstance(flush_subnormals, bool):
+        raise fail("pipeline.flush_subnormals", f"has value {flush_subnormals!r}", "true or false")
 
     verify = raw.get("verify", {})
     tolerances = {}
@@ -245,7 +249,7 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     return PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
         conv_layout=conv_layout, blocked_depthwise=blocked_depthwise, winograd=winograd,
-        rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
+        flush_subnormals=flush_subnormals, rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
         threads=threads or cores, dim_defaults=dims, buckets=buckets,
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))
 

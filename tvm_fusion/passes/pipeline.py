@@ -12,7 +12,8 @@
                   exp/erf/tanh when fast_math is on) + TVM's own
                   FuseOps/FuseTIR for everything our patterns left
     schedule      constant weights in the form their kernels read (Winograd convs' transformed
-                  weights, matmul weights in column panels), then a tuned schedule
+                  weights, matmul weights in column panels, subnormal values flushed to zero),
+                  then a tuned schedule
                   from the tuning log, else a hand-written TensorIR schedule (stock CPU
                   schedules none)
 
@@ -34,6 +35,7 @@ from .blocked_layout import (ConvertConvsToBlockedLayout, blocked_conv2d_legaliz
                              gather_layout_transform_legalize)
 from .crop_dead_conv_taps import CropDeadConvTaps
 from .fast_math import fast_math_legalize_map
+from .flush_subnormal_constants import FlushSubnormalConstants
 from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
 from .conv1d_as_conv2d import Conv1dAsConv2d
@@ -123,13 +125,17 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
         tuned = [ApplyTuningRecords(tuning, config.tvm_target(), log=schedule_log)]
     # Weights are transformed before the tuning log is read: MetaSchedule tunes the kernels
     # that take them (tuning/tasks.py), so records and hand schedules see the same kernel.
-    return [*weight_passes(config.tvm_target()), *tuned, ApplySchedules(config.tvm_target(), log=schedule_log)]
+    return [*weight_passes(config), *tuned, ApplySchedules(config.tvm_target(), log=schedule_log)]
 
 
-def weight_passes(target) -> list[tvm.transform.Pass]:
+def weight_passes(config: PipelineConfig) -> list[tvm.transform.Pass]:
     """Constant weights put in the form their kernels read, once at build time: Winograd
-    convs' transformed weights, matmul weights in column panels."""
-    return [PrecomputeWinogradWeights(target), PackMatmulWeights(target)]
+    convs' transformed weights, matmul weights in column panels; then, with
+    ``flush_subnormals``, every float32 constant's subnormal values flushed to zero (each costs
+    an FMA assist per use)."""
+    target = config.tvm_target()
+    flush = [FlushSubnormalConstants()] if config.flush_subnormals else []
+    return [PrecomputeWinogradWeights(target), PackMatmulWeights(target), *flush]
 
 
 def stock_fusion_pipeline() -> tvm.transform.Pass:

@@ -38,7 +38,7 @@ def lowered_module(prepared) -> tvm.IRModule:
 
     phases = (*GRAPH_PHASES, "lower")
     lowered = fusion_pipeline(prepared.config, PatternReport(), phases=phases)(prepared.relax_module)
-    return tvm.transform.Sequential(weight_passes(prepared.config.tvm_target()))(lowered)
+    return tvm.transform.Sequential(weight_passes(prepared.config))(lowered)
 
 
 def kernel_tasks(module: tvm.IRModule, target: Target, exclude: tuple[str, ...] = ()) -> list[KernelTask]:
