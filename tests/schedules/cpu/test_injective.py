@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 import pytest
 import tvm
+import tvm_ffi
 from helpers import ort_outputs
 from loop_structure import loop_kinds
 from onnx import TensorProto, helper, numpy_helper
@@ -14,6 +15,7 @@ from tvm.relax.op import add, concat, greater, nn, permute_dims, reshape, split,
 
 from tvm_fusion import api
 from tvm_fusion.schedules.cpu import Injective
+from tvm_fusion.schedules.cpu.injective import _comparison_cut
 
 # Below this many elements a block runs on one core (the rule's launch-cost threshold).
 MIN_PARALLEL_ELEMENTS = 4096
@@ -71,6 +73,61 @@ def test_a_concat_read_by_a_split_is_one_pass(assert_schedule_matches, lanes):
     (func,) = funcs.values()
     assert "alloc_buffer" not in func.script()
     assert len(loop_kinds(func).vectorized) == 2  # the two outputs, each one loop nest
+
+
+def _selects_left(func) -> int:
+    """if_then_else calls in ``func`` once its blocks are lowered and its loops' ranges simplify it."""
+    lowering = tvm.transform.Sequential([tvm.s_tir.transform.LowerInitBlock(), tvm.s_tir.transform.ConvertBlocksToOpaque(),
+                                         tvm.s_tir.transform.LowerOpaqueBlock(), tvm.s_tir.transform.StmtSimplify()])
+    lowered = lowering(tvm.IRModule({"main": func}))["main"]
+    return lowered.script().count("if_then_else")
+
+
+@pytest.mark.parametrize("sides", [(16, 8, 4), (10, 6, 5)], ids=["square levels", "levels of odd sides"])
+def test_a_concat_of_flattened_levels_runs_a_loop_per_level(assert_schedule_matches, lanes, sides):
+    """YOLOv8's head at detection sizes: each output row (a box or class channel) copies each
+    level's map in a loop of its own, the rows across cores, so no select is left for a lane
+    to evaluate and no index is recovered from a fused one by division."""
+    def head(a, b, c):
+        flat = [reshape(m, (1, 24, side * side)) for m, side in zip((a, b, c), sides)]
+        return split(concat(flat, axis=2), [16], axis=1)
+
+    maps = {name: (1, 24, side, side) for name, side in zip("abc", sides)}
+    (func,) = assert_schedule_matches(Injective(), head, **maps).values()
+    assert loop_kinds(func).parallel == [16, 8]
+    loops = []
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, loops.append))
+    serial = [int(loop.extent) for loop in loops if loop.kind == tvm.tirx.ForKind.SERIAL]
+    assert sorted(serial) == sorted([side * side for side in sides] * 2)
+    assert _selects_left(func) == 0
+
+
+@pytest.mark.parametrize("spell, cut", [
+    (lambda v, c: v < c, 7), (lambda v, c: c <= v, 7), (lambda v, c: v >= c, 7), (lambda v, c: c > v, 7),
+    (lambda v, c: v <= c, 8), (lambda v, c: c < v, 8), (lambda v, c: v > c, 8), (lambda v, c: c >= v, 8),
+])
+def test_every_spelling_of_a_concat_bound_cuts_at_the_same_place(spell, cut):
+    axes = [tvm.tirx.Var("n", "int64"), tvm.tirx.Var("l", "int64")]
+    assert _comparison_cut(spell(axes[1], tvm.tirx.IntImm("int64", 7)), axes) == (1, cut)
+
+
+def test_a_pad_condition_or_a_value_comparison_is_no_cut():
+    axes = [tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64")]
+    one = tvm.tirx.IntImm("int64", 1)
+    assert _comparison_cut(tvm.tirx.And(one <= axes[0], one <= axes[1]), axes) is None
+    assert _comparison_cut(tvm.tirx.Var("x", "float32") > tvm.tirx.const(0.0, "float32"), axes) is None
+    assert _comparison_cut(axes[0] < axes[1], axes) is None
+
+
+def test_must_not_cut_pieces_under_a_vector_or_without_a_task_per_core(assert_schedule_matches, lanes):
+    """A concat whose pieces are shorter than a vector keeps the fused vector loop (the
+    YOLOv8 head test above, at 2x2 maps); one with a single row has no task per core in
+    pieces, and keeps the fused loop across cores."""
+    def levels(a, b):
+        return concat([reshape(a, (1, 1, 64 * 64)), reshape(b, (1, 1, 32 * 32))], axis=2)
+
+    funcs = assert_schedule_matches(Injective(), levels, a=(1, 1, 64, 64), b=(1, 1, 32, 32))
+    assert_fused_vectors(funcs, lanes, 64 * 64 + 32 * 32, blocks=1)
 
 
 def test_a_blocked_map_runs_its_rows_across_cores(assert_schedule_matches, lanes):
