@@ -30,7 +30,10 @@ class FlushSubnormalConstants:
 
 
 def flushed(array: np.ndarray) -> np.ndarray | None:
-    """``array`` with its subnormal values replaced by zeros of the same sign; None when it has none."""
+    """``array`` with its subnormal values replaced by zeros of the same sign; None when it has
+    none (or is not float32)."""
+    if array.dtype != np.float32:
+        return None
     subnormal = _subnormal(array)
     if not subnormal.any():
         return None
@@ -43,13 +46,17 @@ def subnormal_count(mod: tvm.IRModule) -> int:
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(
-                func, lambda expr: constants.setdefault(expr, None) if isinstance(expr, tvm.ir.GenericConst) else None)
+                func, lambda expr: constants.setdefault(expr, None) if _is_float32(expr) else None)
     return sum(int(_subnormal(const.value.numpy()).sum()) for const in constants)
 
 
+def _is_float32(expr) -> bool:
+    """A float32 constant: its dtype is read before its values are copied out (an int8 weight
+    of a quantized model is not copied at all)."""
+    return isinstance(expr, tvm.ir.GenericConst) and expr.value.dtype == "float32"
+
+
 def _subnormal(array: np.ndarray) -> np.ndarray:
-    if array.dtype != np.float32:
-        return np.zeros(array.shape, bool)
     return (array != 0) & (np.abs(array) < np.finfo(np.float32).tiny)
 
 
@@ -63,6 +70,6 @@ class _Flusher(PyExprMutator):
 
     def visit_generic_const_(self, const: tvm.ir.GenericConst) -> relax.Expr:
         if const not in self.done:
-            value = flushed(const.value.numpy())
+            value = flushed(const.value.numpy()) if _is_float32(const) else None
             self.done[const] = const if value is None else relax.const(value, "float32")
         return self.done[const]

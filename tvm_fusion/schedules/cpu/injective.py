@@ -15,6 +15,8 @@ from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .target_info import num_cores, vector_lanes
 
 _SELECT = ir.Op.get("prim.if_then_else")
+# A comparison's kind with its operands swapped (``c <= v`` is ``v >= c``).
+_FLIPPED = {tirx.LE: tirx.GE, tirx.LT: tirx.GT, tirx.GE: tirx.LE, tirx.GT: tirx.LT}
 
 
 class Injective(ScheduleRule):
@@ -200,13 +202,12 @@ def _concat_pieces(sch: s_tir.Schedule, block, loops: list, lanes: int, cores: i
 
 def _comparison_cut(condition, axes: list) -> tuple[int, int] | None:
     """(axis, c) for a condition ``axis < c`` in any of its spellings; None for anything else."""
-    flipped = {tirx.LE: tirx.GE, tirx.LT: tirx.GT, tirx.GE: tirx.LE, tirx.GT: tirx.LT}
     kind = type(condition)
-    if kind not in flipped:
+    if kind not in _FLIPPED:
         return None
     a, b = condition.a, condition.b
     if isinstance(a, tirx.IntImm) and isinstance(b, tirx.Var):
-        a, b, kind = b, a, flipped[kind]
+        a, b, kind = b, a, _FLIPPED[kind]
     if not (isinstance(a, tirx.Var) and isinstance(b, tirx.IntImm)):
         return None
     axis = next((i for i, var in enumerate(axes) if var.same_as(a)), None)
