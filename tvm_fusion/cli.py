@@ -243,8 +243,6 @@ def _compile_targets(args, say) -> int:
 
 
 def _run(args, say) -> int:
-    import numpy as np
-
     from .errors import ArtifactError
     from .runtime import check_save_dir, load, read_input, save_outputs
 
@@ -257,18 +255,8 @@ def _run(args, say) -> int:
         if not sep:
             raise ArtifactError(f"--input {item!r} is not NAME=FILE.npy", "e.g. --input x=x.npy")
         given[name] = read_input(name, path)
-    rng = np.random.default_rng(0)
-    sizes = model.dim_sizes(given, args.dim) if args.fill else {}
-    for spec in model.inputs:
-        if spec["name"] in given or not args.fill or "value" in spec:  # a pinned input fills itself
-            continue
-        shape = [sizes[d] if isinstance(d, str) else d for d in spec["shape"]]
-        if args.fill == "zeros":
-            given[spec["name"]] = np.zeros(shape, spec["dtype"])
-        elif spec["dtype"].startswith(("float", "bfloat")):
-            given[spec["name"]] = rng.standard_normal(shape).astype(spec["dtype"])
-        else:
-            given[spec["name"]] = rng.integers(0, 2, shape).astype(spec["dtype"])
+    if args.fill:
+        given = model.filled_inputs(given, args.fill, args.dim)
     tensors = model.prepare(given)
     times = []
     for _ in range(args.repeat):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,8 +32,6 @@ class CompiledModel:
 
     def __init__(self, module, metadata: dict):
         import tvm
-        from tvm import relax
-
         self.metadata = metadata
         self.inputs = metadata["inputs"]
         # The ranges it was compiled for, by dim name.
@@ -42,8 +41,7 @@ class CompiledModel:
         set_threads(metadata.get("threads", 1))
         # Kernels of a CUDA artifact run on the GPU; the VM adds the CPU for shape code itself.
         self._device = tvm.cuda(0) if metadata.get("target", {}).get("kind") == "cuda" else tvm.cpu()
-        self._vm = relax.VirtualMachine(module, self._device)
-        self._main = self._vm["main"]
+        self._machines = _MachinePool(module, self._device)
 
     def prepare(self, inputs: Mapping[str, np.ndarray]) -> list:
         """Check names, shapes and dtypes against the metadata; return device tensors in order."""
@@ -105,6 +103,26 @@ class CompiledModel:
                                     f"pass --dim {name}=SIZE (or --input for an input that has it)")
         return sizes
 
+    def filled_inputs(self, given: Mapping[str, np.ndarray], fill: str = "random",
+                      dim_flags: list[str] = (), seed: int = 0) -> dict[str, np.ndarray]:
+        """``given`` completed with generated inputs: ``fill="random"`` (floats standard normal,
+        integers 0 or 1, valid as ids, masks and flags) or ``"zeros"``; a ranged dim takes its
+        size from ``dim_flags`` (``NAME=SIZE``) or from a given input. Pinned inputs fill themselves."""
+        rng = np.random.default_rng(seed)
+        sizes = self.dim_sizes(given, list(dim_flags))
+        filled = dict(given)
+        for spec in self.inputs:
+            if spec["name"] in filled or "value" in spec:
+                continue
+            shape = [sizes[d] if isinstance(d, str) else d for d in spec["shape"]]
+            if fill == "zeros":
+                filled[spec["name"]] = np.zeros(shape, spec["dtype"])
+            elif spec["dtype"].startswith(("float", "bfloat")):
+                filled[spec["name"]] = rng.standard_normal(shape).astype(spec["dtype"])
+            else:
+                filled[spec["name"]] = rng.integers(0, 2, shape).astype(spec["dtype"])
+        return filled
+
     def _check_shape(self, spec: dict, shape: list[int], sizes: dict) -> None:
         """Static dims must match; a named dim must be inside its range and the same size in
         every input that has it (the model says they are one size)."""
@@ -136,12 +154,44 @@ class CompiledModel:
                     f"{dim!r} = {earlier[0]}", f"the model takes one {dim!r}: give both inputs the same size")
 
     def run_prepared(self, tensors: list):
-        return self._main(*tensors)
+        """Safe from any number of threads at once: each call in flight has a VM of its own."""
+        return self._machines.call(tensors)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = self.run_prepared(self.prepare(inputs))
         values = [result] if hasattr(result, "numpy") else list(result)
         return {spec["name"]: value.numpy() for spec, value in zip(self.outputs, values)}
+
+
+class _MachinePool:
+    """Idle Relax VMs over one loaded module, one taken per call in flight.
+
+    A VM keeps its registers and frames in itself, so two threads in one VM corrupt each other
+    (a segfault, or "Mismatched type on argument"). A VM costs well under a millisecond and no
+    copy of the weights (its constants are the module's), so a call that finds none idle makes
+    one, and the pool grows to the most calls ever in flight at once. A call that raises keeps
+    its VM out of the pool (its frames may be half unwound), so a failed or killed caller never
+    hands a broken VM on and nothing waits for one.
+    """
+
+    def __init__(self, module, device):
+        self._module, self._device = module, device
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle.put(self._new_main())  # a module the VM cannot load fails here, at load time
+
+    def _new_main(self):
+        from tvm import relax
+
+        return relax.VirtualMachine(self._module, self._device)["main"]
+
+    def call(self, tensors: list):
+        try:
+            main = self._idle.get_nowait()
+        except queue.Empty:
+            main = self._new_main()
+        result = main(*tensors)
+        self._idle.put(main)
+        return result
 
 
 def _check_index_range(spec: dict, value: np.ndarray) -> None:
@@ -265,7 +315,7 @@ def check_runs_here(directory: Path, metadata: dict) -> None:
     hint = (f"run it on a machine of its class ({target}); here, tvm_fusion.targets.run_emulated "
             "runs it under qemu-aarch64" if execution.how == "qemu" else
             f"run it on a machine of its class ({target}), or compile for this one "
-            "(configs/x86_64-host.toml)")
+            "(--config x86_64-host)")
     raise ArtifactError(f"{directory} cannot run on this machine: {execution.reason}", hint)
 
 
