@@ -8,6 +8,7 @@ a schedule bug from a pattern bug.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ import pytest
 import helpers
 
 TEST_SCHEDULE = os.environ.get("TVM_FUSION_TEST_SCHEDULE", "default")
+# `tune` without --tuning-log writes into the user's store: a throwaway one per test process.
+os.environ["TVM_FUSION_TUNING_LOGS"] = tempfile.mkdtemp(prefix="tvm_fusion_test_logs_")
 MLP_SHAPE = "x:4x16"
 
 

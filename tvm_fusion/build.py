@@ -57,14 +57,17 @@ def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = Non
 def load_tuning(config: PipelineConfig, tuning_log: str | Path | bool | None = None,
                 progress: Progress = quiet):
     """The tuning records for the config's target: ``tuning_log`` is a log root (holding
-    ``<target-key>/`` stores), None for the config's ``[tuning] log_dir``, False for none.
+    ``<target-key>/`` stores), None for the config's (``TuningConfig.read_dirs``), False for none.
     What is not applied (damaged lines, other targets or TVM versions) is said via ``progress``."""
     if tuning_log is False:
         return None
     from .tuning.apply import load_records
 
-    records = load_records(config.tuning.log_dir if tuning_log in (None, True) else tuning_log,
-                           config.tvm_target())
+    roots = config.tuning.read_dirs() if tuning_log in (None, True) else [tuning_log]
+    target = config.tvm_target()
+    found = [records for records in (load_records(root, target) for root in roots) if records is not None]
+    # The first root holding a store for this target (the user's before the shipped one).
+    records = next((r for r in found if r.directory.is_dir()), found[0] if found else None)
     if records is not None:
         records.say = lambda note: progress(f"tuning log: {note}")
         for note in records.notes:

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import cli_output
+from . import bundled, cli_output
 from .errors import ConfigError, TvmFusionError
 from .peers import PEERS
 
@@ -42,10 +42,12 @@ def _count(minimum: int):
 def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) -> None:
     if several_configs:
         parser.add_argument("--config", action="append", default=[],
-                            help="pipeline config TOML, one per target (repeatable; default: "
-                                 "configs/x86_64-host.toml)")
+                            help="pipeline config: a TOML file or a shipped config's name (x86_64-avx2; "
+                                 "`tvm-fusion configs` lists them), one per target (repeatable; default: "
+                                 "x86_64-host)")
     else:
-        parser.add_argument("--config", help="pipeline config TOML (default: configs/x86_64-host.toml)")
+        parser.add_argument("--config", help="pipeline config: a TOML file or a shipped config's name "
+                                             "(`tvm-fusion configs` lists them; default: x86_64-host)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMxDIM",
                         help="shape for an input, e.g. input_ids:1x128; a dim given as a range "
                              "LOW..HIGH (input_ids:1x1..512) is compiled once for every size in it "
@@ -127,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     ablate_cmd.add_argument("--rounds", type=_count(1), default=30)
     ablate_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     _tuning_parsers(commands)
+
+    commands.add_parser("configs", help="list the shipped pipeline configs (--config NAME)")
+    demo_cmd = commands.add_parser("demo", help="compile the shipped BERT example, verify it and time it "
+                                                "against ONNX Runtime (no files of yours needed)")
+    demo_cmd.add_argument("--config", help="a TOML file or a shipped config's name (default: x86_64-host)")
+    demo_cmd.add_argument("-o", "--output-dir", default="build", help="default: build/")
+    demo_cmd.add_argument("--repeat", type=_count(1), default=20)
     return parser
 
 
@@ -134,7 +143,8 @@ def _tuning_log_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--tuning-log", metavar="DIR",
                        help="tuning-log root with <target-key>/ stores (default: the config's [tuning] "
-                            "log_dir, tuning_logs/ for the bundled config)")
+                            "log_dir, else your store ($TVM_FUSION_TUNING_LOGS or "
+                            "~/.local/share/tvm_fusion/tuning_logs), then the logs shipped with tvm_fusion)")
     group.add_argument("--no-tuning-log", action="store_true", help="hand schedules only")
 
 
@@ -159,7 +169,9 @@ def _tuning_parsers(commands) -> None:
     tune_cmd.add_argument("--trials-per-iter", type=_count(1), help="candidates per batch (default: config)")
     tune_cmd.add_argument("--time-limit", type=float, metavar="SECONDS",
                           help="start no new batch after this long (default: config; 0 = none)")
-    tune_cmd.add_argument("--tuning-log", metavar="DIR", help="log root (default: the config's [tuning] log_dir)")
+    tune_cmd.add_argument("--tuning-log", metavar="DIR",
+                          help="log root to write into (default: the config's [tuning] log_dir, else "
+                               "$TVM_FUSION_TUNING_LOGS or ~/.local/share/tvm_fusion/tuning_logs)")
     tune_cmd.add_argument("--rpc-tracker", type=_tracker, metavar="HOST:PORT",
                           help="measure on the RPC servers registered with this TVM tracker")
     tune_cmd.add_argument("--rpc-key", help="the servers' key at the tracker (with --rpc-tracker)")
@@ -168,7 +180,7 @@ def _tuning_parsers(commands) -> None:
     log_cmd = commands.add_parser("tuning-log", help="show, merge, prune or diff tuning logs")
     actions = log_cmd.add_subparsers(dest="action", required=True)
     show = actions.add_parser("show", help="kernels, trials, best latency per store")
-    show.add_argument("path", nargs="?", default="tuning_logs", help="store or log root (default: tuning_logs/)")
+    show.add_argument("path", nargs="?", help="store or log root (default: your store, then the shipped logs)")
     show.add_argument("--json", action="store_true")
     merge = actions.add_parser("merge", help="combine logs, keeping the best records per kernel")
     merge.add_argument("sources", nargs="+", help="stores or log roots")
@@ -319,7 +331,8 @@ def _tuning_log(args, say) -> int:
     from .tuning import logs
 
     if args.action == "show":
-        cli_output.print_log_show(*logs.show(args.path), as_json=args.json)
+        roots = [args.path] if args.path else [bundled.user_tuning_logs(), bundled.shipped_tuning_logs()]
+        cli_output.print_log_show(*logs.show(*roots), as_json=args.json)
     elif args.action == "merge":
         cli_output.print_log_merge(logs.merge(args.sources, args.output, keep=args.keep))
     elif args.action == "prune":
@@ -364,8 +377,27 @@ def _ablate(args, say) -> int:
     return 0
 
 
+def _demo(args, say) -> int:
+    from .api import bench_model, compile_model
+
+    model = bundled.demo_model()
+    say(f"demo model: {model}")
+    cli_output.print_compile(compile_model(model, args.config, [], args.output_dir, progress=say))
+    cli_output.print_bench(bench_model(model, args.config, [], repeat=args.repeat, include_stock=False,
+                                       progress=say))
+    return 0
+
+
+def _configs(args, say) -> int:
+    from .config import shipped_configs
+
+    cli_output.print_configs(shipped_configs())
+    return 0
+
+
 COMMANDS = {"compile": _compile, "run": _run, "inspect": _inspect, "bench": _bench, "tune": _tune,
-            "tuning-log": _tuning_log, "profile": _profile, "ablate": _ablate}
+            "tuning-log": _tuning_log, "profile": _profile, "ablate": _ablate, "configs": _configs,
+            "demo": _demo}
 
 if __name__ == "__main__":
     sys.exit(main())

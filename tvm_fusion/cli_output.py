@@ -233,3 +233,13 @@ def print_ablate(result) -> None:
     print("\n".join(result.lines()))
     if result.not_fired:
         print(f"did not fire on this model: {', '.join(result.not_fired)}")
+
+
+def print_configs(configs) -> None:
+    """``configs``: the shipped configs, by the name ``--config`` takes, and where their files are."""
+    def cut(text: str, width: int = 64) -> str:
+        return text if len(text) <= width else text[:width - 3].rstrip() + "..."
+
+    print(table(["name", "target", "for"], [[c.name, c.target, cut(c.summary)] for c in configs]))
+    if configs:
+        print(f"files: {configs[0].path.parent}/NAME.toml (copy one to edit it, then pass its path)")

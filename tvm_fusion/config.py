@@ -1,4 +1,4 @@
-"""Pipeline config: one TOML file per target in configs/, validated into a dataclass.
+"""Pipeline config: one TOML file per target (shipped ones by name), validated into a dataclass.
 
 Every mistake in a config file is reported with the file, the key and the allowed values,
 because a silently ignored typo would compile a different pipeline than the user asked for.
@@ -14,11 +14,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from . import bundled
 from .buckets import parse_bucket
 from .errors import ConfigError, ShapeError
 from .frontend.dims import parse_range
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "x86_64-host.toml"
+DEFAULT_CONFIG = bundled.config_dir() / f"{bundled.DEFAULT_CONFIG_NAME}.toml"
 
 TARGET_KINDS = ("llvm", "cuda")
 TARGET_KEYS = ("kind", "mcpu", "mtriple", "mattr", "num-cores", "arch", "host")
@@ -38,14 +39,22 @@ SECTIONS = {
 
 @dataclasses.dataclass(frozen=True)
 class TuningConfig:
-    """``[tuning]``: MetaSchedule budget and where the tuning logs live (``log_dir`` is absolute)."""
+    """``[tuning]``: MetaSchedule budget and where the tuning logs live (absolute paths).
+
+    ``log_dir`` is where ``tune`` writes and what compile reads first; ``shipped_dir`` holds the
+    records shipped with tvm_fusion, read for a target that ``log_dir`` has no store for. A
+    config that names its own ``log_dir`` reads that alone."""
 
     trials: int = 200
     per_task_trials: int = 64
     trials_per_iter: int = 16
     time_limit_s: float = 0.0  # 0 = no limit
     exclude: tuple[str, ...] = ()  # kernel-name glob patterns left to the hand schedules
-    log_dir: str = "tuning_logs"
+    log_dir: str = dataclasses.field(default_factory=lambda: str(bundled.user_tuning_logs()))
+    shipped_dir: str | None = dataclasses.field(default_factory=lambda: str(bundled.shipped_tuning_logs()))
+
+    def read_dirs(self) -> list[str]:
+        return [self.log_dir] + ([self.shipped_dir] if self.shipped_dir else [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +102,47 @@ def host_core_count() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+def resolve_config_path(path: str | os.PathLike | None) -> Path:
+    """A config file by path, or a shipped config by name (``x86_64-avx2``); ``None`` means the
+    shipped host config. A file of that name in the current directory wins over a shipped one."""
+    if path is None:
+        return DEFAULT_CONFIG
+    given = Path(path)
+    if given.is_file():
+        return given
+    shipped = bundled.config_path(str(path)) if not given.exists() else None
+    if shipped is not None:
+        return shipped
+    problem = "is a directory, not a file" if given.is_dir() else "does not exist"
+    raise ConfigError(f"config file {given} {problem}",
+                      f"pass an existing file with --config, or a shipped config by name: "
+                      f"{', '.join(bundled.config_names())} (`tvm-fusion configs` lists them)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShippedConfig:
+    name: str
+    path: Path
+    target: str  # kind and CPU or arch, as the file writes them ("llvm host", "cuda sm_90")
+    summary: str  # the file's first comment line
+
+
+def shipped_configs() -> list[ShippedConfig]:
+    """The configs that ship with tvm_fusion, for ``--config NAME``."""
+    found = []
+    for name in bundled.config_names():
+        path = bundled.config_path(name)
+        text = path.read_text()
+        target = tomllib.loads(text).get("target", {})
+        comment = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")), "")
+        found.append(ShippedConfig(name, path, f"{target.get('kind', 'llvm')} "
+                                   f"{target.get('mcpu') or target.get('arch') or 'generic'}", comment))
+    return found
+
+
 def load_config(path: str | os.PathLike | None = None) -> PipelineConfig:
-    """Read and validate a config file; ``None`` means the bundled host config."""
-    path = Path(path) if path is not None else DEFAULT_CONFIG
-    if not path.is_file():
-        problem = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise ConfigError(f"config file {path} {problem}",
-                          "pass an existing file with --config, e.g. configs/x86_64-host.toml")
+    """Read and validate a config file, or a shipped one by name; ``None`` means the shipped host config."""
+    path = resolve_config_path(path)
     try:
         raw = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
@@ -298,9 +341,11 @@ def _parse_tuning(section: dict[str, Any], path: str, fail) -> TuningConfig:
     exclude = section.get("exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(p, str) and p for p in exclude):
         raise fail("tuning.exclude", f"has value {exclude!r}", 'a list of kernel-name patterns like ["*transpose*"]')
-    log_dir = section.get("log_dir", TuningConfig.log_dir)
+    settings = TuningConfig(**counts, time_limit_s=float(limit), exclude=tuple(exclude))
+    if "log_dir" not in section:
+        return settings
+    log_dir = section["log_dir"]
     if not isinstance(log_dir, str) or not log_dir:
         raise fail("tuning.log_dir", f"has value {log_dir!r}", "a directory path (relative to the config file)")
     base = Path(path).parent if path != "<config>" else Path.cwd()
-    return TuningConfig(**counts, time_limit_s=float(limit), exclude=tuple(exclude),
-                        log_dir=str((base / log_dir).resolve()))
+    return dataclasses.replace(settings, log_dir=str((base / log_dir).expanduser().resolve()), shipped_dir=None)

@@ -60,7 +60,7 @@ def read_artifact(directory: str | Path, config=None, input_shapes=None, tuning_
     kind = metadata.get("target", {}).get("kind", "llvm")
     if kind != "llvm":
         raise ArtifactError(f"{directory} was built for {kind}: profile times CPU (llvm) kernels only",
-                            "profile an artifact built with a CPU config, e.g. configs/x86_64-host.toml")
+                            "profile an artifact built with a CPU config, e.g. --config x86_64-host")
     source = metadata.get("built_from") or {}
     if not source.get("model_path") or not source.get("config"):
         raise ArtifactError(f"{directory} does not say which model file and config it was built from "

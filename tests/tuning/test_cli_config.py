@@ -12,9 +12,14 @@ from tvm_fusion.tuning.store import TuningStore
 from tvm_fusion.tuning.store_contents import read_store, target_key, workload_id
 
 
-def test_bundled_config_tunes_into_the_repository_logs():
+def test_bundled_config_tunes_into_the_user_store_and_reads_the_shipped_logs(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_FUSION_TUNING_LOGS", str(tmp_path / "mine"))
     tuning = load_config(None).tuning
-    assert tuning.log_dir == str((DEFAULT_CONFIG.parent.parent / "tuning_logs").resolve())
+    assert tuning.log_dir == str(tmp_path / "mine")
+    assert tuning.read_dirs() == [str(tmp_path / "mine"), str((DEFAULT_CONFIG.parent.parent / "tuning_logs"))]
+    monkeypatch.delenv("TVM_FUSION_TUNING_LOGS")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert load_config(None).tuning.log_dir == str(tmp_path / "data" / "tvm_fusion" / "tuning_logs")
     assert tuning.trials >= tuning.per_task_trials >= tuning.trials_per_iter >= 1
     assert "*transpose*" in tuning.exclude
 
@@ -36,6 +41,7 @@ def test_log_dir_is_relative_to_the_config_file(tmp_path):
     path.write_text('[target]\nkind = "llvm"\n[tuning]\nlog_dir = "../logs"\ntime_limit_s = 90\n')
     tuning = load_config(path).tuning
     assert tuning.log_dir == str(tmp_path / "logs") and tuning.time_limit_s == 90.0
+    assert tuning.read_dirs() == [str(tmp_path / "logs")]  # a config's own log_dir is read alone
 
 
 @pytest.fixture

@@ -57,17 +57,18 @@ def _rows(contents: StoreContents) -> list[KernelRow]:
     return rows
 
 
-def show(path: str | Path) -> tuple[list[KernelRow], list[str]]:
+def show(*paths: str | Path) -> tuple[list[KernelRow], list[str]]:
     """Per kernel: trials, failures, best and hand-schedule latency; plus damaged-line notes.
-    A path without any record is a TuningLogError."""
+    Paths that do not exist are passed over; no record under any of them is a TuningLogError."""
     rows, notes = [], []
-    for directory in store_dirs(path):
+    existing = [path for path in paths if Path(path).exists()] or list(paths[:1])
+    for directory in (store for path in existing for store in store_dirs(path)):
         contents = read_store(directory)
         rows += _rows(contents)
         notes += [str(p) for p in contents.problems]
     if not rows:  # an empty table would read as "nothing tuned yet" for a mistyped path
         damaged = f" ({len(notes)} damaged line(s), first: {notes[0]})" if notes else ""
-        raise TuningLogError(f"no tuning records found in {path}{damaged}",
+        raise TuningLogError(f"no tuning records found in {' or '.join(map(str, paths))}{damaged}",
                              "pass a store (tuning_logs/<target-key>/) or a log root that `tvm-fusion tune` "
                              "wrote into")
     return rows, notes
