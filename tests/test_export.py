@@ -9,7 +9,7 @@ import pytest
 
 import helpers
 from tvm_fusion import __version__, api, cli, export
-from tvm_fusion.errors import ArtifactError
+from tvm_fusion.errors import ArtifactError, ToolchainError
 from tvm_fusion.runtime import LIBRARY_NAME, METADATA_NAME
 
 
@@ -39,11 +39,15 @@ def previous_artifact(executable, final: pathlib.Path) -> dict[str, bytes]:
     return snapshot(final.parent)
 
 
-@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("disk full")], ids=["interrupt", "error"])
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("disk full"),
+                                   ToolchainError("aarch64-linux-gnu-gcc is not installed", "apt-get install it")],
+                         ids=["interrupt", "error", "toolchain"])
 def test_failed_export_leaves_nothing(tmp_path, executable, error):
+    """The export runs in a child process: its error comes back as itself (type and message)."""
     final = tmp_path / "out" / "mlp.host"
-    with pytest.raises(type(error)):
+    with pytest.raises(type(error)) as info:
         export.write_artifact(Failing(executable, error), {"marker": "new"}, final)
+    assert str(error) in str(info.value)
     assert not (tmp_path / "out").exists()  # no final dir, no .tmp- or .old- dir, nor the folder it made
 
 
@@ -135,7 +139,7 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
     assert meta == {**mlp_build.metadata, "library": LIBRARY_NAME,
                     "library_sha256": meta["library_sha256"]}  # exactly what compile_model wrote
     assert set(meta) == {"model", "model_sha256", "inputs", "outputs", "target", "config", "pipeline",
-                         "schedule", "fusions", "kernels", "threads", "versions", "verification",
+                         "schedule", "fusions", "fusion_variants", "kernels", "threads", "versions", "verification",
                          "library", "library_sha256", "platform", "toolchain", "tuning", "fusion_gate", "dims",
                          "built_from", "schedule_rules"}
     assert pathlib.Path(meta["built_from"]["model_path"]).resolve() == mlp_path.resolve()

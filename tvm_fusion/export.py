@@ -7,9 +7,15 @@ artifact of the same name stays intact until the new one is complete.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import json
 import os
+import pickle
 import shutil
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,7 +57,7 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
         library = staging / LIBRARY_NAME
         # TVM's export workspace (lib0.o ...), gcc's and nvcc's temp files: inside the staging.
         with temp_files_in(staging / ".tmp"):
-            executable.export_library(str(library), **(export_options or {}))
+            _export_in_child(executable, library, export_options or {})
             if check is not None:
                 metadata = {**metadata, **check(library)}
         shutil.rmtree(staging / ".tmp")
@@ -71,3 +77,106 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
         raise
     shutil.rmtree(retired, ignore_errors=True)
     return final_dir
+
+
+def _export_in_child(executable, library: Path, options: dict) -> None:
+    """``export_library`` in a forked child process.
+
+    LLVM reports a failed write of the object file (a full disk) by printing "LLVM ERROR: IO
+    failure on output stream" and exiting the process, past every handler: the user got exit 1,
+    no message and a staging folder left behind. In a child, that exit becomes an error here,
+    where the staging is cleaned up. The child shares the parent's memory copy-on-write, so
+    nothing is serialized on the way in; a Python error in it (a missing toolchain, an
+    interrupt) comes back pickled and is raised here as itself.
+    """
+    log_read, log_write = os.pipe()
+    error_read, error_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(log_read)
+        os.close(error_read)
+        _export_and_exit(executable, library, options, log_write, error_write)
+    os.close(log_write)
+    os.close(error_write)
+    try:
+        with os.fdopen(log_read, "rb") as log, os.fdopen(error_read, "rb") as errors:
+            output = log.read().decode(errors="replace")  # EOF: the child (and its linker) are done
+            pickled = errors.read()
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # interrupted here: the child must not go on writing into the staging
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
+    if pickled:
+        raise pickle.loads(pickled)
+    if os.waitstatus_to_exitcode(status) == 0:
+        return
+    if "No space left" in output or "IO failure on output" in output or _disk_full(library.parent):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(library))
+    lines = [line for line in output.splitlines() if line.strip()]
+    raise RuntimeError(f"exporting {library.name} failed: "
+                       f"{lines[-1] if lines else f'exit status {os.waitstatus_to_exitcode(status)}'}")
+
+
+def _export_and_exit(executable, library: Path, options: dict, log_fd: int, error_fd: int):
+    """The child's side: export, send back any Python error, and end without exit handlers.
+
+    The export runs on a thread of its own: ``exit()`` first runs the calling thread's
+    thread-local destructors, and the main thread's include TVM's thread pool, which waits
+    there for workers that a forked child does not have. A new thread has none of those.
+    """
+    failure: list[BaseException] = []
+
+    def export() -> None:
+        try:
+            executable.export_library(str(library), **options)
+        except BaseException as err:  # noqa: BLE001 - raised again in the parent
+            failure.append(err)
+
+    try:
+        os.dup2(log_fd, 2)  # LLVM's, the linker's and Python's messages
+        _exit_at_once_on_exit()
+        worker = threading.Thread(target=export, name="tvm_fusion-export")
+        worker.start()
+        worker.join()
+    except BaseException as err:  # noqa: BLE001 - raised again in the parent
+        failure.append(err)
+    finally:
+        if failure:
+            try:
+                message = pickle.dumps(failure[0])
+            except Exception:  # noqa: BLE001 - an error that does not pickle goes back as text
+                message = pickle.dumps(RuntimeError(f"{type(failure[0]).__name__}: {failure[0]}"))
+            with contextlib.suppress(OSError), os.fdopen(error_fd, "wb") as stream:
+                stream.write(message)
+        os._exit(1 if failure else 0)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _exit_at_once_on_exit() -> None:
+    """Make ``exit()`` in this (forked) process end it at once, with its status.
+
+    LLVM's fatal errors call ``exit(1)``, which runs the C exit handlers, and ONNX Runtime's
+    waits there for its worker threads, which a forked child does not have: the child hung.
+    glibc calls ``on_exit`` handlers last-registered first, with the exit status as the first
+    argument, so registering ``_exit`` itself ends the process before any other handler runs.
+    """
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "on_exit"):
+        libc.on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None)
+    # A SIGKILLed compile takes its child along (Linux: PR_SET_PDEATHSIG), so the next run that
+    # removes the dead run's staging does not race a child still writing into it.
+    if hasattr(libc, "prctl"):
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _disk_full(folder: Path) -> bool:
+    """Less than 1 MiB left for the user: a linker that failed there failed for lack of room."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < (1 << 20)
