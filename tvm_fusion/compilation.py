@@ -137,7 +137,7 @@ class _SharedWork:
         key = (id(prepared), cfg.patterns, excluded)
         if key not in self.fused:
             if not excluded:
-                self.progress(f"running the tvm_fusion pipeline ({', '.join(cfg.patterns)})")
+                self.progress(f"running the tvm_fusion pipeline ({len(cfg.patterns)} patterns)")
             report = PatternReport()
             fused = fusion_pipeline(cfg, report, phases=GRAPH_PHASES, excluded=excluded)(prepared.relax_module)
             self.fused[key] = (fused, report)

@@ -37,6 +37,7 @@ Everything else goes to TVM's own converters.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import onnx
@@ -63,6 +64,13 @@ class Importer(ONNXGraphImporter):
     def __init__(self, shape_dict, dtype_dict):
         super().__init__(shape_dict, dtype_dict)
         self._dropouts_without_seed = 0
+
+    def from_onnx(self, graph, opset):
+        # TVM warns for every name it sanitizes for Relax ("Renaming name input.1 to input_1");
+        # the artifact keeps the ONNX names, so the warning would only mislead.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Renaming name ", category=UserWarning)
+            return super().from_onnx(graph, opset)
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
         convert = {"Dropout": self._dropout, "EyeLike": self._eye_like,

@@ -67,8 +67,7 @@ def load_records(log_dir: str | Path, target: Target) -> TuningRecords | None:
         others = [d.name for d in store_dirs(root)] if root.is_dir() else []
         if not others:
             return None
-        note = (f"{root} has tuning logs only for other targets ({', '.join(others)}); this target "
-                f"is {key}: compiled with the hand schedules (tune with `tvm-fusion tune`)")
+        note = f"no records for this target ({key}) in {root}, only for {', '.join(others)}: hand schedules"
         return TuningRecords(directory, key, ms.database.MemoryDatabase(),
                              StoreContents(directory, {}, [], [], {}), [note])
     contents = read_store(directory)
