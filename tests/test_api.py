@@ -8,9 +8,26 @@ from tvm_fusion import api, bench
 from tvm_fusion.errors import ShapeError, ToolchainError
 
 
-@pytest.mark.parametrize("shapes", ["input:1x3x8x8", ["input:1x3x8x8"], {"input": [1, 3, 8, 8]}])
+@pytest.mark.parametrize("shapes", ["input:1x3x8x8", ["input:1x3x8x8"], {"input": [1, 3, 8, 8]},
+                                    {"input": (1, 3, 8, 8)}, {"input": "1x3x8x8"}, [("input", (1, 3, 8, 8))],
+                                    [("input", "1x3x8x8")], (("input", [1, 3, 8, 8]),)])
 def test_input_shapes_as_one_flag_a_list_or_a_dict(shapes):
     assert api.parse_input_shapes(shapes) == {"input": (1, 3, 8, 8)}
+
+
+def test_input_shapes_from_python_take_ranges_and_values():
+    assert api.parse_input_shapes({"ids": "1x1..512", "sr": 16000}) == {"ids": (1, (1, 512, 1)), "sr": 16000}
+    assert api.parse_input_shapes([("ids", (1, (32, 640, 32)))]) == {"ids": (1, (32, 640, 32))}
+
+
+@pytest.mark.parametrize("shapes, culprit", [({"input": (1, 0.5)}, "input_shapes['input'] is (1, 0.5)"),
+                                             ({"input": (1, 0)}, "input_shapes['input'] is (1, 0)"),
+                                             ([(1, 2)], "input_shapes entry (1, 2)"),
+                                             ({"input": None}, "input_shapes['input'] is None")])
+def test_a_python_shape_that_is_not_one_names_the_parameter(shapes, culprit):
+    with pytest.raises(ShapeError) as info:
+        api.parse_input_shapes(shapes)
+    assert culprit in info.value.message
 
 
 def test_a_bad_shape_flag_names_itself():

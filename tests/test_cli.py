@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 import helpers
 from tvm_fusion import cli
@@ -177,7 +178,8 @@ def test_run_fill_random_repeat(capsys, tmp_path, mlp_artifact):
     assert match, out
     assert float(match.group(1)) == pytest.approx(float(y.mean()), rel=1e-4, abs=1e-6)
     assert float(match.group(2)) == pytest.approx(float(y.std()), rel=1e-4)
-    assert re.search(r"^median latency over 3 runs: \d+\.\d{3} ms$", out, re.M), out
+    assert re.search(r"^latency: min (\S+) / median (\S+) / p90 \S+ / p99 \S+ / max (\S+) ms over 3 runs, "
+                     r"[\d,]+ calls/s$", out, re.M), out
 
 
 def test_run_fill_zeros_matches_onnxruntime(capsys, tmp_path, mlp_artifact, mlp_path):
@@ -194,13 +196,45 @@ def test_run_input_file_and_save(capsys, tmp_path, mlp_artifact, mlp_path):
                              "--save", tmp_path / "outputs")
     assert code == 0, err
     assert "median latency" not in out  # only with --repeat > 1
-    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["y.npy"]
-    np.testing.assert_allclose(np.load(tmp_path / "outputs" / "y.npy"),
-                               helpers.ort_outputs(mlp_path, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["names.json", "outputs.npz", "y.npy"]
+    expected = helpers.ort_outputs(mlp_path, {"x": x})["y"]
+    np.testing.assert_allclose(np.load(tmp_path / "outputs" / "y.npy"), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.load(tmp_path / "outputs" / "outputs.npz")["y"],
+                                  np.load(tmp_path / "outputs" / "y.npy"))
+    assert json.loads((tmp_path / "outputs" / "names.json").read_text()) == {"y.npy": "y"}
 
 
-@pytest.mark.parametrize("case", ["shape", "dtype", "unknown", "missing_file", "not_npy", "no_equals",
-                                  "missing_input"])
+def test_run_without_inputs_fills_them_randomly_and_says_so(capsys, tmp_path, mlp_artifact):
+    code, out, err = run_cli(capsys, "run", mlp_artifact, "--save", tmp_path / "default")
+    assert code == 0, err
+    assert "no --input given: random inputs (x)" in err and "--fill zeros" in err
+    code, _, err = run_cli(capsys, "-q", "run", mlp_artifact, "--fill", "random", "--save", tmp_path / "asked")
+    assert code == 0 and "random inputs" not in err
+    np.testing.assert_array_equal(np.load(tmp_path / "default" / "y.npy"), np.load(tmp_path / "asked" / "y.npy"))
+
+
+def test_run_save_output_names_that_are_not_file_names(capsys, tmp_path, config_path):
+    """paddle2onnx names outputs like ``save_infer_model/scale_0.tmp_1``."""
+    names = ["save_infer_model/scale_0.tmp_1", "save_infer_model/scale_1.tmp_1", "../up", ".hidden"]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3]) for name in names]
+    nodes = [helper.make_node("Relu" if i % 2 else "Sigmoid", ["x"], [name]) for i, name in enumerate(names)]
+    model = helpers.save(helpers._model(helper.make_graph(nodes, "g", [x], outputs)), tmp_path / "slashes.onnx")
+    assert run_cli(capsys, "-q", "compile", model, "--config", config_path(), "-o", tmp_path / "build")[0] == 0
+    (artifact,) = (tmp_path / "build").iterdir()
+    code, _, err = run_cli(capsys, "-q", "run", artifact, "--fill", "random", "--save", tmp_path / "saved")
+    assert code == 0, err
+    saved = tmp_path / "saved"
+    mapping = json.loads((saved / "names.json").read_text())
+    assert sorted(mapping.values()) == sorted(names)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+\.npy", file) and not file.startswith(".") for file in mapping)
+    assert sorted(p.name for p in saved.iterdir()) == sorted([*mapping, "names.json", "outputs.npz"])
+    archive = np.load(saved / "outputs.npz")
+    for file, name in mapping.items():
+        np.testing.assert_array_equal(np.load(saved / file), archive[name])
+
+
+@pytest.mark.parametrize("case", ["shape", "dtype", "unknown", "missing_file", "not_npy", "no_equals"])
 def test_run_bad_input(capsys, tmp_path, mlp_artifact, case):
     good = np.zeros((4, 16), np.float32)
     arrays = {"shape": ("x", np.zeros((2, 16), np.float32)), "dtype": ("x", good.astype(np.float64)),
@@ -216,8 +250,6 @@ def test_run_bad_input(capsys, tmp_path, mlp_artifact, case):
         argv = ["--input", f"x={tmp_path / 'in.npy'}"]
     elif case == "no_equals":
         argv = ["--input", "x.npy"]
-    else:
-        argv = []
     expected = {
         "shape": "input 'x' has shape [2, 16], the model was built for 4x16",
         "dtype": "input 'x' has dtype float64, expected float32",
@@ -225,7 +257,6 @@ def test_run_bad_input(capsys, tmp_path, mlp_artifact, case):
         "missing_file": f"cannot read --input x={tmp_path / 'absent.npy'}",
         "not_npy": f"cannot read --input x={tmp_path / 'in.npy'}",
         "no_equals": "--input 'x.npy' is not NAME=FILE.npy",
-        "missing_input": "missing ['x']",
     }[case]
     code, out, err = run_cli(capsys, "-q", "run", mlp_artifact, *argv, "--save", tmp_path / "saved")
     assert code == ArtifactError.exit_code == 6
@@ -288,11 +319,18 @@ def test_bench_json(capsys, tmp_path, mlp_path, config_path):
                              "--repeat", "3", "--warmup", "1", "--json", out_json)
     assert code == 0, err
     for runtime in ("onnxruntime", "tvm_fusion", "stock_tvm"):
-        assert re.search(rf"^{runtime}\s+\S+\s+\S+\s+\S+$", out, re.M), out
-    assert "median of 3 interleaved runs" in out and "(x:4x16)" in out
+        assert re.search(rf"^{runtime}(\s+\S+){{8}}$", out, re.M), out
+    assert "3 interleaved rounds" in out and "(x:4x16)" in out
     data = json.loads(out_json.read_text())
     assert [p.name for p in out_json.parent.iterdir()] == ["out.json"]  # no staging file left
-    assert data["samples"] == 3 and data["model"] == "mlp" and data["inputs"] == {"x": [4, 16]}
+    assert data["rounds"] == 3 and data["model"] == "mlp" and data["inputs"] == {"x": [4, 16]}
+    for name, samples in data["samples_ms"].items():  # every timed run, and statistics that agree
+        stats = data["stats"][name]
+        assert len(samples) == 3 and stats["count"] == 3
+        assert stats["min_ms"] == min(samples) <= stats["median_ms"] <= stats["p90_ms"] <= stats["max_ms"] == max(samples)
+        assert data["medians_ms"][name] == pytest.approx(stats["median_ms"])
+        assert stats["per_s"] == pytest.approx(1e3 / (sum(samples) / 3))
+    assert set(data["load_average"]) == {"before", "after"}
     medians, ratios = data["medians_ms"], data["ratio_to_onnxruntime"]
     assert set(medians) == set(ratios) == {"onnxruntime", "tvm_fusion", "stock_tvm"}
     assert all(value > 0 for value in medians.values())
@@ -311,7 +349,7 @@ def test_bench_peer_openvino(capsys, tmp_path, mlp_path, config_path):
                              "--repeat", "3", "--warmup", "1", "--no-stock", "--peer", "openvino",
                              "--json", out_json)
     assert code == 0, err
-    assert re.search(r"^openvino\s+\S+\s+\S+\s+\S+$", out, re.M), out
+    assert re.search(r"^openvino(\s+\S+){8}$", out, re.M), out
     assert re.search(r"^this machine \(\S+\): \d+ GFLOP/s FMA peak, [\d.]+ GB/s triad", out, re.M), out
     data = json.loads(out_json.read_text())
     assert set(data["medians_ms"]) == set(data["ratio_to_onnxruntime"]) == {"onnxruntime", "tvm_fusion",
@@ -361,3 +399,18 @@ def test_console_script_compile_success(tmp_path, mlp_path, config_path):
         assert messages.count(expected) == 1, proc.stderr
     assert not any(m.startswith("tvm: [") for m in messages), proc.stderr  # our own lines, re-captured
     assert messages[-1].startswith("done in")
+
+
+def test_latency_statistics_and_the_noise_warning():
+    from tvm_fusion.latency import LatencyStats, noise_warning
+
+    steady = LatencyStats.of([0.001] * 18 + [0.0011, 0.0012])
+    assert (steady.min_ms, steady.median_ms, steady.max_ms) == pytest.approx((1.0, 1.0, 1.2))
+    assert steady.count == 20 and not steady.noisy
+    jumpy = LatencyStats.of([0.001] * 10 + [0.002] * 10)
+    assert jumpy.p90_ms == pytest.approx(2.0) and jumpy.noisy
+    assert noise_warning({"a": steady}, cores=2, load_before=0.5, load_after=0.7) is None
+    said = noise_warning({"a": steady, "b": jumpy}, cores=2, load_before=0.5, load_after=3.5)
+    assert "p90 over 1.2x the median for b" in said and "load average 3.5 on 2 cores" in said
+    with pytest.raises(ValueError):
+        LatencyStats.of([])

@@ -69,6 +69,18 @@ def test_artifact_is_plain_tvm(tmp_path, mlp_artifact, mlp_path, x_input):
                                helpers.ort_outputs(mlp_path, {"x": x_input})["y"], rtol=1e-4, atol=1e-5)
 
 
+def test_run_takes_a_dict_a_list_in_input_order_or_one_array(mlp_artifact, x_input):
+    model = tvm_fusion.load(mlp_artifact)
+    by_name = model.run({"x": x_input})["y"]
+    np.testing.assert_array_equal(model.run([x_input])["y"], by_name)
+    np.testing.assert_array_equal(model.run((x_input,))["y"], by_name)
+    np.testing.assert_array_equal(model.run(x_input)["y"], by_name)
+    for wrong, said in (([x_input, x_input], "got 2 array(s)"), ("x", "got str")):
+        with pytest.raises(ArtifactError) as info:
+            model.run(wrong)
+        assert said in info.value.message and "the model takes 1: x" in info.value.message
+
+
 def test_load_in_process_checks_inputs(mlp_artifact, x_input):
     model = tvm_fusion.load(mlp_artifact)
     assert model.inputs == [{"name": "x", "shape": [4, 16], "dtype": "float32"}]

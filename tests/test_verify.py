@@ -83,6 +83,19 @@ def test_check_outputs_raises_with_table():
     assert "no artifact was written" in info.value.hint
 
 
+def test_table_states_the_rule_and_the_worst_element():
+    """A max rel err above rtol can be ok (reference near zero); the table says why, and a
+    mismatch names how many elements are out and the worst one, both sides."""
+    near_zero = compare_one([1e-5, 1.0], [2e-5, 1.0])
+    assert near_zero.within_tolerance and near_zero.max_rel > RTOL
+    wrong = compare_one([1.0, 2.0, 3.5], [1.0, 2.5, 3.0])
+    assert not wrong.within_tolerance
+    assert wrong.note == "2 of 3 elements outside; worst: tvm_fusion 2, ONNX Runtime 2.5"
+    text = format_comparisons([near_zero, wrong], RTOL, ATOL)
+    assert text.splitlines()[-1] == (f"ok: every element has |tvm_fusion - ONNX Runtime| <= atol + rtol * "
+                                     f"|ONNX Runtime| (= {ATOL:g} + {RTOL:g} * |ONNX Runtime|)")
+
+
 @pytest.fixture
 def perturbed_reference(monkeypatch):
     """ONNX Runtime's outputs shifted by 0.5: the compiled module now looks wrong."""

@@ -13,6 +13,7 @@ import numpy as np
 from .build import build, build_stock, optimize
 from .frontend import onnx as onnx_frontend
 from .frontend.dims import ranges_of
+from .latency import LatencyStats, load_average, noise_warning
 from .machine_peak import MachinePeak, machine_peak
 from .metadata import bench_metadata
 from .native_log import captured_native_stderr, summarize
@@ -26,16 +27,27 @@ class BenchReport:
     threads: int
     inputs: dict[str, list[int]]
     medians_ms: dict[str, float]
-    samples: int
+    rounds: int
     max_abs_error: dict[str, float]
     peak: MachinePeak | None = None  # this machine's FMA and bandwidth roofs, probed beside the runs
+    samples_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # every timed run
+    load_average: dict[str, float] = dataclasses.field(default_factory=dict)  # "before", "after"
+
+    @property
+    def stats(self) -> dict[str, LatencyStats]:
+        return {name: LatencyStats.of([ms / 1e3 for ms in values]) for name, values in self.samples_ms.items()}
+
+    def noise_warning(self) -> str | None:
+        return noise_warning(self.stats, self.threads, self.load_average.get("before", 0.0),
+                             self.load_average.get("after", 0.0))
 
     def ratios(self, baseline: str = "onnxruntime") -> dict[str, float]:
         base = self.medians_ms[baseline]
         return {name: value / base for name, value in self.medians_ms.items()}
 
     def to_json(self) -> dict:
-        data = {**dataclasses.asdict(self), "ratio_to_onnxruntime": self.ratios()}
+        data = {**dataclasses.asdict(self), "ratio_to_onnxruntime": self.ratios(),
+                "stats": {name: s.to_json() for name, s in self.stats.items()}, "noise": self.noise_warning()}
         if self.peak is not None:
             data["peak"]["ridge_flop_per_byte"] = self.peak.ridge
         return data
@@ -108,6 +120,7 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         openvino.run()
         errors["openvino"] = max_abs_error(openvino.outputs(reference))
     times: dict[str, list[float]] = {name: [] for name in runners}
+    load_before = load_average()
     order, shuffler = list(runners), random.Random(cfg.seed)
     for round_index in range(warmup + repeat):
         # A new order each round: whichever runs right after another pays for its leftover
@@ -126,4 +139,6 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         model=prepared.name, threads=cfg.threads,
         inputs={s.name: list(s.shape) for s in run_specs},
         medians_ms={name: float(np.median(values)) * 1e3 for name, values in times.items()},
-        samples=repeat, max_abs_error=errors, peak=peak)
+        rounds=repeat, max_abs_error=errors, peak=peak,
+        samples_ms={name: [t * 1e3 for t in values] for name, values in times.items()},
+        load_average={"before": load_before, "after": load_average()})

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -14,6 +16,27 @@ from pathlib import Path
 from . import bundled, cli_output
 from .errors import ConfigError, TvmFusionError
 from .peers import PEERS
+
+
+EPILOG = """examples:
+  tvm-fusion demo                                     compile, verify and time the shipped BERT
+  tvm-fusion compile model.onnx --input-shape input:1x3x224x224 -o build/
+  tvm-fusion run build/model.x86_64-host --repeat 50
+  tvm-fusion bench model.onnx --peer openvino --json results.json
+  tvm-fusion compile model.onnx --config x86_64-avx2  (tvm-fusion configs lists the configs)
+
+`tvm-fusion COMMAND -h` shows a command's flags."""
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .metadata import versions
+
+        print("\n".join(f"{name} {version}" for name, version in versions().items()))
+        parser.exit()
 
 
 def _progress(verbose: bool):
@@ -57,10 +80,47 @@ def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) 
                              "it keeps one branch; the artifact refuses another value) (repeatable)")
 
 
+def _json_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                        help="also write the results as JSON to FILE; '-' (or no FILE): print JSON to "
+                             "stdout instead of the tables")
+
+
+def _repeat_arg(parser: argparse.ArgumentParser, default: int, what: str) -> None:
+    parser.add_argument("--repeat", "--rounds", dest="repeat", type=_count(1), default=default,
+                        help=f"{what} (default: {default}; --rounds is the old name, kept for one release)")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows a flag's default where it has one and its help does not already say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (not action.option_strings or "default" in text
+                or action.default in (None, [], False, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: {action.default})".strip()
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every subcommand takes ``-q`` too, so it may come after the command name."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+        if kwargs.get("prog", "").startswith("tvm-fusion "):
+            self.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                              help="no progress messages")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tvm-fusion", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="tvm-fusion", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Kernel fusion for Apache TVM: ONNX in, a fused, scheduled and verified library out.")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_Version, help="print the versions of tvm_fusion, TVM, onnx, "
+                                                           "onnxruntime and this machine's target key")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     compile_cmd = commands.add_parser("compile", help="ONNX -> fused, scheduled, verified library")
     compile_cmd.add_argument("model")
@@ -78,19 +138,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     run_cmd = commands.add_parser("run", help="run a built artifact directory")
     run_cmd.add_argument("artifact", help="build/<model>.<target>/")
-    run_cmd.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    run_cmd.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                         help="an input from a .npy file (or a .npz holding an array NAME) (repeatable)")
     run_cmd.add_argument("--fill", choices=["random", "zeros"],
-                         help="generate inputs not given with --input")
+                         help="generate the inputs not given with --input (with no --input at all: random)")
     run_cmd.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                          help="with --fill, the size of a dim the artifact takes a range of "
                               "(e.g. sequence=64; default: the size the given inputs have)")
-    run_cmd.add_argument("--repeat", type=_count(1), default=1, help="run N times, report median latency")
-    run_cmd.add_argument("--save", metavar="DIR", help="write each output to DIR/<name>.npy")
+    run_cmd.add_argument("--repeat", type=_count(1), default=1, help="run N times, report the latency")
+    run_cmd.add_argument("--save", metavar="DIR",
+                         help="write the outputs to DIR/outputs.npz (by output name) and one .npy each "
+                              "(names made file-safe; DIR/names.json maps them back)")
 
     inspect_cmd = commands.add_parser("inspect", help="op counts before/after fusion, fusions fired")
     inspect_cmd.add_argument("model")
     _shape_args(inspect_cmd)
-    inspect_cmd.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _json_arg(inspect_cmd)
     inspect_cmd.add_argument("--graph", metavar="FILE.svg|FILE.png|FILE.html",
                              help="also draw the fused graph, one box per fusion (.html: zoom and search)")
     inspect_cmd.add_argument("--onnx", metavar="FILE.onnx",
@@ -101,13 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd = commands.add_parser("bench", help="ONNX Runtime vs stock TVM vs tvm_fusion")
     bench_cmd.add_argument("model")
     _shape_args(bench_cmd)
-    bench_cmd.add_argument("--repeat", type=_count(1), default=30)
-    bench_cmd.add_argument("--warmup", type=_count(0), default=3)
+    bench_cmd.add_argument("--repeat", type=_count(1), default=30, help="timed rounds, each runner once a round")
+    bench_cmd.add_argument("--warmup", type=_count(0), default=3, help="untimed rounds first")
     bench_cmd.add_argument("--no-stock", action="store_true", help="skip stock TVM (it is slow)")
     bench_cmd.add_argument("--peer", action="append", default=[], choices=PEERS,
                            help="also time this engine in the same rounds (f32; needs the peers extra: "
                                 "pip install 'tvm_fusion[peers]'); repeatable")
-    bench_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    _json_arg(bench_cmd)
     _tuning_log_args(bench_cmd)
 
     profile_cmd = commands.add_parser("profile", help="per-kernel time, FLOPs, bytes, roofline; the gap to "
@@ -116,26 +179,27 @@ def build_parser() -> argparse.ArgumentParser:
                                            "(build/<model>.<target>/): the kernels it runs, built from "
                                            "the model, config, shapes and tuning log it names")
     _shape_args(profile_cmd)
-    profile_cmd.add_argument("--rounds", type=_count(1), default=30)
+    _repeat_arg(profile_cmd, 30, "timed rounds")
     profile_cmd.add_argument("--top", type=_count(1), default=15, help="kernels in the table (default 15)")
     profile_cmd.add_argument("--mine", action="store_true", help="rank adjacent unfused kernel chains")
-    profile_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    _json_arg(profile_cmd)
     profile_cmd.add_argument("--plot", metavar="FILE.svg|png", help="roofline and top kernels chart")
     _tuning_log_args(profile_cmd)
 
     ablate_cmd = commands.add_parser("ablate", help="latency with each fired pattern switched off in turn")
     ablate_cmd.add_argument("model")
     _shape_args(ablate_cmd)
-    ablate_cmd.add_argument("--rounds", type=_count(1), default=30)
-    ablate_cmd.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    _repeat_arg(ablate_cmd, 30, "timed rounds")
+    _json_arg(ablate_cmd)
     _tuning_parsers(commands)
 
     commands.add_parser("configs", help="list the shipped pipeline configs (--config NAME)")
     demo_cmd = commands.add_parser("demo", help="compile the shipped BERT example, verify it and time it "
                                                 "against ONNX Runtime (no files of yours needed)")
-    demo_cmd.add_argument("--config", help="a TOML file or a shipped config's name (default: x86_64-host)")
+    demo_cmd.add_argument("--config", help="a TOML file or a shipped config's name (`tvm-fusion configs` "
+                                           "lists them; default: x86_64-host)")
     demo_cmd.add_argument("-o", "--output-dir", default="build", help="default: build/")
-    demo_cmd.add_argument("--repeat", type=_count(1), default=20)
+    demo_cmd.add_argument("--repeat", type=_count(1), default=20, help="timed rounds against ONNX Runtime")
     return parser
 
 
@@ -175,13 +239,13 @@ def _tuning_parsers(commands) -> None:
     tune_cmd.add_argument("--rpc-tracker", type=_tracker, metavar="HOST:PORT",
                           help="measure on the RPC servers registered with this TVM tracker")
     tune_cmd.add_argument("--rpc-key", help="the servers' key at the tracker (with --rpc-tracker)")
-    tune_cmd.add_argument("--seed", type=int, default=0)
+    tune_cmd.add_argument("--seed", type=int, default=0, help="MetaSchedule's search seed")
 
     log_cmd = commands.add_parser("tuning-log", help="show, merge, prune or diff tuning logs")
     actions = log_cmd.add_subparsers(dest="action", required=True)
     show = actions.add_parser("show", help="kernels, trials, best latency per store")
     show.add_argument("path", nargs="?", help="store or log root (default: your store, then the shipped logs)")
-    show.add_argument("--json", action="store_true")
+    _json_arg(show)
     merge = actions.add_parser("merge", help="combine logs, keeping the best records per kernel")
     merge.add_argument("sources", nargs="+", help="stores or log roots")
     merge.add_argument("-o", "--output", required=True, help="log root to write <target-key>/ stores into")
@@ -227,6 +291,31 @@ def main(argv: list[str] | None = None) -> int:
         how, code = ("terminated", 143) if isinstance(interrupt, Terminated) else ("interrupted", 130)
         print(f"tvm-fusion: {how}; nothing partial was written", file=sys.stderr)
         return code
+    except BrokenPipeError:  # `tvm-fusion ... | head`: the reader left; no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _check_json_path(args) -> None:
+    """Before the work: a --json FILE that could not be written is refused now."""
+    from .files import check_writable
+
+    if args.json not in (None, "-"):
+        check_writable(Path(args.json).resolve().parent, f"the JSON file {args.json}", "--json")
+
+
+def _report(args, print_tables, to_json) -> None:
+    """The tables, and the JSON ``to_json()`` to --json FILE; with ``--json -`` the JSON alone, on stdout."""
+    import json
+
+    from .report import write_json
+
+    if args.json == "-":
+        print(json.dumps(to_json(), indent=2))
+        return
+    print_tables()
+    if args.json:
+        write_json(args.json, to_json())
 
 
 def _compile(args, say) -> int:
@@ -267,8 +356,12 @@ def _run(args, say) -> int:
         if not sep:
             raise ArtifactError(f"--input {item!r} is not NAME=FILE.npy", "e.g. --input x=x.npy")
         given[name] = read_input(name, path)
-    if args.fill:
-        given = model.filled_inputs(given, args.fill, args.dim)
+    fill = args.fill or (None if given else "random")
+    if fill and not args.fill:
+        say(f"no --input given: random inputs ({', '.join(s['name'] for s in model.inputs)}); "
+            "--fill zeros for zeros, --input NAME=FILE.npy for yours")
+    if fill:
+        given = model.filled_inputs(given, fill, args.dim)
     tensors = model.prepare(given)
     times = []
     for _ in range(args.repeat):
@@ -287,26 +380,23 @@ def _inspect(args, say) -> int:
 
     if args.check and not args.onnx:
         raise ConfigError("--check verifies the fused ONNX file, and no --onnx was given", "add --onnx FILE.onnx")
+    _check_json_path(args)
     result = inspect_model(args.model, args.config, args.input_shape, graph=args.graph)
     exported = (export_fused_onnx(args.model, args.config, args.input_shape, args.onnx, check=args.check)
                 if args.onnx else None)
-    cli_output.print_inspect(result, args.graph, exported, as_json=args.json)
+    _report(args, lambda: cli_output.print_inspect(result, args.graph, exported),
+            lambda: {**result.to_json(), **({"fused_onnx": exported.to_json()} if exported else {})})
     return 0
 
 
 def _bench(args, say) -> int:
     from .api import bench_model
-    from .files import check_writable
-    from .report import write_json
 
-    if args.json:
-        check_writable(Path(args.json).parent, "--json results", "--json")
+    _check_json_path(args)
     result = bench_model(args.model, args.config, args.input_shape, repeat=args.repeat,
                          warmup=args.warmup, include_stock=not args.no_stock,
                          tuning_log=_tuning_log_choice(args), progress=say, peers=tuple(args.peer))
-    cli_output.print_bench(result)
-    if args.json:
-        write_json(args.json, result.to_json())
+    _report(args, lambda: cli_output.print_bench(result), result.to_json)
     return 0
 
 
@@ -332,7 +422,10 @@ def _tuning_log(args, say) -> int:
 
     if args.action == "show":
         roots = [args.path] if args.path else [bundled.user_tuning_logs(), bundled.shipped_tuning_logs()]
-        cli_output.print_log_show(*logs.show(*roots), as_json=args.json)
+        _check_json_path(args)
+        rows, notes = logs.show(*roots)
+        _report(args, lambda: cli_output.print_log_show(rows, notes),
+                lambda: [dataclasses.asdict(row) for row in rows])
     elif args.action == "merge":
         cli_output.print_log_merge(logs.merge(args.sources, args.output, keep=args.keep))
     elif args.action == "prune":
@@ -344,19 +437,14 @@ def _tuning_log(args, say) -> int:
 
 def _profile(args, say) -> int:
     from .api import profile_model
-    from .files import check_writable
     from .profile_plot import check_plot_path, plot_profile
-    from .report import write_json
 
     if args.plot:
         check_plot_path(args.plot)
-    if args.json:
-        check_writable(Path(args.json).resolve().parent, f"the JSON file {args.json}", "--json")
-    result = profile_model(args.model, args.config, args.input_shape, rounds=args.rounds, mine=args.mine,
+    _check_json_path(args)
+    result = profile_model(args.model, args.config, args.input_shape, rounds=args.repeat, mine=args.mine,
                            progress=say, tuning_log=_tuning_log_choice(args))
-    cli_output.print_profile(result, args.top)
-    if args.json:
-        write_json(args.json, result.to_json())
+    _report(args, lambda: cli_output.print_profile(result, args.top), result.to_json)
     if args.plot:
         plot_profile(result, args.plot)
         print(f"plot: {args.plot}")
@@ -365,15 +453,10 @@ def _profile(args, say) -> int:
 
 def _ablate(args, say) -> int:
     from .api import ablate_model
-    from .files import check_writable
-    from .report import write_json
 
-    if args.json:
-        check_writable(Path(args.json).resolve().parent, f"the JSON file {args.json}", "--json")
-    result = ablate_model(args.model, args.config, args.input_shape, rounds=args.rounds, progress=say)
-    cli_output.print_ablate(result)
-    if args.json:
-        write_json(args.json, result.to_json())
+    _check_json_path(args)
+    result = ablate_model(args.model, args.config, args.input_shape, rounds=args.repeat, progress=say)
+    _report(args, lambda: cli_output.print_ablate(result), result.to_json)
     return 0
 
 

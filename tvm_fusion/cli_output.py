@@ -5,18 +5,17 @@ Tables go to stdout; notes about the input (damaged tuning-log lines, skipped re
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
 from pathlib import Path
 
 from .buckets import bucket_text
+from .latency import LatencyStats
 from .report import table
 from .verify import format_comparisons
 
 
 def _fired_table(fusions: dict[str, int]) -> str:
-    fused = [[name, count] for name, count in fusions.items() if "." not in name]
+    fused = [[name, count] for name, count in fusions.items()]
     return table(["pattern", "fired"], fused) if fused else "no fusion pattern fired"
 
 
@@ -44,8 +43,11 @@ def print_compile(result) -> None:
     if meta.get("tuning"):
         tuning = meta["tuning"]
         tuned, hand = tuning["tuned_kernels"], tuning["hand_schedule_measured_fastest"]
-        print(f"tuning log {tuning['log']}: {len(tuned)} kernel(s) tuned{': ' + ', '.join(tuned) if tuned else ''}"
-              f"; {len(hand)} kept the hand schedule (measured fastest)")
+        if Path(tuning["log"]).is_dir():
+            print(f"tuning log {tuning['log']}: {len(tuned)} kernel(s) tuned"
+                  f"{': ' + ', '.join(tuned) if tuned else ''}; {len(hand)} kept the hand schedule (measured fastest)")
+        else:
+            print(f"tuning log: no records for {tuning['target_key']}: hand schedules (`tvm-fusion tune` tunes them)")
     if result.comparisons:
         print(format_comparisons(result.comparisons, meta["verification"]["rtol"],
                                  meta["verification"]["atol"]))
@@ -78,24 +80,20 @@ def print_run(outputs: dict, times: list[float]) -> None:
         print(f"{name}: shape {list(value.shape)} dtype {value.dtype} "
               f"mean {float(np.mean(value)):.6g} std {float(np.std(value)):.6g}")
     if len(times) > 1:
-        print(f"median latency over {len(times)} runs: {np.median(times) * 1e3:.3f} ms")
+        print(f"latency: {LatencyStats.of(times).line()}")
 
 
-def print_inspect(result, graph: str | None = None, exported=None, as_json: bool = False) -> None:
-    """``inspect``'s tables (or its JSON): counts, fusions and what they absorbed, coverage,
-    near misses, Relax ops before and after; the drawn graph and the fused ONNX file if made."""
-    if as_json:
-        print(json.dumps({**result.to_json(), **({"fused_onnx": exported.to_json()} if exported else {})},
-                         indent=2))
-        return
+def print_inspect(result, graph: str | None = None, exported=None) -> None:
+    """``inspect``'s tables: counts, fusions and what they absorbed, coverage, near misses,
+    Relax ops before and after; the drawn graph and the fused ONNX file if made."""
     print(f"model: {result.model}")
     print(f"ONNX nodes: {sum(result.onnx_ops.values())} as exported, "
           f"{sum(result.onnx_ops_simplified.values())} after shape simplification")
     print(f"kernels per call: tvm_fusion {result.kernels}, stock TVM FuseOps {result.stock_kernels}\n")
     fired = sorted(result.report.fired.items())
-    rows = [[name, count] for name, count in fired if "." not in name]
+    rows = [[name, count] for name, count in fired]
     print(table(["pattern", "fired"], rows) if rows else "no pattern fired")
-    variants = [[name, count] for name, count in fired if "." in name]
+    variants = sorted([name, count] for name, count in result.report.variants.items())
     if variants:
         print("\n" + table(["fused variant", "count"], variants))
     if result.instances:
@@ -145,11 +143,17 @@ def _print_fused_onnx(exported) -> None:
 def print_bench(result) -> None:
     ratios = result.ratios()
     shapes = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in result.inputs.items())
-    print(f"model {result.model} ({shapes}), {result.threads} threads, median of {result.samples} "
-          "interleaved runs")
-    rows = [[name, result.medians_ms[name], ratios[name], result.max_abs_error.get(name, 0.0)]
+    print(f"model {result.model} ({shapes}), {result.threads} threads, {result.rounds} interleaved rounds")
+    stats = result.stats
+    rows = [[name, stats[name].median_ms, stats[name].min_ms, stats[name].p90_ms, stats[name].p99_ms,
+             stats[name].max_ms, round(stats[name].per_s), ratios[name], result.max_abs_error.get(name, 0.0)]
             for name in result.medians_ms]
-    print(table(["runtime", "median ms", "x ONNX Runtime", "max abs err vs ORT"], rows, "lrrr"))
+    print(table(["runtime", "median ms", "min", "p90", "p99", "max", "calls/s", "x ONNX Runtime",
+                 "max abs err vs ORT"], rows, "lrrrrrrrr"))
+    print("x ONNX Runtime: ratio of medians")
+    warning = result.noise_warning()
+    if warning:
+        print(f"note: {warning}", file=sys.stderr)
     peak = result.peak
     print(f"this machine ({peak.target_key}): {peak.gflops:.0f} GFLOP/s FMA peak, "
           f"{peak.gbytes_per_s:.1f} GB/s triad, {peak.l2_gbytes_per_s:.0f} GB/s L2 (probed {peak.probed_at})")
@@ -169,12 +173,9 @@ def print_tune(result) -> None:
     print(f"tuning log: {result.store}")
 
 
-def print_log_show(rows, notes, as_json: bool = False) -> None:
+def print_log_show(rows, notes) -> None:
     """``tuning-log show``: one row per kernel and store."""
     _notes(notes)
-    if as_json:
-        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
-        return
     print(table(["store", "kernel", "models", "trials", "failed", "best us", "hand us", "status"],
                 [[Path(r.store).name, r.kernel, ",".join(r.models), r.trials, r.failed,
                   r.best_us if r.best_us is not None else "-", r.hand_us if r.hand_us is not None else "-",

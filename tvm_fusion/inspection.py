@@ -36,7 +36,7 @@ class InspectReport:
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
-        data["report"] = {"fired": dict(self.report.fired),
+        data["report"] = {"fired": dict(self.report.fired), "variants": dict(self.report.variants),
                           "near_misses": [dataclasses.asdict(m) for m in self.report.near_misses]}
         data["coverage"] = self.coverage.to_json() if self.coverage is not None else None
         return data

@@ -42,6 +42,7 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
         "pipeline": list(cfg.patterns),
         "schedule": cfg.schedule,
         "fusions": {name: count for name, count in sorted(report.fired.items())},
+        "fusion_variants": {name: count for name, count in sorted(report.variants.items())},
         "kernels": kernel_calls(module),
         "schedule_rules": dict(sorted(schedule_rules.items())),
         "threads": cfg.threads,
@@ -51,6 +52,21 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
         "fusion_gate": gate.to_json() if gate is not None else None,
         "built_from": built_from(prepared, cfg, records),
     }
+
+
+def versions() -> dict[str, str]:
+    """``--version``: what a bug report needs, the target key of this machine's host config included."""
+    import onnx
+    import onnxruntime
+    import onnxslim
+    import tvm
+
+    from .config import load_config
+    from .tuning.store_contents import target_key
+
+    return {"tvm_fusion": __version__, "tvm": tvm.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "onnxslim": onnxslim.__version__,
+            "target key (x86_64-host here)": target_key(load_config(None).tvm_target())}
 
 
 def model_sha256(prepared: PreparedModel) -> str:

@@ -19,7 +19,7 @@ from .frontend.dims import evaluate_dim, ranges_of, var_sizes
 Progress = Callable[[str], None]
 # {name: dims or a pinned value} (a dim: a size, or a (low, high, step) range), NAME:DIMxDIM and
 # NAME=VALUE flags, or one such flag.
-ShapeArg = dict[str, tuple | int | float] | list[str] | str | None
+ShapeArg = dict[str, tuple | list | str | int | float] | list[str | tuple[str, tuple | list | str]] | str | None
 
 
 def quiet(_message: str) -> None:
@@ -44,24 +44,53 @@ def resolve_config(config: str | Path | PipelineConfig | None) -> PipelineConfig
 
 
 def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple | int | float]:
-    """``{name: dims or value}``, a list of ``NAME:DIMxDIM`` / ``NAME=VALUE`` flags, or one such
-    flag; a dim may be a ``LOW..HIGH[/STEP]`` range (a ``(low, high, step)`` tuple in a dict), a
-    value pins a one-element input (``sr=16000``)."""
+    """What a CLI user or a Python caller passes, as ``{name: dims or value}``:
+
+    * ``NAME:DIMxDIM`` / ``NAME=VALUE`` flags, a list of them, or one;
+    * a dict ``{name: shape}`` whose shape is a tuple or list of dims, a string ``"1x3x224x224"``,
+      or a number (a pinned one-element input);
+    * a list of ``(name, shape)`` pairs, with the same shapes.
+
+    A dim may be a range: ``LOW..HIGH[/STEP]`` in a string, a ``(low, high, step)`` tuple in a list.
+    """
     if not shapes:
         return {}
-    if isinstance(shapes, dict):
-        return {name: given if isinstance(given, (int, float)) else tuple(given) for name, given in shapes.items()}
     if isinstance(shapes, str):
         shapes = [shapes]
+    if isinstance(shapes, dict):
+        shapes = list(shapes.items())
     parsed: dict[str, tuple | int | float] = {}
-    for flag in shapes:
-        name, given = onnx_frontend.parse_value_flag(flag) or onnx_frontend.parse_shape_flag(flag)
+    for item in shapes:
+        if isinstance(item, str):
+            name, given = onnx_frontend.parse_value_flag(item) or onnx_frontend.parse_shape_flag(item)
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
+            name, given = item[0], _python_shape(*item)
+        else:
+            raise ShapeError(f"input_shapes entry {item!r} is neither a 'NAME:DIMxDIM' string nor a "
+                             "(name, shape) pair", "pass e.g. {'input': (1, 3, 224, 224)}, "
+                             "['input:1x3x224x224'] or [('input', (1, 3, 224, 224))]")
         if parsed.get(name, given) != given:
             said = " and ".join(_flag_text(name, g) for g in (parsed[name], given))
             raise ShapeError(f"input {name!r} is given twice, differently: {said}",
                              f"pass --input-shape or --input-value once for {name}")
         parsed[name] = given
     return parsed
+
+
+def _python_shape(name: str, shape) -> tuple | int | float:
+    """A shape given from Python: dims, a ``"1x3x224x224"`` string, or a number (pinned value)."""
+    if isinstance(shape, str):
+        return onnx_frontend.parse_shape_flag(f"{name}:{shape}")[1]
+    if isinstance(shape, (int, float)) and not isinstance(shape, bool):
+        return shape
+    dims = tuple(tuple(d) if isinstance(d, list) else d for d in shape) if isinstance(shape, (tuple, list)) else None
+    if dims is None or not all((isinstance(d, int) and not isinstance(d, bool) and d >= 1)
+                               or (isinstance(d, tuple) and len(d) == 3 and all(isinstance(v, int) for v in d))
+                               for d in dims):
+        raise ShapeError(f"input_shapes[{name!r}] is {shape!r}, not a shape",
+                         "give positive integer dims, e.g. (1, 3, 224, 224), a string '1x3x224x224', "
+                         "or a range dim as (low, high, step)")
+    return dims
 
 
 def _flag_text(name: str, given) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,10 +44,27 @@ class CompiledModel:
         self._device = tvm.cuda(0) if metadata.get("target", {}).get("kind") == "cuda" else tvm.cpu()
         self._machines = _MachinePool(module, self._device)
 
-    def prepare(self, inputs: Mapping[str, np.ndarray]) -> list:
-        """Check names, shapes and dtypes against the metadata; return device tensors in order."""
+    def by_name(self, inputs) -> Mapping[str, np.ndarray]:
+        """A dict as it is; a list or tuple in the order of the inputs (pinned ones left out); one
+        array for a one-input model."""
+        if isinstance(inputs, Mapping):
+            return inputs
+        free = [spec["name"] for spec in self.inputs if "value" not in spec]
+        arrays = ([inputs] if isinstance(inputs, np.ndarray) else
+                  list(inputs) if isinstance(inputs, (list, tuple)) else None)
+        if arrays is None or len(arrays) != len(free):
+            given = f"{len(arrays)} array(s)" if arrays is not None else type(inputs).__name__
+            raise ArtifactError(f"inputs: got {given}, the model takes {len(free)}: {', '.join(free)}",
+                                "pass a dict {name: array}, a list in that order, or one array for a "
+                                "one-input model")
+        return dict(zip(free, arrays))
+
+    def prepare(self, inputs) -> list:
+        """Check names, shapes and dtypes against the metadata; return device tensors in order.
+        ``inputs``: a dict by name, a list in input order, or one array (``by_name``)."""
         import tvm
 
+        inputs = self.by_name(inputs)
         expected = [spec["name"] for spec in self.inputs]
         unknown = sorted(set(inputs) - set(expected))
         # A pinned input may be left out: it can only hold its value.
@@ -157,7 +175,8 @@ class CompiledModel:
         """Safe from any number of threads at once: each call in flight has a VM of its own."""
         return self._machines.call(tensors)
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, inputs) -> dict[str, np.ndarray]:
+        """Outputs by name; ``inputs`` as ``prepare`` takes them. Safe from many threads at once."""
         result = self.run_prepared(self.prepare(inputs))
         values = [result] if hasattr(result, "numpy") else list(result)
         return {spec["name"]: value.numpy() for spec, value in zip(self.outputs, values)}
@@ -236,19 +255,33 @@ def check_save_dir(directory: str | os.PathLike) -> None:
     check_writable(directory, "the outputs", "--save")
 
 
+SAVED_ARCHIVE = "outputs.npz"
+SAVED_NAMES = "names.json"
+
+
 def save_outputs(outputs: Mapping[str, np.ndarray], directory: str | os.PathLike) -> list[Path]:
-    """Write each output to ``DIR/<name>.npy``: all of them or, on failure, none (and no staging)."""
+    """``run --save DIR``: ``DIR/outputs.npz`` keyed by the model's output names, one ``.npy`` per
+    output under a file-safe name (paddle2onnx names hold '/': ``save_infer_model/scale_0.tmp_1``),
+    and ``DIR/names.json`` mapping each file to its output. All of them or, on failure, none."""
     directory = Path(directory)
+    files = safe_file_names(list(outputs))
     created = missing_folders(directory / "x")
     staged: list[tuple[Path, Path]] = []
+
+    def stage(name: str, write) -> None:
+        final = directory / name
+        staged.append((staging_path(final), final))
+        with open(staged[-1][0], "wb") as stream:  # a file object: numpy adds no suffix
+            write(stream)
+
     try:
         directory.mkdir(parents=True, exist_ok=True)
         remove_stale_staging(directory)
         for name, value in outputs.items():
-            final = directory / f"{name}.npy"
-            staged.append((staging_path(final), final))
-            with open(staged[-1][0], "wb") as stream:  # a file object: np.save adds no suffix
-                np.save(stream, value)
+            stage(files[name], lambda stream, value=value: np.save(stream, value))
+        stage(SAVED_ARCHIVE, lambda stream: np.savez(stream, **outputs))
+        mapping = json.dumps({files[name]: name for name in outputs}, indent=2) + "\n"
+        stage(SAVED_NAMES, lambda stream: stream.write(mapping.encode()))
         for staging, final in staged:
             os.replace(staging, final)
     except BaseException as err:
@@ -260,6 +293,22 @@ def save_outputs(outputs: Mapping[str, np.ndarray], directory: str | os.PathLike
                                 hint_for(err, "--save")) from err
         raise
     return [final for _, final in staged]
+
+
+def safe_file_names(names: list[str]) -> dict[str, str]:
+    """Output name -> a ``.npy`` file name of letters, digits, '.', '_' and '-' only, distinct
+    from the others and from the archive and the name map."""
+    taken = {SAVED_ARCHIVE, SAVED_NAMES}
+    files = {}
+    for name in names:
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "output"
+        candidate, suffix = f"{stem}.npy", 1
+        while candidate in taken:
+            suffix += 1
+            candidate = f"{stem}_{suffix}.npy"
+        taken.add(candidate)
+        files[name] = candidate
+    return files
 
 
 def _as_bfloat16_if_saved(value: np.ndarray, dtype: str) -> np.ndarray:

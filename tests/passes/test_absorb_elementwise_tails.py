@@ -62,7 +62,7 @@ def test_affine_after_the_epilogue_joins_the_composite():
 
     after, report = fuse(Before)
     tvm.ir.assert_structural_equal(after, Expected)
-    assert report.fired["gemm_epilogue.matmul_bias_elementwise"] == 1
+    assert report.variants["gemm_epilogue.matmul_bias_elementwise"] == 1
     (instance,) = report.instances
     assert instance.variant == "gemm_epilogue.matmul_bias_elementwise"
     assert instance.absorbed == ["lv", "lv1", "lv2", "gv"]
@@ -116,7 +116,7 @@ def test_must_not_absorb_a_tail_whose_middle_is_read_elsewhere():
             return gv
 
     after, report = fuse(Before)
-    assert report.fired["gemm_epilogue.matmul_bias"] == 1
+    assert report.variants["gemm_epilogue.matmul_bias"] == 1
     assert not any(k.endswith("_elementwise") for k in report.fired)
 
 
@@ -202,7 +202,7 @@ def test_conv_with_affine_hardswish_affine_matches_the_unfused_module(groups):
     report = PatternReport()
     schedule_log: dict[str, str] = {}
     fused = fusion_pipeline(config, report, schedule_log=schedule_log)(module)
-    assert report.fired["conv_epilogue.conv_bias_elementwise"] == 1
+    assert report.variants["conv_epilogue.conv_bias_elementwise"] == 1
     assert len([f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]) == 1
     assert "Fallback" not in schedule_log.values(), schedule_log
     data = rng.standard_normal((1, 8, 9, 7)).astype("float32")

@@ -56,7 +56,7 @@ def test_a_conv_chain_converts_with_one_transform_at_each_end():
 
     after, report = convert(Before)
     tvm.ir.assert_structural_equal(after, Expected)
-    assert report.fired["blocked_layout.conv2d"] == 2
+    assert report.variants["blocked_layout.conv2d"] == 2
 
 
 def test_a_depthwise_conv_converts_with_its_filters_blocked():
@@ -80,7 +80,7 @@ def test_a_depthwise_conv_converts_with_its_filters_blocked():
         (str(e.attrs.data_layout), str(e.attrs.kernel_layout)))
         if isinstance(e, relax.Call) and e.op.name == "relax.nn.conv2d" else None)
     assert convs == [("NCHW16c", "OIHW16i16o"), ("NCHW16c", "OIHW16o")]
-    assert report.fired["blocked_layout.conv2d"] == 2 and not report.near_misses
+    assert report.variants["blocked_layout.conv2d"] == 2 and not report.near_misses
 
     # Switched off (blocked_depthwise = false in the config): the model stays in NCHW and says how.
     after, report = convert(Before)
@@ -131,7 +131,7 @@ def test_a_grouped_conv_of_whole_blocks_converts_with_dense_block_filters():
     after, report = convert(Before)
     grouped = [e for e in _calls(after, "relax.nn.conv2d") if int(e.attrs.groups) == 2]
     assert [(str(e.attrs.data_layout), str(e.attrs.kernel_layout)) for e in grouped] == [("NCHW16c", "OIHW16i16o")]
-    assert report.fired["blocked_layout.conv2d"] == 2 and not report.near_misses
+    assert report.variants["blocked_layout.conv2d"] == 2 and not report.near_misses
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(shape).astype("float32") for shape in ((1, 16, 8, 8), (32, 16, 1, 1), (32, 16, 3, 3))]
     np.testing.assert_allclose(run_lowered(after, *args), run_lowered(Before, *args), rtol=1e-4, atol=1e-4)
@@ -164,7 +164,7 @@ def test_an_rgb_stem_reads_nchw_and_writes_the_blocked_layout():
     assert conv_layouts(after, "out_layout") == ["NCHW16c", "NCHW16c"]
     assert conv_layouts(after, "kernel_layout") == ["OIHW16o", "OIHW16i16o"]
     assert transforms_of_maps(after) == 1  # the output back to NCHW
-    assert report.fired["blocked_layout.conv2d"] == 2 and not report.near_misses
+    assert report.variants["blocked_layout.conv2d"] == 2 and not report.near_misses
 
 
 def conv_layouts(mod, attr: str = "data_layout") -> list[str]:
@@ -215,7 +215,7 @@ def test_convs_off_the_block_stay_in_nchw_and_the_convs_around_them_convert():
     after, report = convert(Before)
     assert conv_layouts(after) == ["NCHW16c", "NCHW", "NCHW", "NCHW"]
     assert conv_layouts(after, "out_layout") == ["NCHW16c", "NCHW", "NCHW", "NCHW16c"]
-    assert report.fired["blocked_layout.conv2d"] == 2
+    assert report.variants["blocked_layout.conv2d"] == 2
     (miss,) = report.near_misses
     assert miss.reason.startswith("2 conv(s) stay in NCHW, their channels not multiples of 16")
     assert "16 -> 1 channels on (1, 16, 8, 8); 1 -> 1 channels on (1, 1, 8, 8)" in miss.reason
@@ -245,7 +245,7 @@ def test_a_transposed_conv_after_a_blocked_conv_reads_nchw(block):
     relax.analysis.post_order_visit(after["main"].body, lambda e: transposed.append(str(e.attrs.data_layout))
                                     if isinstance(e, relax.Call) and e.op.name == "relax.nn.conv2d_transpose" else None)
     assert transposed == ["NCHW"]
-    assert report.fired["blocked_layout.conv2d"] == 1 and not report.near_misses
+    assert report.variants["blocked_layout.conv2d"] == 1 and not report.near_misses
     assert_same_outputs(Before, after, tolerance=1e-4)
 
 
@@ -300,7 +300,7 @@ def test_resnet_in_blocked_layout_matches_onnx_runtime_and_nchw(shape):
         results[name] = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
         if name == "blocked":
             rules = set(optimized.schedule_rules.values())
-            assert optimized.report.fired["blocked_layout.conv2d"] == 20
+            assert optimized.report.variants["blocked_layout.conv2d"] == 20
             assert "Conv2dNCHWc" in rules and "Conv2dNCHW" not in rules and "Fallback" not in rules
             # The stem writes blocks; one transform out, before the classifier.
             assert len([k for k in optimized.schedule_rules if "layout_transform" in k]) == 1
@@ -361,7 +361,7 @@ def test_resnet_for_a_range_of_sizes_runs_blocked_and_matches_onnx_runtime_at_ea
     cfg = dataclasses.replace(load_config(None), conv_layout="NCHWc")
     prepared = api.prepare(EXAMPLES / "resnet_tiny.onnx", cfg, input_shapes="input:1x3x16..256x16..256")
     optimized = api.optimize(prepared, tuning_log=False)
-    assert optimized.report.fired["blocked_layout.conv2d"] == 20 and not optimized.report.near_misses
+    assert optimized.report.variants["blocked_layout.conv2d"] == 20 and not optimized.report.near_misses
     rules = optimized.schedule_rules
     assert [k for k, rule in rules.items() if "conv2d" in k and rule != "Conv2dNCHWc"] == []
     vm = relax.VirtualMachine(api.build(optimized.module, cfg), tvm.cpu())
@@ -416,7 +416,7 @@ def test_a_c2f_block_split_and_concat_stays_blocked():
             return gv
 
     after, report = convert(Before)
-    assert report.fired["blocked_layout.conv2d"] == 3 and not report.near_misses
+    assert report.variants["blocked_layout.conv2d"] == 3 and not report.near_misses
     assert transforms_of_maps(after) == 2
     assert_same_outputs(Before, after, tolerance=1e-5)
 

@@ -153,7 +153,7 @@ def test_a_regnet_block_compiles_blocked_and_matches_onnx_runtime(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     prepared = api.prepare(path)
     optimized = api.optimize(prepared, tuning_log=False)
-    assert optimized.report.fired["blocked_layout.conv2d"] == 4
+    assert optimized.report.variants["blocked_layout.conv2d"] == 4
     assert set(optimized.schedule_rules.values()) - {"Injective"} == {"Conv2dNCHWc"}
     x = RNG.standard_normal((1, 3, 30, 22)).astype("float32")
     vm = relax.VirtualMachine(api.build(optimized.module, prepared.config), tvm.cpu())

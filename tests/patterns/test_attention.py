@@ -94,7 +94,7 @@ def test_bert_form_becomes_one_composite():
     after, report = fuse(Before)
     tvm.ir.assert_structural_equal(after, Expected)
     assert report.fired["attention"] == 1
-    assert report.fired["attention.masked"] == 1
+    assert report.variants["attention.masked"] == 1
 
 
 def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_shape=(1, 1, 1, 8),
@@ -204,7 +204,7 @@ def _attention_module(scale_op=relax.op.divide, scale=None, causal=False, mask_s
 ])
 def test_variants_fire(variant, kwargs):
     after, report = fuse(_attention_module(**kwargs))
-    assert report.fired[f"attention.{variant}"] == 1
+    assert report.variants[f"attention.{variant}"] == 1
     assert not report.near_misses
     assert [b.var.name for b in after["main"].body.blocks[0].bindings][-1:] == ["gv"]
     assert len(after["main"].body.blocks[0].bindings) == 1
@@ -247,7 +247,7 @@ def test_symbolic_sequence_fuses(variant, kwargs):
     """Batch, query and key lengths may be symbolic: one kernel for a range of sequence lengths,
     the head split/merge shapes ([1, sequence, 2, 8]) written inline in the composite."""
     after, report = fuse(_attention_module(**kwargs))
-    assert report.fired[f"attention.{variant}"] == 1
+    assert report.variants[f"attention.{variant}"] == 1
     assert not report.near_misses
     (composite,) = [f for _, f in after.functions_items() if f.attrs and "Composite" in f.attrs]
     assert not [p for p in composite.params if isinstance(p.ty, relax.ShapeType)]
@@ -281,7 +281,7 @@ def test_every_attention_of_the_exported_models_fuses(model, shapes, variant, la
     """What `tvm-fusion inspect` reports: every layer's attention fused, nothing declined."""
     inspected = api.inspect_model(REPO / model, input_shapes=shapes)
     assert inspected.report.fired["attention"] == layers
-    assert inspected.report.fired[f"attention.{variant}"] == layers
+    assert inspected.report.variants[f"attention.{variant}"] == layers
     assert not [m for m in inspected.report.near_misses if m.pattern == "attention"]
     assert "softmax" not in inspected.fused_ops
 
@@ -290,7 +290,7 @@ def test_llama_block_matches_onnxruntime_and_unfused():
     """Real exporter output with Q and K through the rotary embedding before the attention."""
     prepared = api.prepare(REPO / "tests" / "data" / "llama_block.onnx", load_config(), ["input_ids:2x8"])
     optimized = api.optimize(prepared)
-    assert optimized.report.fired["attention.qk_heads_masked"] == 1
+    assert optimized.report.variants["attention.qk_heads_masked"] == 1
     assert "Attention" in optimized.schedule_rules.values()
     inputs = random_inputs(prepared.onnx_model, prepared.inputs, seed=0)
     arrays = [inputs[spec.name] for spec in prepared.inputs]
@@ -387,7 +387,7 @@ def test_fused_matches_onnxruntime_and_unfused(tmp_path, mask_form, seq, variant
     onnx.save(model, str(path))
     prepared = api.prepare(path, load_config())
     optimized = api.optimize(prepared)
-    assert optimized.report.fired[f"attention.{variant}"] == 1
+    assert optimized.report.variants[f"attention.{variant}"] == 1
     assert "Attention" in optimized.schedule_rules.values()
 
     rng = np.random.default_rng(0)

@@ -71,7 +71,7 @@ def test_the_folded_conv_is_one_epilogue_kernel_with_its_activation():
                           name="test")
     report = PatternReport()
     fusion_pipeline(config, report, phases=("canonicalize", "fuse"))(conv_affine_module())
-    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+    assert report.variants["conv_epilogue.conv_bias_relu"] == 1
 
 
 # Symbolic image sizes ---------------------------------------------------------------------
@@ -94,7 +94,7 @@ def test_symbolic_height_and_width_fold_fuse_and_match_at_every_size():
     from symbolic_helpers import pipeline_and_compare
     report, log = pipeline_and_compare(_symbolic_affine((1, 8, 1, 1)), [(1, 1), (3, 17), (40, 9)])
     assert report.fired["conv_affine_fold"] == 1
-    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+    assert report.variants["conv_epilogue.conv_bias_relu"] == 1
     assert list(log.values()) == ["Conv2dNCHW"]
 
 

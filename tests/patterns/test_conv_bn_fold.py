@@ -34,7 +34,7 @@ def test_conv_bn_folds_to_conv_plus_bias_exactly():
 def test_conv_with_bias_and_groups_folds_and_fuses_into_one_kernel():
     report, module = compile_and_compare(conv_bn_model(with_bias=True, groups=2), rtol=1e-5, atol=1e-5)
     assert report.fired["conv_bn_fold"] == 1
-    assert report.fired["conv_epilogue.conv_bias"] == 1
+    assert report.variants["conv_epilogue.conv_bias"] == 1
 
 
 def _conv_bn_module(training: bool):
@@ -88,7 +88,7 @@ def test_symbolic_height_and_width_fold_fuse_and_match_at_every_size():
     mod = symbolic_module(block, {"x": (1, 4, HEIGHT, WIDTH)}, weights)
     report, log = pipeline_and_compare(mod, [(1, 1), (3, 17), (40, 9)])
     assert report.fired["conv_bn_fold"] == 1
-    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+    assert report.variants["conv_epilogue.conv_bias_relu"] == 1
     assert list(log.values()) == ["Conv2dNCHW"]
 
 

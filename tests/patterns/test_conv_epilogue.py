@@ -58,7 +58,7 @@ def test_conv_bias_relu_becomes_one_composite():
 
     after, report = fuse(Before)
     tvm.ir.assert_structural_equal(after, Expected)
-    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+    assert report.variants["conv_epilogue.conv_bias_relu"] == 1
 
 
 def block_model(groups, strides, dilations, activation_nodes, residual):
@@ -92,7 +92,7 @@ def test_each_activation_fuses_into_one_kernel(activation):
     model = block_model(1, 1, 1, ACTIVATIONS[activation], residual=False)
     # Tolerance: fast-math sigmoid (~1e-6 rel) and reassociated hardswish; 1e-4 covers both.
     report, module = compile_and_compare(model)
-    assert report.fired[f"conv_epilogue.conv_bias_{activation}"] == 1
+    assert report.variants[f"conv_epilogue.conv_bias_{activation}"] == 1
     assert len(prim_func_names(module)) == 1
 
 
@@ -101,7 +101,7 @@ def test_depthwise_grouped_strided_dilated_with_residual(groups, strides, dilati
     model = block_model(groups, strides, dilations, ACTIVATIONS["hardswish"], residual=strides == 1)
     report, module = compile_and_compare(model)
     variant = "conv_bias_hardswish_residual_relu" if strides == 1 else "conv_bias_hardswish"
-    assert report.fired[f"conv_epilogue.{variant}"] == 1
+    assert report.variants[f"conv_epilogue.{variant}"] == 1
     assert len(prim_func_names(module)) == 1
 
 
@@ -182,7 +182,7 @@ def test_fpn_merge_with_a_conv_lateral_is_one_kernel(mode):
     small top map (rtol/atol 1e-4 against ONNX Runtime and the unfused module)."""
     report, module = compile_and_compare(fpn_merge_model(UPSAMPLE_MODES[mode]),
                                          patterns=["conv_epilogue", "resize_merge"])
-    assert report.fired["conv_epilogue.conv_upsampled_residual"] == 1
+    assert report.variants["conv_epilogue.conv_upsampled_residual"] == 1
     assert len(prim_func_names(module)) == 1
 
 
@@ -191,8 +191,8 @@ def test_must_not_absorb_an_upsampled_map_that_is_also_an_output():
     mod = import_model(model, [TensorSpec("c4", (1, 16, 10, 14), "float32"),
                                TensorSpec("p5", (1, 8, 5, 7), "float32")])
     after, report = fuse(mod)
-    assert report.fired["conv_epilogue.conv_upsampled_residual"] == 0
-    assert report.fired["conv_epilogue.conv_residual"] == 1  # the stored map is a plain residual
+    assert report.variants["conv_epilogue.conv_upsampled_residual"] == 0
+    assert report.variants["conv_epilogue.conv_residual"] == 1  # the stored map is a plain residual
 
 
 # Symbolic image sizes ---------------------------------------------------------------------
@@ -206,7 +206,7 @@ def test_symbolic_height_and_width_fuse_and_match_at_every_size():
     mod = symbolic_module(lambda x, r, w, b: r_nn.relu(r_add(r_add(r_nn.conv2d(x, w, padding=1), b), r)),
                           {"x": (1, 4, HEIGHT, WIDTH), "r": (1, 8, HEIGHT, WIDTH)}, weights)
     report, log = pipeline_and_compare(mod, [(1, 1), (3, 17), (40, 9)])
-    assert report.fired["conv_epilogue.conv_bias_residual_relu"] == 1
+    assert report.variants["conv_epilogue.conv_bias_residual_relu"] == 1
     assert list(log.values()) == ["Conv2dNCHW"]
 
 

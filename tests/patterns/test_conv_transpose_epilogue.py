@@ -64,7 +64,7 @@ def test_conv_transpose_bias_relu_becomes_one_composite():
 
     after, report = fuse(Before)
     tvm.ir.assert_structural_equal(after, Expected)
-    assert report.fired["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
+    assert report.variants["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
 
 
 def test_must_not_fuse_when_the_conv_transpose_output_is_used_elsewhere():
@@ -138,7 +138,7 @@ def test_conv_transpose_epilogue_matches_onnxruntime_and_stock(kernel, strides, 
                                                                groups, activation):
     model = conv_transpose_model(kernel, strides, pads, output_padding, groups, activation)
     report, module = compile_and_compare(model, patterns=PATTERNS)
-    assert report.fired[f"conv_transpose_epilogue.conv_transpose_bias_{activation}"] == 1
+    assert report.variants[f"conv_transpose_epilogue.conv_transpose_bias_{activation}"] == 1
     assert len(prim_func_names(module)) == 1
 
 
@@ -148,7 +148,7 @@ def test_batch_norm_after_conv_transpose_folds_and_fuses(groups):
     # Tolerance: folding reorders one multiply per weight; float32 rounding only.
     report, module = compile_and_compare(model, patterns=PATTERNS, rtol=1e-5, atol=1e-5)
     assert report.fired["conv_bn_fold"] == 1
-    assert report.fired["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
+    assert report.variants["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
     assert len(prim_func_names(module)) == 1
 
 
@@ -168,10 +168,10 @@ def test_exported_dbnet_head_fuses_every_conv_transpose_with_its_bn_and_activati
     report, module = compile_and_compare(model, patterns=PATTERNS)
     # torch's exporter folds the Conv's BN itself (eval peephole) but not the ConvTranspose's.
     assert report.fired["conv_bn_fold"] == ops.count("BatchNormalization") == 1
-    assert report.fired["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
-    assert report.fired["conv_transpose_epilogue.conv_transpose_bias_sigmoid"] == 1
+    assert report.variants["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
+    assert report.variants["conv_transpose_epilogue.conv_transpose_bias_sigmoid"] == 1
     assert report.fired["conv_transpose_epilogue"] == ops.count("ConvTranspose") == 2
-    assert report.fired["conv_epilogue.conv_bias_relu"] == 1
+    assert report.variants["conv_epilogue.conv_bias_relu"] == 1
     assert len(prim_func_names(module)) == 3
 
 
@@ -186,7 +186,7 @@ def test_symbolic_height_and_width_fuse_and_match_at_every_size():
     mod = symbolic_module(lambda x, w, b: r_nn.relu(r_add(r_nn.conv2d_transpose(x, w, strides=2), b)),
                           {"x": (1, 8, HEIGHT, WIDTH)}, weights)
     report, log = pipeline_and_compare(mod, [(1, 1), (3, 17), (40, 9)])
-    assert report.fired["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
+    assert report.variants["conv_transpose_epilogue.conv_transpose_bias_relu"] == 1
     assert list(log.values()) == ["Conv2dTranspose"]
 
 

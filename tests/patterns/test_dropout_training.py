@@ -168,7 +168,7 @@ def run(vm, arrays):
 
 def test_matmul_bias_gelu_dropout_becomes_one_composite():
     after, report = fuse(relax_ffn())
-    assert report.fired["dropout_training.matmul_bias_gelu_dropout"] == 1
+    assert report.variants["dropout_training.matmul_bias_gelu_dropout"] == 1
     composites = {f.attrs["Composite"]: f for _, f in after.functions_items()
                   if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs}
     assert list(composites) == ["dropout_training.matmul_bias_gelu_dropout"]
@@ -252,7 +252,7 @@ def test_symbolic_rows_draw_the_same_mask_as_static_rows():
 
 def test_symbolic_rows_fuse_into_the_gemm_epilogue():
     after, report = fuse(relax_ffn((tvm.tirx.Var("n", "int64"), 32, 64)))
-    assert report.fired["dropout_training.matmul_bias_gelu_dropout"] == 1
+    assert report.variants["dropout_training.matmul_bias_gelu_dropout"] == 1
     assert not report.near_misses
 
 
@@ -262,7 +262,7 @@ def test_onnx_training_dropout_is_fused_and_matches_the_inference_graph(tmp_path
     """Kept values equal the inference graph's (= ONNX Runtime's) values times 1/(1-r)."""
     x = np.random.default_rng(2).standard_normal((16, 32)).astype("float32")
     train, optimized = compile_onnx(ffn_dropout_model(training=True, ratio=0.2, seed=9), tmp_path)
-    assert optimized.report.fired["dropout_training.matmul_bias_gelu_dropout"] == 1
+    assert optimized.report.variants["dropout_training.matmul_bias_gelu_dropout"] == 1
     assert "MatmulMultiOutput" in optimized.schedule_rules.values()
     out = train.run({"x": x})
     assert out["mask"].dtype == np.bool_
@@ -309,7 +309,7 @@ def test_onnx_ratio_input_still_runs_the_standalone_kernel(tmp_path):
     compiled, optimized = compile_onnx(model, tmp_path)
     assert not optimized.report.fired["dropout_training"]
     # gemm_epilogue takes the matmul chain; the dropout stays a kernel of its own.
-    assert optimized.report.fired["gemm_epilogue.matmul_bias_gelu"] == 1
+    assert optimized.report.variants["gemm_epilogue.matmul_bias_gelu"] == 1
     out = compiled.run({"x": np.ones((16, 32), "float32"), "ratio": np.array([0.3], "float32")})
     np.testing.assert_array_equal(out["mask"], reference_mask((16, 64), 7, 0.3))
 

@@ -59,7 +59,7 @@ def test_top_down_merge_with_relu_becomes_one_composite():
 
     after, report = fuse(Before)
     tvm.ir.assert_structural_equal(after, Expected)
-    assert report.fired["resize_merge.add_relu"] == 1
+    assert report.variants["resize_merge.add_relu"] == 1
 
 
 def test_concat_of_upsampled_levels_and_a_plain_one_becomes_one_composite():
@@ -101,7 +101,7 @@ def test_concat_of_upsampled_levels_and_a_plain_one_becomes_one_composite():
 
     after, report = fuse(Before)
     tvm.ir.assert_structural_equal(after, Expected)
-    assert report.fired["resize_merge.concat3"] == 1
+    assert report.variants["resize_merge.concat3"] == 1
 
 
 def test_must_not_fuse_when_the_upsampled_map_is_used_elsewhere():
@@ -178,7 +178,7 @@ def merge_model(resize_mode: dict, upsampled_first: bool):
 def test_each_resize_mode_merges_into_one_kernel(mode):
     model = merge_model(RESIZE_MODES[mode], upsampled_first=mode == "nearest")
     report, module = compile_and_compare(model, patterns=["resize_merge"])
-    assert report.fired["resize_merge.add_relu"] == 1
+    assert report.variants["resize_merge.add_relu"] == 1
     assert len(prim_func_names(module)) == 1
 
 
@@ -194,7 +194,7 @@ def test_upsampled_levels_and_a_plain_level_concatenate_in_one_kernel():
              helper.make_node("Concat", ["u4", "u3", "p2"], ["y"], axis=1)]
     model = make_model(nodes, {"p4": (1, 4, 3, 4), "p3": (1, 4, 6, 8), "p2": (1, 4, 12, 16)}, "y", weights)
     report, module = compile_and_compare(model, patterns=["resize_merge"])
-    assert report.fired["resize_merge.concat3"] == 1
+    assert report.variants["resize_merge.concat3"] == 1
     assert len(prim_func_names(module)) == 3  # two convs, one resize + concat
 
 
@@ -204,7 +204,7 @@ def test_dbnet_fuses_every_top_down_merge_and_the_concat_and_matches_onnxruntime
     path, shape = EXAMPLES / "dbnet_tiny.onnx", (1, 3, 64, 64)
     input_shapes = ["input:1x3x64x64"]
     inspected = api.inspect_model(path, input_shapes=input_shapes)
-    fired = inspected.report.fired
+    fired = inspected.report.variants
     # 1/32 -> 1/16 -> 1/8 -> 1/4: each lateral is a 1x1 conv, so conv_epilogue takes the merge
     assert fired["conv_epilogue.conv_upsampled_residual"] == 3
     assert fired["resize_merge.add"] == 0
@@ -269,8 +269,8 @@ def test_symbolic_merge_and_concat_fuse_and_match_at_every_size():
     mod = symbolic_module(fpn, {"top": (1, 8, HEIGHT, WIDTH), "lateral": (1, 8, 2 * HEIGHT, 2 * WIDTH),
                                 "p2": (1, 4, 4 * HEIGHT, 4 * WIDTH)})
     report, log = pipeline_and_compare_at(mod, [(1, 1), (3, 17), (20, 9)])
-    assert report.fired["resize_merge.add_relu"] == 1
-    assert report.fired["resize_merge.concat2"] == 1
+    assert report.variants["resize_merge.add_relu"] == 1
+    assert report.variants["resize_merge.concat2"] == 1
     assert list(log.values()) == ["Resize", "Resize"]
 
 

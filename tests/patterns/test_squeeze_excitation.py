@@ -31,8 +31,8 @@ def se_block_model(gate_op: str):
 def test_se_block_is_two_kernels(gate_op, gate):
     # Tolerance: fast-math sigmoid and a mean summed in another order; 1e-4 covers both.
     report, module = compile_and_compare(se_block_model(gate_op))
-    assert report.fired[f"squeeze_excitation.se_relu_{gate}"] == 1
-    assert report.fired["conv_epilogue.conv_scaled_bias"] == 1
+    assert report.variants[f"squeeze_excitation.se_relu_{gate}"] == 1
+    assert report.variants["conv_epilogue.conv_scaled_bias"] == 1
     assert len(prim_func_names(module)) == 2
 
 
@@ -78,7 +78,7 @@ def test_symbolic_height_and_width_fuse_and_match_at_every_size():
     weights = random_weights(rng, w1=(4, 16, 1, 1), b1=(1, 4, 1, 1), w2=(16, 4, 1, 1), b2=(1, 16, 1, 1))
     mod = symbolic_module(_se_gate, {"x": (1, 16, HEIGHT, WIDTH)}, weights)
     report, log = pipeline_and_compare(mod, [(1, 1), (3, 17), (40, 9)])
-    assert report.fired["squeeze_excitation.se_relu_sigmoid"] == 1
+    assert report.variants["squeeze_excitation.se_relu_sigmoid"] == 1
     assert "SqueezeExcitation" in log.values()
 
 
@@ -126,9 +126,9 @@ def test_se_block_fuses_in_the_blocked_layout():
     report, module = compile_and_compare(blocked_se_model(), phases=("canonicalize", "layout", "fuse", "lower",
                                                                      "schedule"))
     # Padded: the squeeze conv's filters, and the excitation conv's zero filters for them.
-    assert report.fired["blocked_layout.conv2d"] == 4 and report.fired["blocked_layout.padded_channels"] == 2
-    assert report.fired["squeeze_excitation.se_relu_hardsigmoid"] == 1
-    assert report.fired["conv_epilogue.conv_scaled_bias"] == 1
+    assert report.variants["blocked_layout.conv2d"] == 4 and report.variants["blocked_layout.padded_channels"] == 2
+    assert report.variants["squeeze_excitation.se_relu_hardsigmoid"] == 1
+    assert report.variants["conv_epilogue.conv_scaled_bias"] == 1
     gate = next(f for gv, f in module.functions_items() if "mean" in gv.name_hint)
     kinds = set()
     tvm_ffi.structural_walk(gate.body, (tvm.tirx.For, lambda loop: kinds.add(loop.kind)))
@@ -208,5 +208,5 @@ def test_se_block_without_biases_fuses():
              helper.make_node("Mul", ["x", "g"], ["scaled"]),
              helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"])]
     report, module = compile_and_compare(make_model(nodes, {"x": (1, 16, 14, 14)}, "y", weights))
-    assert report.fired["squeeze_excitation.se_relu_hardsigmoid"] == 1
+    assert report.variants["squeeze_excitation.se_relu_hardsigmoid"] == 1
     assert len(prim_func_names(module)) == 2

@@ -55,7 +55,7 @@ class ConvertConvsToBlockedLayout:
     around it are blocked. When a grouped conv that no blocked kernel takes (not depthwise, or
     depthwise without ``depthwise`` or off the block) sits inside the network, or
     TVM's layout inference cannot carry the layout through some op, the whole module is left
-    in NCHW and the reason recorded as a near miss. ``report.fired["blocked_layout.conv2d"]``
+    in NCHW and the reason recorded as a near miss. ``report.variants["blocked_layout.conv2d"]``
     counts the converted convs.
     """
 
@@ -109,9 +109,9 @@ class ConvertConvsToBlockedLayout:
             cause = lines[-1] if lines else type(err).__name__
             return self._stay_in_nchw(mod, f"layout inference failed: {cause}")  # unpadded, as it came
         if padded:
-            self.report.fired[f"{PATTERN_NAME}.padded_channels"] += padded
+            self.report.variants[f"{PATTERN_NAME}.padded_channels"] += padded
         if converted:
-            self.report.fired[f"{PATTERN_NAME}.conv2d"] += len(converted)
+            self.report.variants[f"{PATTERN_NAME}.conv2d"] += len(converted)
             self._note_convs_staying(blocked)
         # A map read by two blocked convs (a residual block's input) gets one transform each;
         # common-subexpression elimination keeps one.

@@ -68,7 +68,7 @@ class FusePatterns:
             instance.absorbed = [*instance.absorbed, *tail.absorbed]
         for composite in composite_calls(mod):
             self.report.fired[composite.split(".")[0]] += 1
-            self.report.fired[composite] += 1
+            self.report.variants[composite] += 1
         self.report.instances.extend(instances)
         still_unfused = unfused_anchor_names(mod)
         for anchor, miss in declined.items():

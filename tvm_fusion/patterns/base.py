@@ -48,9 +48,13 @@ class PatternInstance:
 
 @dataclasses.dataclass
 class PatternReport:
-    """What the pattern passes did to one module: fired counts, instances and near misses."""
+    """What the pattern passes did to one module: fired counts, instances and near misses.
+
+    ``fired`` counts fusions by pattern (``gemm_epilogue``: each fusion once); ``variants`` by
+    pattern and variant (``gemm_epilogue.matmul_bias_gelu``), with the layout conversions."""
 
     fired: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    variants: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
     instances: list[PatternInstance] = dataclasses.field(default_factory=list)
 

@@ -17,7 +17,7 @@ def test_the_entry_point_registers_mish_after_the_conv_epilogue():
 def test_both_spellings_fuse_into_one_composite(save):
     for spelling, variant in (("op", "mish.mish"), ("softplus", "mish.mish_stable_softplus")):
         report = api.inspect_model(save(mish_model(spelling))).report
-        assert report.fired["mish"] == 1 and report.fired[variant] == 1, (spelling, dict(report.fired))
+        assert report.fired["mish"] == 1 and report.variants[variant] == 1, (spelling, dict(report.variants))
 
 
 def test_a_softplus_used_outside_the_chain_is_not_fused(save):
