@@ -297,7 +297,7 @@ def _compile_target(shared: _SharedWork, cfg: PipelineConfig, toolchain: dict, o
     options = export_options(cfg.name, cfg.target, device_code)
     say(f"writing {target_dir}")
     with captured_native_stderr([]):  # one "Scope Saving" line per function: noise
-        write_artifact(executable, metadata, target_dir, options, run_and_verify)
+        write_artifact(executable, metadata, target_dir, options, run_and_verify, export_state=device_code)
     from .runtime import METADATA_NAME
 
     metadata = json.loads((target_dir / METADATA_NAME).read_text())

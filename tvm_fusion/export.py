@@ -30,11 +30,12 @@ def artifact_dir(output_dir: str | os.PathLike, model_name: str, target_name: st
 
 
 def write_artifact(executable, metadata: dict, final_dir: Path, export_options: dict | None = None,
-                   check: Callable[[Path], dict] | None = None) -> Path:
+                   check: Callable[[Path], dict] | None = None, export_state: dict | None = None) -> Path:
     """Export ``executable`` and ``metadata`` into ``final_dir``, replacing it only when complete.
 
     ``export_options`` go to ``export_library`` (``fcompile`` for a cross linker,
-    ``fpack_imports`` for CUDA device code). ``check(library)`` runs on the exported library
+    ``fpack_imports`` for CUDA device code); ``export_state`` is the dict their callbacks fill,
+    filled here too (the export runs in a child process, see ``_export_in_child``). ``check(library)`` runs on the exported library
     before anything is committed and returns metadata to add; if it raises, nothing is written.
     TVM's and the linkers' temp files go inside the staging directory; staging left by killed
     runs is removed first (``files.remove_stale_staging``). An OSError (read-only, disk full)
@@ -57,7 +58,8 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
         library = staging / LIBRARY_NAME
         # TVM's export workspace (lib0.o ...), gcc's and nvcc's temp files: inside the staging.
         with temp_files_in(staging / ".tmp"):
-            _export_in_child(executable, library, export_options or {})
+            _export_in_child(executable, library, export_options or {},
+                             export_state if export_state is not None else {})
             if check is not None:
                 metadata = {**metadata, **check(library)}
         shutil.rmtree(staging / ".tmp")
@@ -79,29 +81,30 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
     return final_dir
 
 
-def _export_in_child(executable, library: Path, options: dict) -> None:
+def _export_in_child(executable, library: Path, options: dict, state: dict) -> None:
     """``export_library`` in a forked child process.
 
     LLVM reports a failed write of the object file (a full disk) by printing "LLVM ERROR: IO
     failure on output stream" and exiting the process, past every handler: the user got exit 1,
     no message and a staging folder left behind. In a child, that exit becomes an error here,
     where the staging is cleaned up. The child shares the parent's memory copy-on-write, so
-    nothing is serialized on the way in; a Python error in it (a missing toolchain, an
-    interrupt) comes back pickled and is raised here as itself.
+    nothing is serialized on the way in. What comes back, pickled: a Python error in it (a
+    missing toolchain, an interrupt), raised here as itself, or else ``state``, the dict the
+    export options' callbacks filled (the CUDA device code embedded), copied into the caller's.
     """
     log_read, log_write = os.pipe()
-    error_read, error_write = os.pipe()
+    result_read, result_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(log_read)
-        os.close(error_read)
-        _export_and_exit(executable, library, options, log_write, error_write)
+        os.close(result_read)
+        _export_and_exit(executable, library, options, state, log_write, result_write)
     os.close(log_write)
-    os.close(error_write)
+    os.close(result_write)
     try:
-        with os.fdopen(log_read, "rb") as log, os.fdopen(error_read, "rb") as errors:
+        with os.fdopen(log_read, "rb") as log, os.fdopen(result_read, "rb") as results:
             output = log.read().decode(errors="replace")  # EOF: the child (and its linker) are done
-            pickled = errors.read()
+            pickled = results.read()
         _, status = os.waitpid(pid, 0)
     except BaseException:  # interrupted here: the child must not go on writing into the staging
         with contextlib.suppress(OSError):
@@ -109,7 +112,10 @@ def _export_in_child(executable, library: Path, options: dict) -> None:
             os.waitpid(pid, 0)
         raise
     if pickled:
-        raise pickle.loads(pickled)
+        error, filled = pickle.loads(pickled)
+        if error is not None:
+            raise error
+        state.update(filled)
     if os.waitstatus_to_exitcode(status) == 0:
         return
     if "No space left" in output or "IO failure on output" in output or _disk_full(library.parent):
@@ -119,8 +125,8 @@ def _export_in_child(executable, library: Path, options: dict) -> None:
                        f"{lines[-1] if lines else f'exit status {os.waitstatus_to_exitcode(status)}'}")
 
 
-def _export_and_exit(executable, library: Path, options: dict, log_fd: int, error_fd: int):
-    """The child's side: export, send back any Python error, and end without exit handlers.
+def _export_and_exit(executable, library: Path, options: dict, state: dict, log_fd: int, result_fd: int):
+    """The child's side: export, send back ``(error, state)``, and end without exit handlers.
 
     The export runs on a thread of its own: ``exit()`` first runs the calling thread's
     thread-local destructors, and the main thread's include TVM's thread pool, which waits
@@ -143,13 +149,12 @@ def _export_and_exit(executable, library: Path, options: dict, log_fd: int, erro
     except BaseException as err:  # noqa: BLE001 - raised again in the parent
         failure.append(err)
     finally:
-        if failure:
-            try:
-                message = pickle.dumps(failure[0])
-            except Exception:  # noqa: BLE001 - an error that does not pickle goes back as text
-                message = pickle.dumps(RuntimeError(f"{type(failure[0]).__name__}: {failure[0]}"))
-            with contextlib.suppress(OSError), os.fdopen(error_fd, "wb") as stream:
-                stream.write(message)
+        try:
+            message = pickle.dumps((failure[0] if failure else None, state))
+        except Exception:  # noqa: BLE001 - an error that does not pickle goes back as text
+            message = pickle.dumps((RuntimeError(f"{type(failure[0]).__name__}: {failure[0]}"), {}))
+        with contextlib.suppress(OSError), os.fdopen(result_fd, "wb") as stream:
+            stream.write(message)
         os._exit(1 if failure else 0)
 
 
