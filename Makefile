@@ -10,7 +10,7 @@ MODEL ?= examples/models/bert_tiny.onnx
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,peers]'
+	$(BIN)/python -m pip install --quiet -e '.[test,peers,serve]'
 	touch $(STAMP)
 
 setup: $(STAMP)

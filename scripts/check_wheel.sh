@@ -36,12 +36,25 @@ set -x
 "$BIN/tvm-fusion" -q bench model.onnx "${SHAPE[@]}" --repeat 3 --no-stock
 "$BIN/tvm-fusion" -q profile out/model.x86_64-host --rounds 3
 "$BIN/tvm-fusion" -q demo -o demo_out --repeat 3
+"$BIN/tvm-fusion" -q export-runner runner
+cmake -S runner -B runner/build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build runner/build >/dev/null
+"$BIN/python" - <<'PY'
+import numpy as np, tvm_fusion
+from tvm_fusion.targets.emulation import run_with_runner
+model = tvm_fusion.load("out/model.x86_64-host")
+inputs = model.filled_inputs({}, "random")
+got = run_with_runner(["runner/build/vm_runner"], "out/model.x86_64-host/model.so", model.metadata, inputs)
+for name, value in model.run(inputs).items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6)
+print("the CMake-built runner matches the Python runtime")
+PY
 set +x
 
 after="$(find "$PACKAGE" -type f ! -name '*.pyc' | sort | sha256sum)"
 [ "$before" = "$after" ] || { echo "files were written into the installed package $PACKAGE"; exit 1; }
 left="$(ls -A "$RUN" | sort | tr '\n' ' ')"
-[ "$left" = "demo_out model.onnx out " ] || { echo "unexpected files in the working directory: $left"; exit 1; }
+[ "$left" = "demo_out model.onnx out runner " ] || { echo "unexpected files in the working directory: $left"; exit 1; }
 [ ! -e "$TVM_FUSION_TUNING_LOGS" ] || [ -z "$(ls -A "$TVM_FUSION_TUNING_LOGS")" ] \
     || { echo "compile wrote into the tuning store"; exit 1; }
 echo "wheel check passed"

@@ -7,14 +7,15 @@
 #            (into .venv/targets/aarch64/lib).
 #   cuda     nvcc is part of the machine image (/usr/local/bin/nvcc); cuobjdump, to check the
 #            device code in an artifact, comes from PyPI (nvidia-cuda-cuobjdump) into .venv.
+#   native   cmake and g++, to build the runner that needs no Python (tvm-fusion export-runner).
 #
-# Usage: scripts/setup_targets.sh [aarch64] [cuda]   (no argument: both). Needs root for apt.
+# Usage: scripts/setup_targets.sh [aarch64] [cuda] [native]   (no argument: all). Needs root for apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(aarch64 cuda)
+[ ${#targets[@]} -eq 0 ] && targets=(aarch64 cuda native)
 
 say() { echo "setup_targets: $*" >&2; }
 
@@ -101,6 +102,7 @@ for target in "${targets[@]}"; do
     case "$target" in
         aarch64) setup_aarch64 ;;
         cuda) setup_cuda ;;
-        *) say "unknown target $target (expected aarch64 or cuda)"; exit 2 ;;
+        native) apt_install cmake g++ ;;
+        *) say "unknown target $target (expected aarch64, cuda or native)"; exit 2 ;;
     esac
 done

@@ -106,4 +106,4 @@ def test_wheel_carries_configs_logs_demo_model_and_the_runner(tmp_path):
                     if p.is_file() and not p.name.startswith(".")]
     assert shipped_logs and all(f"tvm_fusion/_bundled/{p}" in names for p in shipped_logs)
     assert "tvm_fusion/_bundled/examples/models/bert_tiny.onnx" in names
-    assert "tvm_fusion/targets/vm_runner.cc" in names
+    assert "tvm_fusion/targets/vm_runner.cc" in names and "tvm_fusion/targets/CMakeLists.txt" in names

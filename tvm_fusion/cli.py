@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from . import bundled, cli_output
-from .errors import ConfigError, TvmFusionError
+from .errors import ConfigError, ToolchainError, TvmFusionError
 from .peers import PEERS
 
 
@@ -194,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
     _tuning_parsers(commands)
 
     commands.add_parser("configs", help="list the shipped pipeline configs (--config NAME)")
+    runner_cmd = commands.add_parser("export-runner", help="write the sources and CMake file of a runner that "
+                                                           "runs an artifact with the TVM runtime alone (no Python)")
+    runner_cmd.add_argument("directory", help="where to write vm_runner.cc, CMakeLists.txt and paths.cmake")
+    serve_cmd = commands.add_parser("serve", help="serve an artifact over HTTP: the KServe v2 inference "
+                                                  "protocol, Prometheus metrics (needs the serve extra)")
+    serve_cmd.add_argument("artifact", help="build/<model>.<target>/")
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
+    serve_cmd.add_argument("--port", type=_count(1), default=8000, help="TCP port")
+    serve_cmd.add_argument("--name", help="the model's name in the URLs (default: the model's)")
+    serve_cmd.add_argument("--max-body-kb", type=_count(1), default=65536, help="largest request body accepted")
+    serve_cmd.add_argument("--workers", type=_count(1), default=8, help="inference requests run at once")
     demo_cmd = commands.add_parser("demo", help="compile the shipped BERT example, verify it and time it "
                                                 "against ONNX Runtime (no files of yours needed)")
     demo_cmd.add_argument("--config", help="a TOML file or a shipped config's name (`tvm-fusion configs` "
@@ -471,6 +482,25 @@ def _demo(args, say) -> int:
     return 0
 
 
+def _serve(args, say) -> int:
+    try:
+        from .serving import serve
+    except ImportError as err:
+        raise ToolchainError(f"serve needs FastAPI, uvicorn and prometheus-client, which are not installed ({err})",
+                             "pip install 'tvm_fusion[serve]'") from err
+    serve(args.artifact, args.host, args.port, args.name, args.max_body_kb * 1024, args.workers, say)
+    return 0
+
+
+def _export_runner(args, say) -> int:
+    from .targets.native_runner import export_runner
+
+    for path in export_runner(args.directory):
+        print(path)
+    print(f"build: cmake -S {args.directory} -B {args.directory}/build && cmake --build {args.directory}/build")
+    return 0
+
+
 def _configs(args, say) -> int:
     from .config import shipped_configs
 
@@ -480,7 +510,7 @@ def _configs(args, say) -> int:
 
 COMMANDS = {"compile": _compile, "run": _run, "inspect": _inspect, "bench": _bench, "tune": _tune,
             "tuning-log": _tuning_log, "profile": _profile, "ablate": _ablate, "configs": _configs,
-            "demo": _demo}
+            "demo": _demo, "serve": _serve, "export-runner": _export_runner}
 
 if __name__ == "__main__":
     sys.exit(main())

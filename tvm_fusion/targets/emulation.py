@@ -59,26 +59,33 @@ def run_emulated(library: Path, metadata: dict, inputs: Mapping[str, np.ndarray]
     """
     runner = aarch64_runner()
     qemu = QEMU_AARCH64.require("aarch64")
-    with tempfile.TemporaryDirectory(prefix="tvm_fusion_qemu_") as folder:
+    env = {"QEMU_LD_PREFIX": "/usr/aarch64-linux-gnu", "LD_LIBRARY_PATH": str(aarch64_runtime_dir())}
+    return run_with_runner([qemu, str(runner)], library, metadata, inputs, env, "under qemu-aarch64", timeout)
+
+
+def run_with_runner(command: list[str], library: Path, metadata: dict, inputs: Mapping[str, np.ndarray],
+                    env: Mapping[str, str] | None = None, where: str = "in vm_runner",
+                    timeout: float = 600) -> dict[str, np.ndarray]:
+    """Run ``library`` with a built vm_runner (``command``: the runner, after an emulator if one is
+    needed): the inputs written as raw files in metadata order, the outputs read back by name."""
+    with tempfile.TemporaryDirectory(prefix="tvm_fusion_runner_") as folder:
         arguments = []
         for index, spec in enumerate(metadata["inputs"]):
             value = np.require(inputs[spec["name"]], dtype=spec["dtype"], requirements="C")
             path = Path(folder) / f"input{index}.bin"
             value.tofile(path)
             arguments.append(f"{spec['dtype']}:{'x'.join(map(str, value.shape))}:{path}")
-        env = {**os.environ, "QEMU_LD_PREFIX": "/usr/aarch64-linux-gnu",
-               "LD_LIBRARY_PATH": str(aarch64_runtime_dir()),
-               "TVM_NUM_THREADS": str(metadata.get("threads", 1))}
+        env = {**os.environ, **(env or {}), "TVM_NUM_THREADS": str(metadata.get("threads", 1))}
         try:
-            run = subprocess.run([qemu, str(runner), str(Path(library).resolve()), folder, *arguments],
+            run = subprocess.run([*command, str(Path(library).resolve()), folder, *arguments],
                                  capture_output=True, text=True, env=env, timeout=timeout)
         except subprocess.TimeoutExpired as err:
-            raise ArtifactError(f"{library} under qemu-aarch64 did not finish in {timeout:.0f} s",
+            raise ArtifactError(f"{library} {where} did not finish in {timeout:.0f} s",
                                 "try a smaller input shape") from err
         if run.returncode != 0:
             errors = [line for line in run.stderr.splitlines() if "Scope Loaded" not in line]
-            raise ArtifactError(f"{library} failed under qemu-aarch64 (exit {run.returncode}): "
-                                + "\n".join(errors[-20:]), "check the artifact and the aarch64 runtime")
+            raise ArtifactError(f"{library} failed {where} (exit {run.returncode}): "
+                                + "\n".join(errors[-20:]), "check the artifact and the TVM runtime it runs with")
         outputs = {}
         for line in run.stdout.splitlines():
             _, index, dtype, shape = (line.split() + [""])[:4]
