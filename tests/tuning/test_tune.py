@@ -67,3 +67,14 @@ def test_kill_9_keeps_records_and_a_rerun_spends_only_the_rest(tmp_path, mlp_pat
     again = tune_model(mlp_path, config, MLP_SHAPE, show_progress=False)
     assert again.trials_run == 0 and "already spent" in again.stopped_by
     assert len(read_store(store).records) == len(resumed.records)
+
+
+def test_a_budget_that_only_covers_the_baselines_says_so(tmp_path, mlp_path):
+    """One trial: the hand schedule of the one kernel is measured and nothing is searched."""
+    config = tuning_config(tmp_path / "baseline-only.toml",
+                           f'trials = 1\ntrials_per_iter = {PER_ITER}\nexclude = ["*gelu*"]\n')
+    result = tune_model(mlp_path, config, MLP_SHAPE, show_progress=False)
+    assert result.trials_run == 1 and "hand schedules measured" in result.stopped_by
+    (warning,) = [n for n in result.notes if "nothing was searched" in n]
+    assert f"--trials 1 covered only the hand-schedule baselines of 1 kernel(s)" in warning
+    assert f"--trials {1 + PER_ITER} gives each kernel one batch of {PER_ITER} candidates" in warning

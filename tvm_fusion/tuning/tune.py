@@ -188,6 +188,11 @@ def tune_model(model_path: str | Path, config=None, input_shapes=None, *, trials
                 stopped_by = "interrupted"
         elif remaining <= 0:
             stopped_by = "the trial budget is spent (hand schedules measured)"
+            if unseeded:  # this run measured baselines and nothing else: say what a search needs
+                needed = sum(spent.values()) + per_iter * max(len(open_tasks), len(unseeded))
+                notes.append(f"--trials {trials} covered only the hand-schedule baselines of {len(unseeded)} "
+                             f"kernel(s): nothing was searched; --trials {needed} gives each kernel one "
+                             f"batch of {per_iter} candidates")
         else:
             stopped_by = "no kernel left with a MetaSchedule search space (see the notes)"
         hand.close()
