@@ -414,3 +414,13 @@ def test_latency_statistics_and_the_noise_warning():
     assert "p90 over 1.2x the median for b" in said and "load average 3.5 on 2 cores" in said
     with pytest.raises(ValueError):
         LatencyStats.of([])
+
+
+def test_long_kernel_names_are_cut_in_the_middle():
+    from tvm_fusion.report import cut_middle
+
+    names = [f"fused_relax_nn_conv2d_relax_add_relax_add_relax_nn_relu{i}" for i in (5, 6)]
+    cut = [cut_middle(name, 48) for name in names]
+    assert all(len(c) == 48 for c in cut) and cut[0] != cut[1]  # the differing ends survive
+    assert cut[0].startswith("fused_relax_nn_conv2d") and cut[0].endswith("relax_nn_relu5") and "~" in cut[0]
+    assert cut_middle("short", 48) == "short"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -120,6 +121,10 @@ def test_profile_of_an_artifact_times_its_own_library(resnet_artifact, tmp_path,
     assert all(library.implements_function(k["name"], True) for k in result["kernels"])
     assert {k["pattern"] for k in result["kernels"]} >= {"conv_epilogue.conv_bias_relu", "gemm_epilogue.matmul_bias"}
     assert len(result["kernels"]) <= metadata["kernels"] and result["gap"]["end_to_end_ms"] > 0
+    stats = result["end_to_end"]  # the same statistics bench and run print, on the same runs
+    assert stats["median_ms"] == pytest.approx(result["gap"]["end_to_end_ms"])
+    assert stats["count"] >= 2 and stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
+    assert re.search(r"^end to end: min \S+ / median \S+ / p90 .* calls/s$", out, re.M), out
 
 
 def edited_artifact(copy_artifact, edit) -> Path:

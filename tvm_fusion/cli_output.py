@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .buckets import bucket_text
 from .latency import LatencyStats
-from .report import table
+from .report import cut_middle, table
 from .verify import format_comparisons
 
 
@@ -210,7 +210,7 @@ def print_profile(result, top: int) -> None:
     print(f"model: {result.model}, {result.threads} threads; this machine ({peak.target_key}): "
           f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B, "
           f"{peak.l2_gbytes_per_s:.0f} GB/s L2")
-    rows = [[k.name[:48], k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",
+    rows = [[cut_middle(k.name, 48), k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",
              k.flops / 1e6, k.bytes / 1e6, k.gflops, k.gbytes_per_s, f"{k.bound} {k.roof_percent:.0f}%",
              ", ".join(k.onnx_nodes[-2:]) + (f" (+{len(k.onnx_nodes) - 2})" if len(k.onnx_nodes) > 2 else "")]
             for k in result.kernels[:top]]
@@ -218,11 +218,13 @@ def print_profile(result, top: int) -> None:
                  "GFLOP/s", "GB/s", "bound, % of roof", "ONNX nodes (last 2)"], rows, align="lllrrrrrrrrll"))
     if len(result.kernels) > top:
         print(f"... {len(result.kernels) - top} more kernels (--top, --json)")
+    if result.end_to_end is not None:
+        print(f"end to end: {result.end_to_end.line()}")
     print(result.gap.line())
     if result.chains is not None:
         print("\nunfused chains of adjacent kernels (candidates for the next pattern):")
         print(table(["chain", "us", "DRAM bytes saved", "est. gain us", "kernels"],
-                    [[c.label, c.us, c.saved_bytes, c.gain_us, " -> ".join(n[:40] for n in c.kernels)]
+                    [[c.label, c.us, c.saved_bytes, c.gain_us, " -> ".join(cut_middle(n, 40) for n in c.kernels)]
                      for c in result.chains], align="lrrrl") if result.chains else "none")
 
 

@@ -90,7 +90,7 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
         chains = mine_chains(kernel_graph(profiled.lowered), {k.name: k for k in kernels},
                              peak.gbytes_per_s, per_launch_us)
     return ProfileReport(prepared.name, cfg.threads, peak, kernels, gap, chains,
-                         str(artifact.directory) if artifact else None)
+                         str(artifact.directory) if artifact else None, timings.end_to_end)
 
 
 def _kernel_profile(name, func, profiled: ProfiledModule, timings: Timings, peak: MachinePeak) -> KernelProfile:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .latency import LatencyStats
 from .machine_peak import MachinePeak
 
 
@@ -86,9 +87,11 @@ class ProfileReport:
     gap: Gap
     chains: list[Chain] | None = None
     artifact: str | None = None  # the artifact directory profiled, when it was one
+    end_to_end: LatencyStats | None = None
 
     def to_json(self) -> dict:
         return {"model": self.model, "artifact": self.artifact, "threads": self.threads,
+                "end_to_end": self.end_to_end.to_json() if self.end_to_end else None,
                 "peak": {**dataclasses.asdict(self.peak), "ridge_flop_per_byte": self.peak.ridge},
                 "kernels": [{**dataclasses.asdict(k), "total_us": k.total_us} for k in self.kernels],
                 "gap": {**dataclasses.asdict(self.gap), "gap_ms": self.gap.gap_ms,

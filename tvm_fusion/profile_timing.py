@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from .latency import LatencyStats
+
 
 def empty_kernels(module):
     """The same module with every kernel's body emptied: what is left is the VM's own work."""
@@ -37,6 +39,7 @@ class Timings:
     in_model_us: dict[str, float]   # kernel -> per call, in the model
     calls: dict[str, int]           # kernel -> calls per model run
     builtin_calls: dict[str, int]
+    end_to_end: LatencyStats | None = None  # the whole model's runs, as bench and run report them
 
 
 def time_model(executable, empty_executable, kernels: set[str], args: list, rounds: int = 30,
@@ -106,4 +109,4 @@ def time_model(executable, empty_executable, kernels: set[str], args: list, roun
         alone_us={k: float(np.median(v)) * 1e6 for k, v in alone.items()},
         in_model_us={k: max(0.0, float(np.median(v) - np.median(hook_cost.get(k, [0.0])))) * 1e6
                      for k, v in in_model.items() if k in kernels},
-        calls=calls, builtin_calls=builtins)
+        calls=calls, builtin_calls=builtins, end_to_end=LatencyStats.of(ends["plain"]))

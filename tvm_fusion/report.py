@@ -24,6 +24,15 @@ def table(headers: list[str], rows: list[list], align: str | None = None) -> str
     return "\n".join(lines)
 
 
+def cut_middle(text: str, width: int) -> str:
+    """``text`` at most ``width`` long, cut in the middle: kernel names that share a long prefix
+    differ at the end (``..._relu5``, ``..._relu6``), so both ends stay."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "~" + text[len(text) - (width - 1 - head):]
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:,.3f}".rstrip("0").rstrip(".")
