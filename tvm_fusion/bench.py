@@ -4,6 +4,7 @@ interleaved rounds in one process, beside this machine's FMA and bandwidth peaks
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import time
 from pathlib import Path
@@ -26,16 +27,19 @@ class BenchReport:
     model: str
     threads: int
     inputs: dict[str, list[int]]
-    medians_ms: dict[str, float]
+    samples_ms: dict[str, list[float]]  # every timed run, by runner
     rounds: int
     max_abs_error: dict[str, float]
     peak: MachinePeak | None = None  # this machine's FMA and bandwidth roofs, probed beside the runs
-    samples_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # every timed run
     load_average: dict[str, float] = dataclasses.field(default_factory=dict)  # "before", "after"
 
-    @property
+    @functools.cached_property
     def stats(self) -> dict[str, LatencyStats]:
         return {name: LatencyStats.of([ms / 1e3 for ms in values]) for name, values in self.samples_ms.items()}
+
+    @property
+    def medians_ms(self) -> dict[str, float]:
+        return {name: stats.median_ms for name, stats in self.stats.items()}
 
     def noise_warning(self) -> str | None:
         return noise_warning(self.stats, self.threads, self.load_average.get("before", 0.0),
@@ -46,7 +50,7 @@ class BenchReport:
         return {name: value / base for name, value in self.medians_ms.items()}
 
     def to_json(self) -> dict:
-        data = {**dataclasses.asdict(self), "ratio_to_onnxruntime": self.ratios(),
+        data = {**dataclasses.asdict(self), "medians_ms": self.medians_ms, "ratio_to_onnxruntime": self.ratios(),
                 "stats": {name: s.to_json() for name, s in self.stats.items()}, "noise": self.noise_warning()}
         if self.peak is not None:
             data["peak"]["ridge_flop_per_byte"] = self.peak.ridge
@@ -138,7 +142,5 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     return BenchReport(
         model=prepared.name, threads=cfg.threads,
         inputs={s.name: list(s.shape) for s in run_specs},
-        medians_ms={name: float(np.median(values)) * 1e3 for name, values in times.items()},
-        rounds=repeat, max_abs_error=errors, peak=peak,
         samples_ms={name: [t * 1e3 for t in values] for name, values in times.items()},
-        load_average={"before": load_before, "after": load_average()})
+        rounds=repeat, max_abs_error=errors, peak=peak, load_average={"before": load_before, "after": load_average()})

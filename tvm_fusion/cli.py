@@ -62,6 +62,11 @@ def _count(minimum: int):
     return parse
 
 
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="pipeline config: a TOML file or a shipped config's name "
+                                         "(`tvm-fusion configs` lists them; default: x86_64-host)")
+
+
 def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) -> None:
     if several_configs:
         parser.add_argument("--config", action="append", default=[],
@@ -69,8 +74,7 @@ def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) 
                                  "`tvm-fusion configs` lists them), one per target (repeatable; default: "
                                  "x86_64-host)")
     else:
-        parser.add_argument("--config", help="pipeline config: a TOML file or a shipped config's name "
-                                             "(`tvm-fusion configs` lists them; default: x86_64-host)")
+        _config_arg(parser)
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMxDIM",
                         help="shape for an input, e.g. input_ids:1x128; a dim given as a range "
                              "LOW..HIGH (input_ids:1x1..512) is compiled once for every size in it "
@@ -207,8 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--workers", type=_count(1), default=8, help="inference requests run at once")
     demo_cmd = commands.add_parser("demo", help="compile the shipped BERT example, verify it and time it "
                                                 "against ONNX Runtime (no files of yours needed)")
-    demo_cmd.add_argument("--config", help="a TOML file or a shipped config's name (`tvm-fusion configs` "
-                                           "lists them; default: x86_64-host)")
+    _config_arg(demo_cmd)
     demo_cmd.add_argument("-o", "--output-dir", default="build", help="default: build/")
     demo_cmd.add_argument("--repeat", type=_count(1), default=20, help="timed rounds against ONNX Runtime")
     return parser

@@ -35,8 +35,8 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
 
     ``export_options`` go to ``export_library`` (``fcompile`` for a cross linker,
     ``fpack_imports`` for CUDA device code); ``export_state`` is the dict their callbacks fill,
-    filled here too (the export runs in a child process, see ``_export_in_child``). ``check(library)`` runs on the exported library
-    before anything is committed and returns metadata to add; if it raises, nothing is written.
+    filled here too (the export runs in a child process, see ``_export_in_child``).
+    ``check(library)`` runs on the exported library before anything is committed and returns metadata to add; if it raises, nothing is written.
     TVM's and the linkers' temp files go inside the staging directory; staging left by killed
     runs is removed first (``files.remove_stale_staging``). An OSError (read-only, disk full)
     becomes an ArtifactError naming the artifact.

@@ -33,6 +33,7 @@ class CompiledModel:
 
     def __init__(self, module, metadata: dict):
         import tvm
+
         self.metadata = metadata
         self.inputs = metadata["inputs"]
         # The ranges it was compiled for, by dim name.

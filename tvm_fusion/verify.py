@@ -120,11 +120,12 @@ def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarra
         max_rel = float((diff / np.maximum(np.abs(e), 1e-12)).max()) if diff.size else 0.0
         if not finite:
             max_abs = max_rel = float("inf")
-        outside = diff > atol + rtol * np.abs(e)
+        allowed = atol + rtol * np.abs(e)
+        outside = diff > allowed
         ok = finite and not bool(outside.any())
         note = "" if finite else "non-finite values differ"
         if finite and not ok:
-            worst = int(np.argmax(diff - (atol + rtol * np.abs(e))))
+            worst = int(np.argmax(diff - allowed))
             note = (f"{int(outside.sum())} of {diff.size} elements outside; worst: tvm_fusion "
                     f"{a[both][worst]:.6g}, ONNX Runtime {e[worst]:.6g}")
         results.append(OutputComparison(name, max_abs, max_rel, ok, note))

@@ -6,8 +6,11 @@ the TVM runtime and tvm-ffi, with this environment's copies of them as defaults 
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
+from ..errors import ToolchainError
 from ..files import write_file
 
 SOURCES = Path(__file__).resolve().parent
@@ -39,11 +42,6 @@ def export_runner(directory: str | Path) -> list[Path]:
 
 def build_runner(directory: str | Path) -> Path:
     """Export the runner into ``directory`` and build it with CMake; the binary's path."""
-    import shutil
-    import subprocess
-
-    from ..errors import ToolchainError
-
     directory = Path(directory)
     export_runner(directory)
     if shutil.which("cmake") is None:
