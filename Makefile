@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 MODEL ?= examples/models/bert_tiny.onnx
 
-.PHONY: setup setup-targets test demo bench clean
+.PHONY: setup setup-targets test demo bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +28,18 @@ demo: $(STAMP)
 	$(BIN)/tvm-fusion compile $(MODEL) -o build
 	$(BIN)/tvm-fusion bench $(MODEL) --repeat 20 --json build/bench-$(notdir $(basename $(MODEL))).json
 
-# The transformer examples side by side (see benchmarks/README.md).
+# The transformer examples side by side (docs/benchmarks/index.md lists every benchmark).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_examples.py
+
+# The documentation site, strict: a broken link or anchor, a page missing from the nav, or a
+# generated table that cannot be made (scripts/gen_docs.py, the MkDocs hook) fails the build.
+$(VENV)/.docs-stamp: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-stamp
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 clean:
 	rm -rf build .pytest_cache

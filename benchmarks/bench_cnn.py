@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from tvm_fusion import api
-from tvm_fusion.peers import installed_peers
-from tvm_fusion.profile_costs import kernel_costs
+from tvm_fusion.commands.peers import installed_peers
+from tvm_fusion.commands.profile.costs import kernel_costs
 from tvm_fusion.report import table, write_json
-from tvm_fusion.schedules.cpu.helpers import WINOGRAD_INPUT, WINOGRAD_OUTPUT, is_winograd_block
+from tvm_fusion.kernels.winograd_conv2d import WINOGRAD_INPUT, WINOGRAD_OUTPUT, is_winograd_block
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from tvm_fusion import api
-from tvm_fusion.peers import installed_peers
+from tvm_fusion.commands.peers import installed_peers
 from tvm_fusion.report import table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """Load test of ``tvm-fusion serve`` against ONNX Runtime behind the same server.
 
 Each server runs in a process of its own on loopback: ``tvm-fusion serve ARTIFACT`` for
-tvm_fusion, and the same FastAPI app (tvm_fusion.serving.create_app) over one shared ONNX
+tvm_fusion, and the same FastAPI app (tvm_fusion.commands.serve.create_app) over one shared ONNX
 Runtime session for the peer. ``--clients`` threads post KServe v2 inference requests for
 ``--seconds`` each; the report gives requests per second, p50/p99 latency, errors (any non-200
 or a wrong answer), and the server's RSS before and after. Writes
@@ -34,9 +34,9 @@ import psutil
 import tvm_fusion
 from tvm_fusion import api
 from tvm_fusion.config import host_cpu_name, load_config
-from tvm_fusion.latency import LatencyStats
+from tvm_fusion.runtime.latency import LatencyStats
 from tvm_fusion.report import table, write_json
-from tvm_fusion.serving import NAMES
+from tvm_fusion.commands.serve import NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +45,7 @@ PEER_SERVER = """
 import sys
 import onnx
 import uvicorn
-from tvm_fusion.serving import create_app
+from tvm_fusion.commands.serve import create_app
 from tvm_fusion.verify import onnxruntime_session
 
 class OnnxRuntimeModel:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tvm_fusion import api, zoo
+from tvm_fusion import api
+from tvm_fusion.commands import zoo
 from tvm_fusion.config import load_config
 from tvm_fusion.frontend.sample_inputs import random_inputs
 from tvm_fusion.passes.flush_subnormal_constants import subnormal_count

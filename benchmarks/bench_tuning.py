@@ -32,7 +32,7 @@ from tvm_fusion.frontend import onnx as onnx_frontend
 from tvm_fusion.native_log import captured_native_stderr
 from tvm_fusion.report import table, write_json
 from tvm_fusion.runtime import CompiledModel, set_threads
-from tvm_fusion.tuning.tune import tune_model
+from tvm_fusion.commands.tune import tune_model
 from tvm_fusion.verify import onnxruntime_session
 
 ROOT = Path(__file__).resolve().parent.parent

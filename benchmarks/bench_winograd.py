@@ -20,13 +20,13 @@ from tvm import te, topi
 from tvm.target import Target
 
 from tvm_fusion.config import host_cpu_name
-from tvm_fusion.passes.blocked_layout import _conv2d_nchwc
+from tvm_fusion.passes.blocked_layout_legalize import _conv2d_nchwc
 from tvm_fusion.passes.precompute_winograd_weights import _weight_as_parameter, _weight_block
-from tvm_fusion.passes.winograd_conv2d import weight_transform, winograd_conv2d_nchwc, winograd_tile
+from tvm_fusion.kernels.winograd_conv2d import weight_transform, winograd_conv2d_nchwc, winograd_tile
 from tvm_fusion.report import table, write_json
 from tvm_fusion.runtime import set_threads
 from tvm_fusion.schedules.cpu import Conv2dNCHWc, WinogradConv2dNCHWc
-from tvm_fusion.schedules.cpu.target_info import vector_lanes
+from tvm_fusion.targets.target_info import vector_lanes
 
 ROOT = Path(__file__).resolve().parent.parent
 # (input channels, output channels, rows, columns), stride 1, pad 1: ResNet's 7x7 and 14x14

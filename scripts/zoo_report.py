@@ -4,7 +4,7 @@
 
 Each model runs in a worker process of its own (a crash or a runaway allocation in one model
 does not stop the report), one at a time. Results go to ``benchmarks/results/zoo.json`` and a
-Markdown table on stdout (the README's zoo table). Models are fetched first
+Markdown table on stdout (the docs' benchmark pages are generated from the JSON). Models are fetched first
 (scripts/fetch_zoo.py), into the zoo cache.
 
 Usage (from the repository root)::
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tvm_fusion import zoo  # noqa: E402
+from tvm_fusion.commands import zoo  # noqa: E402
 from tvm_fusion.report import write_json  # noqa: E402
 from isolated import run_in_worker  # noqa: E402  (scripts/isolated.py)
 
@@ -33,7 +33,7 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
     """Compile (verifying against ONNX Runtime), inspect and bench one model; put a dict on ``queue``."""
     from tvm_fusion import api
     from tvm_fusion.errors import ModelError, TvmFusionError
-    from tvm_fusion.peers import installed_peers
+    from tvm_fusion.commands.peers import installed_peers
 
     model = zoo.load_manifest()[name]
     path = zoo.model_path(name)

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from tvm_fusion import api, bench
+from tvm_fusion import api
+from tvm_fusion.commands import bench
 from tvm_fusion.errors import ShapeError, ToolchainError
 
 
@@ -64,7 +65,7 @@ def test_bench_peer_openvino(mlp_path, config_path):
 
 def test_bench_peer_openvino_missing_fails_before_any_build(monkeypatch, mlp_path, config_path):
     monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
-    monkeypatch.setattr(bench, "prepare", lambda *a, **k: pytest.fail("prepared before checking the peers"))
+    monkeypatch.setattr(bench, "ModelSession", lambda *a, **k: pytest.fail("prepared before checking the peers"))
     with pytest.raises(ToolchainError, match=r"pip install 'tvm_fusion\[peers\]'"):
         api.bench_model(mlp_path, config_path(), "x:4x16", peers=("openvino",))
 

@@ -143,6 +143,7 @@ def test_run_save_unwritable(capsys, tmp_path, mlp_artifact, read_only_dir, wher
 def test_save_outputs_disk_full_leaves_nothing(tmp_path, monkeypatch):
     """A full disk while saving the second output: neither output is left, nor any staging file."""
     from tvm_fusion import runtime
+    import tvm_fusion.runtime.run_files
 
     real_save, calls = np.save, []
 
@@ -152,9 +153,9 @@ def test_save_outputs_disk_full_leaves_nothing(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_save(stream, value)
 
-    monkeypatch.setattr(runtime.np, "save", save)
+    monkeypatch.setattr(runtime.run_files.np, "save", save)
     with pytest.raises(ArtifactError) as info:
-        runtime.save_outputs({"a": np.zeros(2), "b": np.ones(2)}, tmp_path / "saved" / "deep")
+        runtime.run_files.save_outputs({"a": np.zeros(2), "b": np.ones(2)}, tmp_path / "saved" / "deep")
     assert "No space left on device" in str(info.value) and "free disk space" in str(info.value)
     assert listing(tmp_path) == []
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from tvm import te
 
-from tvm_fusion.passes.blocked_layout import _conv2d_nchwc
+from tvm_fusion.passes.blocked_layout_legalize import _conv2d_nchwc
 from tvm_fusion.passes.precompute_winograd_weights import _weight_as_parameter, _weight_block
-from tvm_fusion.passes.winograd_conv2d import winograd_conv2d_nchwc
+from tvm_fusion.kernels.winograd_conv2d import winograd_conv2d_nchwc
 
 BLOCK = 8
 

@@ -402,7 +402,7 @@ def test_console_script_compile_success(tmp_path, mlp_path, config_path):
 
 
 def test_latency_statistics_and_the_noise_warning():
-    from tvm_fusion.latency import LatencyStats, noise_warning
+    from tvm_fusion.runtime.latency import LatencyStats, noise_warning
 
     steady = LatencyStats.of([0.001] * 18 + [0.0011, 0.0012])
     assert (steady.min_ms, steady.median_ms, steady.max_ms) == pytest.approx((1.0, 1.0, 1.2))

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import helpers
 from tvm_fusion import api
-from tvm_fusion.coverage import find_chains
+from tvm_fusion.commands.coverage import find_chains
 
 
 def graph_model(nodes, inputs, outputs, constants) -> onnx.ModelProto:

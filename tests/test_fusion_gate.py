@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from tvm_fusion import api
+from tvm_fusion import api, session
 from tvm_fusion.config import load_config
 from tvm_fusion.errors import VerificationError
 from tvm_fusion.passes import pipeline
@@ -66,8 +66,13 @@ def corrupt_add_relu(mod, _ctx):
 def wrong_fusion(monkeypatch, tmp_path):
     monkeypatch.setitem(pattern_registry(), AddRelu.name, AddRelu())
     lowering = pipeline.lowering_passes
-    monkeypatch.setattr(pipeline, "lowering_passes",
-                        lambda fast_math=True, winograd=True: [corrupt_add_relu, *lowering(fast_math, winograd)])
+
+    def corrupting(fast_math=True, winograd=True):
+        return [corrupt_add_relu, *lowering(fast_math, winograd)]
+
+    # The gate lowers through the pipeline's phases, compile through the session's lowered stage.
+    monkeypatch.setattr(pipeline, "lowering_passes", corrupting)
+    monkeypatch.setattr(session, "lowering_passes", corrupting)
     path = tmp_path / "two_add_relus.onnx"
     onnx.save(two_add_relus(), path)
     config = dataclasses.replace(load_config(None), patterns=(AddRelu.name,))

@@ -11,10 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import api, cli
 from tvm_fusion.errors import ArtifactError
-from tvm_fusion.graph_layout import layers_of, layout
-from tvm_fusion.graph_model import fused_graph, node_edges
-from tvm_fusion.graph_render import check_graph_path, render_fusion_graph
-from tvm_fusion.graph_repeats import find_repeats, fold_repeats
+from tvm_fusion.render.layout import layers_of, layout
+from tvm_fusion.render.model import fused_graph, node_edges
+from tvm_fusion.render import check_graph_path, render_fusion_graph
+from tvm_fusion.render.repeats import find_repeats, fold_repeats
 
 DATA = Path(__file__).resolve().parent / "data"
 GPT2_BLOCK = DATA / "gpt2_block_opset17.onnx"

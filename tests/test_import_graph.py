@@ -6,6 +6,9 @@ remove it), with relative imports resolved. Importing ``a.b.c`` also runs the ``
 ``a.b``, so it counts as an edge to that package too, unless the importer lives inside it (a
 package's own modules always run after its ``__init__`` has started). There is no allow-list:
 a circle is broken by moving what both sides need into a lower module.
+
+Beyond having no circles, the package is layered: each top-level module or subpackage sits in
+one layer of ``LAYERS`` (lowest first) and imports only from its own layer or lower ones.
 """
 
 from __future__ import annotations
@@ -28,6 +31,24 @@ def _module_files() -> dict[str, Path]:
 
 
 MODULES = _module_files()
+
+# Lowest first. A unit is a root module or a subpackage (its name below tvm_fusion).
+LAYERS = [
+    ("foundations", {"errors", "files", "native_log", "ordering", "plugins", "bundled", "verify", "report",
+                     "render"}),
+    ("fusion rules", {"kernels", "patterns"}),
+    ("import", {"frontend", "buckets"}),
+    ("configuration and kernel generation", {"config", "targets", "schedules"}),
+    ("tuning and runtime", {"tuning", "runtime"}),
+    ("passes and export", {"passes", "export", "onnx_export"}),
+    ("preparation", {"provenance", "preparation"}),
+    ("stage helpers", {"build", "fusion_gate", "metadata"}),
+    ("session", {"session"}),
+    ("probes", {"machine_peak"}),
+    ("commands", {"commands"}),
+    ("api", {"api"}),
+    ("cli", {"cli"}),
+]
 
 
 def _is_package(module: str) -> bool:
@@ -139,3 +160,29 @@ def test_cycle_finder_reports_the_path():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert sorted(find_cycles(graph)) == [["a", "b", "c", "a"], ["e", "e"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else PACKAGE
+
+
+def test_every_unit_has_a_layer():
+    layered = set().union(*(units for _, units in LAYERS))
+    units = {_unit(m) for m in MODULES} - {PACKAGE}
+    assert units - layered == set(), "give these a layer in LAYERS"
+    assert layered - units == set(), "these units in LAYERS no longer exist"
+
+
+def test_imports_point_down_the_layers():
+    """Nothing imports from a higher layer (the package's own __init__ sits above all)."""
+    layer = {unit: index for index, (_, units) in enumerate(LAYERS) for unit in units}
+    upward = []
+    for module, imported in import_graph().items():
+        if module == PACKAGE:
+            continue
+        for target in imported:
+            if target != PACKAGE and layer[_unit(target)] > layer[_unit(module)]:
+                upward.append(f"{module} ({LAYERS[layer[_unit(module)]][0]}) imports {target} "
+                              f"({LAYERS[layer[_unit(target)]][0]})")
+    assert not upward, "imports from a higher layer:\n" + "\n".join(sorted(upward))

@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import api, cli
-from tvm_fusion.onnx_export import fused_onnx
-from tvm_fusion.onnx_ops import DOMAIN, GemmEpilogue, evaluator
+from tvm_fusion.onnx_export import DOMAIN, evaluator, fused_onnx
+from tvm_fusion.onnx_export.fusions.gemm_epilogue import GemmEpilogue
 
 MODELS = Path(__file__).resolve().parents[1] / "examples" / "models"
 CNN_SHAPE = ["input:1x3x224x224"]
@@ -149,7 +149,7 @@ def test_cli_check_without_onnx_is_a_usage_error(capsys, mlp_path):
 
 
 def test_fused_file_runs_under_the_reference_evaluator_alone(tmp_path, mlp_path):
-    """The file is self-contained: onnx_ops.evaluator runs it with nothing but the file."""
+    """The file is self-contained: onnx_export.evaluator runs it with nothing but the file."""
     path = tmp_path / "m.onnx"
     api.export_fused_onnx(mlp_path, None, ["x:4x16"], path)
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)

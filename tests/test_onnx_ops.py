@@ -1,4 +1,4 @@
-"""Each fused ONNX op (tvm_fusion/onnx_ops.py) against ONNX Runtime on the nodes it replaces.
+"""Each fused ONNX op (tvm_fusion/onnx_export/fusions/) against ONNX Runtime on the nodes it replaces.
 
 Every test builds the unfused chain from standard ONNX nodes, lets ``onnx_export`` turn the
 whole chain into its one ``tvm_fusion`` node (as ``inspect --onnx`` does with the nodes a
@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from tvm_fusion.api import FusedNodes
-from tvm_fusion.onnx_export import fused_onnx
-from tvm_fusion.onnx_ops import DOMAIN, evaluator, philox_uniform
+from tvm_fusion.onnx_export import DOMAIN, evaluator, fused_onnx
+from tvm_fusion.onnx_export.fusions.dropout_training import philox_uniform
 from tvm_fusion.verify import reference_outputs
 
 RNG = np.random.default_rng(0)

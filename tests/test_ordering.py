@@ -31,6 +31,14 @@ def test_star_runs_after_every_part_that_does_not_say_so():
     assert names(parts) == ["alpha", "zeta", "generic", "fallback"]
 
 
+def test_star_runs_before_every_part_that_does_not_say_so():
+    parts = [Part("zeta"), Part("first", runs_before=("*",)), Part("second", runs_before=("*",), runs_after=("first",)),
+             Part("alpha"), Part("fallback", runs_after=("*",))]
+    assert names(parts) == ["first", "second", "alpha", "zeta", "fallback"]
+    with pytest.raises(PluginError, match="contradicts itself"):
+        declared_order([Part("a", runs_before=("*",)), Part("b", runs_before=("a",))], "pattern")
+
+
 def test_a_circle_is_refused_naming_its_parts():
     parts = [Part("a", runs_before=("b",)), Part("b", runs_before=("c",)), Part("c", runs_before=("a",)), Part("d")]
     with pytest.raises(PluginError, match="contradicts itself: a -> b -> c -> a"):

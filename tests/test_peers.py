@@ -1,7 +1,7 @@
 """bench's peers: OpenVINO compiled like-for-like (the bench itself is tested in test_api/test_cli)."""
 
 import numpy as np
-from tvm_fusion import peers
+from tvm_fusion.commands import peers
 from tvm_fusion.verify import reference_outputs
 
 

@@ -18,9 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm_fusion import api, cli
 from tvm_fusion.config import load_config
 from tvm_fusion.errors import ArtifactError, ModelError, ShapeError, TvmFusionError
-from tvm_fusion.profile_build import build_profiled
-from tvm_fusion.profile_mining import KernelCall, kernel_graph, mine_chains
-from tvm_fusion.profile_report import KernelProfile
+from tvm_fusion.commands.profile.build import build_profiled
+from tvm_fusion.session import ModelSession
+from tvm_fusion.commands.profile.mining import KernelCall, kernel_graph, mine_chains
+from tvm_fusion.commands.profile.report import KernelProfile
 
 from helpers import mlp_model, read_metadata, save
 
@@ -67,7 +68,8 @@ def test_kernel_graph_of_an_unfused_matmul_then_reduction(tmp_path):
     model.ir_version = 8
     path = tmp_path / "mm_sum.onnx"
     onnx.save(model, path)
-    profiled = build_profiled(api.prepare(path), tuning_log=False)
+    prepared = api.prepare(path)
+    profiled = build_profiled(ModelSession.of(prepared), prepared.config, tuning_log=False)
     calls = kernel_graph(profiled.lowered)
     assert [c.inputs for c in calls] == [[], [0]] and calls[1].model_output
     assert calls[0].output_bytes == 4 * 32 * 4
@@ -191,3 +193,36 @@ def test_the_config_an_artifact_records_loads_back_equal(config_path):
 
     config = dataclasses.replace(load_config(config_path()), dim_defaults={"batch": 1, "sequence": (1, 512, 1)})
     assert config_from_json(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+
+
+# bench ARTIFACT: the artifact's own library beside the model it was built from ------------------
+
+def test_bench_of_an_artifact_times_its_own_library(mlp_artifact):
+    said = []
+    report = api.bench_model(mlp_artifact, repeat=3, warmup=1, progress=said.append)
+    assert set(report.samples_ms) == {"onnxruntime", "tvm_fusion", "stock_tvm"}
+    assert report.max_abs_error["tvm_fusion"] < 1e-4
+    assert f"benchmarking {mlp_artifact}, built from" in said[0]
+    assert "building tvm_fusion" not in said  # nothing was rebuilt: the artifact's library is timed
+
+
+def test_bench_of_an_artifact_built_for_a_range_runs_its_typical_size(mlp_path, config_path, tmp_path):
+    artifact = api.compile_model(mlp_path, config_path(), ["x:1..8x16"], output_dir=tmp_path).artifact
+    report = api.bench_model(artifact, repeat=2, warmup=0, include_stock=False, sizes={"batch": 3})
+    assert report.inputs == {"x": [3, 16]} and report.max_abs_error["tvm_fusion"] < 1e-4
+
+
+def test_bench_of_an_artifact_takes_no_config_shapes_or_tuning_log(mlp_artifact, config_path):
+    with pytest.raises(TvmFusionError, match="bench uses those; --config, --input-shape would bench"):
+        api.bench_model(mlp_artifact, config_path(), ["x:4x16"])
+
+
+def test_run_bench_and_profile_of_one_artifact_agree(resnet_artifact, capsys):
+    """The three commands time the same library: their medians lie within each other's spread
+    (a loose bound: the point is that none of them times another build or thread count)."""
+    assert cli.main(["-q", "run", str(resnet_artifact), "--repeat", "40"]) == 0
+    run_line = re.search(r"latency: min ([\d.]+) / median ([\d.]+) / p90 ([\d.]+)", capsys.readouterr().out)
+    bench = api.bench_model(resnet_artifact, repeat=40, include_stock=False).stats["tvm_fusion"]
+    profile = api.profile_model(resnet_artifact, rounds=40).end_to_end
+    medians = {"run": float(run_line.group(2)), "bench": bench.median_ms, "profile": profile.median_ms}
+    assert max(medians.values()) <= 2.0 * min(medians.values()), medians

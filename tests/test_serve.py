@@ -221,7 +221,7 @@ class FailingModel:
 def test_a_run_that_raises_is_500_and_the_server_goes_on():
     import uvicorn
 
-    from tvm_fusion.serving import create_app
+    from tvm_fusion.commands.serve import create_app
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(FailingModel(), "failing"), host="127.0.0.1", port=port,
@@ -247,7 +247,7 @@ def test_a_run_that_raises_is_500_and_the_server_goes_on():
 def test_serve_without_the_extra_says_how_to_install(monkeypatch, capsys, mlp_artifact):
     from tvm_fusion import cli
 
-    monkeypatch.setitem(sys.modules, "tvm_fusion.serving", None)  # as if FastAPI were missing
+    monkeypatch.setitem(sys.modules, "tvm_fusion.commands.serve", None)  # as if FastAPI were missing
     assert cli.main(["serve", str(mlp_artifact)]) == 7
     err = capsys.readouterr().err
     assert err.count("tvm-fusion: error:") == 1 and "pip install 'tvm_fusion[serve]'" in err

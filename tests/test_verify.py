@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_fusion import api, cli, compilation
+from tvm_fusion import api, cli
+from tvm_fusion.commands import compile as compilation
 from tvm_fusion.errors import VerificationError
 from tvm_fusion.verify import check_outputs, compare_outputs, format_comparisons
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from tvm_fusion import zoo
+from tvm_fusion.commands import zoo
 from tvm_fusion.preparation import parse_input_shapes
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,10 +1,10 @@
 """Shape buckets: static kernels for a few exact sizes inside a dynamic artifact.
 
 A symbolic kernel pays for not knowing its extents (whole tiles plus a shifted or padded tail,
-no constant folding of shape arithmetic): up to 1.2x on the bundled transformers and 1.7x on
-mobilenetv3_tiny against kernels built for one size (README, "Dynamic shapes"). A bucket is one point of the ranges (``sequence=128``; ``height=224,width=224``)
-compiled as a static model of its own, the way TensorRT's optimization profiles and MLC-LLM's
-specialized functions serve their common sizes. ``main`` then dispatches on the exact size:
+no constant folding of shape arithmetic; docs/dynamic-shapes.md has the measured cost). A bucket
+is one point of the ranges (``sequence=128``; ``height=224,width=224``) compiled as a static
+model of its own, the way TensorRT's optimization profiles and MLC-LLM's specialized functions
+serve their common sizes. ``main`` then dispatches on the exact size:
 
     main(input_ids: R.Tensor((1, sequence)))
         if sequence == 128: main_at_sequence128(match_cast(input_ids, (1, 128)))
@@ -13,6 +13,9 @@ specialized functions serve their common sizes. ``main`` then dispatches on the 
 Every other size runs the symbolic module, so the artifact still serves the whole range, and a
 plain TVM runtime still calls ``main``. Each bucket's functions and kernels take the suffix
 ``_at_<dims>``: two static builds name their kernels alike.
+
+TVM is imported inside the functions that build Relax: the CLI imports this module at start-up
+(``bucket_text``, through ``cli.output``), and ``tvm-fusion --help`` should not wait seconds for it.
 """
 
 from __future__ import annotations
@@ -88,8 +91,8 @@ def with_buckets(dynamic, specialized: list[tuple[dict[str, int], object]], rang
     """One module: ``dynamic``'s functions (its ``main`` renamed ``main_dynamic``), each static
     module of ``specialized`` under its bucket's suffix, and a ``main`` that sends an input of a
     bucket's exact size to that bucket."""
-    import tvm
-    from tvm import relax, tirx
+    import tvm  # deferred: keeps TVM out of --help (module docstring)
+    from tvm import relax, tirx  # deferred: keeps TVM out of --help (module docstring)
 
     inner = dynamic["main"]
     dims = {var.name: var for param in inner.params for var in _shape_vars(param.ty) if var.name in ranges}
@@ -137,7 +140,7 @@ def with_buckets(dynamic, specialized: list[tuple[dict[str, int], object]], rang
 def _add_renamed(builder, module, rename):
     """Add every function of ``module`` under ``rename(name)``, calls and global symbols
     following; the GlobalVar of the renamed ``main``."""
-    from tvm import relax, tirx
+    from tvm import relax, tirx  # deferred: keeps TVM out of --help (module docstring)
 
     renamed = {}
     for gvar, func in module.functions_items():
@@ -158,7 +161,7 @@ def _add_renamed(builder, module, rename):
 
 def _renamer(renamed):
     """A mutator pointing calls (and ``call_tir``'s kernel argument) at the renamed GlobalVars."""
-    from tvm import relax
+    from tvm import relax  # deferred: keeps TVM out of --help (module docstring)
 
     @relax.expr_functor.mutator
     class GlobalVarRenamer(relax.PyExprMutator):
@@ -170,7 +173,7 @@ def _renamer(renamed):
 
 def _shape_vars(ty) -> list:
     """The symbolic vars standing alone as dims of a parameter's tensor type (those it defines)."""
-    from tvm import tirx
+    from tvm import tirx  # deferred: keeps TVM out of --help (module docstring)
 
     shape = getattr(ty, "shape", None)
     return [dim for dim in getattr(shape, "values", None) or [] if isinstance(dim, tirx.Var)]

@@ -14,10 +14,15 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import psutil
+import tvm
+from tvm.target import codegen
+
 from . import bundled
 from .buckets import parse_bucket
 from .errors import ConfigError, ShapeError
 from .frontend.dims import parse_range
+from .patterns import registered_patterns
 
 DEFAULT_CONFIG = bundled.config_dir() / f"{bundled.DEFAULT_CONFIG_NAME}.toml"
 
@@ -82,8 +87,6 @@ class PipelineConfig:
     tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
 
     def tvm_target(self):
-        import tvm
-
         target = dict(self.target)
         host = target.pop("host", None)
         return tvm.target.Target(target, host=host) if host else tvm.target.Target(target)
@@ -91,14 +94,10 @@ class PipelineConfig:
 
 def host_cpu_name() -> str:
     """The LLVM CPU name of this machine: without it LLVM emits generic x86-64 (no AVX-512)."""
-    import tvm
-
     return str(tvm.target.Target.from_device(tvm.cpu()).attrs["mcpu"])
 
 
 def host_core_count() -> int:
-    import psutil
-
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
@@ -172,9 +171,6 @@ def _check_platform_keys(target: dict[str, Any], fail) -> None:
 
 def llvm_cpu_names(triple: str) -> list[str]:
     """The CPU names LLVM accepts as ``mcpu`` for ``triple`` (what ``-mcpu=help`` would list)."""
-    import tvm
-    from tvm.target import codegen
-
     return sorted(set(codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm", "mtriple": triple}))))
 
 
@@ -182,8 +178,6 @@ def _check_mcpu(key: str, mcpu: Any, triple: str | None, fail) -> None:
     """An unknown CPU name is not an error in LLVM: it warns and emits generic code, silently slow."""
     if mcpu is None:
         return
-    from tvm.target import codegen
-
     triple = triple or str(codegen.llvm_get_system_triple())
     if isinstance(mcpu, str) and codegen.llvm_is_valid_cpu(mcpu, triple):
         return
@@ -195,8 +189,6 @@ def _check_mcpu(key: str, mcpu: Any, triple: str | None, fail) -> None:
 
 def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> PipelineConfig:
     """Validate a parsed TOML document; every error names the file, the key and what is allowed."""
-    from .patterns import registered_patterns
-
     def fail(key: str, problem: str, allowed: str) -> ConfigError:
         return ConfigError(f"{path}: key '{key}' {problem}", f"allowed: {allowed}")
 

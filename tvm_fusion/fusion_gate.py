@@ -25,8 +25,12 @@ import re
 from collections.abc import Callable
 
 import numpy as np
+import tvm
+from tvm import relax
 
 from .config import PipelineConfig
+from .frontend.dims import DimRange, evaluate_dim
+from .passes.pipeline import legalize_map
 from .patterns.base import PatternInstance, PatternReport
 
 _NODE_NAME = re.compile(r"^onnx(\d+)(?:_(\d+))?$")
@@ -57,8 +61,6 @@ class GateReport:
 
 def composite_calls(module) -> list[tuple[object, list]]:
     """(composite GlobalVar, call arguments) for every composite call in ``main``, in order."""
-    from tvm import relax
-
     found = []
     for block in module["main"].body.blocks:
         for binding in block.bindings:
@@ -70,13 +72,11 @@ def composite_calls(module) -> list[tuple[object, list]]:
     return found
 
 
-def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tuple[int, list]:
-    """(instances checked, [(instance, max abs error, allowed)] of those outside tolerance)."""
-    import tvm
-    from tvm import relax
+def check_fusions(module, report: PatternReport, config: PipelineConfig,
+                  lower_and_schedule: Callable) -> tuple[int, list]:
+    """(instances checked, [(instance, max abs error, allowed)] of those outside tolerance).
 
-    from .passes import fusion_pipeline
-    from .passes.pipeline import legalize_map
+    ``lower_and_schedule(module, config)`` builds the fused side as compile does."""
 
     calls = composite_calls(module)
     if not calls:
@@ -103,7 +103,7 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tupl
         reference[f"reference_{index}"] = composite.without_attr("Composite").without_attr("Primitive").with_attr(
             "global_symbol", f"reference_{index}")
     fused = relax.transform.Normalize()(fused)
-    fused = fusion_pipeline(config, PatternReport(), phases=("lower", "schedule"))(fused)
+    fused = lower_and_schedule(fused, config)
     # The direct conv is the reference a Winograd conv is checked against.
     reference = relax.transform.LegalizeOps(legalize_map(config.fast_math, winograd=False))(reference)
     target = config.tvm_target()
@@ -128,16 +128,12 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig) -> tupl
 
 
 def _is_constant(arg) -> bool:
-    import tvm
-
     return isinstance(arg, tvm.ir.GenericConst)
 
 
 def typical_sizes(module) -> dict[str, int]:
     """Each symbolic dim of ``main`` at its range's typical size (from the bounds the importer
     recorded), by name."""
-    from .frontend.dims import DimRange
-
     attrs = module["main"].attrs or {}
     low, high = attrs.get("tir_var_lower_bound", {}), attrs.get("tir_var_upper_bound", {})
     return {str(name): DimRange(str(name), int(low[name]), int(high[name])).typical for name in high}
@@ -146,11 +142,6 @@ def typical_sizes(module) -> dict[str, int]:
 def _argument(arg, rng: np.random.Generator, sizes: dict[str, int]):
     """A composite's argument as the VM takes it: a tensor, or a shape (a symbolic output size
     that stayed a parameter) at ``sizes``."""
-    import tvm
-    from tvm import relax
-
-    from .frontend.dims import evaluate_dim
-
     value = getattr(arg, "value", None)  # a relax constant (TVM 0.27 names no Constant class)
     if hasattr(value, "numpy"):
         return tvm.runtime.tensor(value.numpy())
@@ -198,7 +189,7 @@ def instance_of(composite, report: PatternReport) -> PatternInstance:
 
 
 def gated_fuse(fuse: Callable[[frozenset], tuple[object, PatternReport]], config: PipelineConfig,
-               onnx_nodes: Callable[[list[str]], list[str]] = lambda _names: [],
+               lower_and_schedule: Callable, onnx_nodes: Callable[[list[str]], list[str]] = lambda _names: [],
                say: Callable[[str], None] = lambda _m: None) -> tuple[object, PatternReport, GateReport]:
     """``fuse(excluded)`` runs the graph phases; rerun it without each failing instance."""
     excluded: frozenset[str] = frozenset()
@@ -206,7 +197,7 @@ def gated_fuse(fuse: Callable[[frozenset], tuple[object, PatternReport]], config
     checked = 0
     for _ in range(MAX_ROUNDS):
         module, report = fuse(excluded)
-        count, failures = check_fusions(module, report, config)
+        count, failures = check_fusions(module, report, config, lower_and_schedule)
         checked = max(checked, count)
         if not failures:
             break

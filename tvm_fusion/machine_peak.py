@@ -19,9 +19,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+import tvm
+from tvm import relax
+from tvm.script import tirx as T
 
 from .config import PipelineConfig
 from .report import write_json
+from .session import through_pipeline
+from .targets.target_info import vector_lanes
+from .tuning.store_contents import target_key
 
 # Fresh probes on a busy machine undershoot, never overshoot: keep the best of a few runs.
 # Part of the cache file's name: a changed probe measures afresh instead of reading the old numbers.
@@ -66,8 +72,6 @@ _IN_PROCESS: dict[tuple[str, int], MachinePeak] = {}
 
 def machine_peak(config: PipelineConfig, refresh: bool = False) -> MachinePeak:
     """The cached peaks for the config's target (probing and caching them the first time)."""
-    from .tuning.store_contents import target_key
-
     key = target_key(config.tvm_target())
     if not refresh and (key, config.threads) in _IN_PROCESS:
         return _IN_PROCESS[key, config.threads]
@@ -104,11 +108,6 @@ def _read_cache(path: Path, threads: int) -> MachinePeak | None:
 
 def probe_fma(config: PipelineConfig) -> float:
     """GFLOP/s of independent vector FMA chains held in registers, one per thread."""
-    import tvm
-    from tvm.script import tirx as T
-
-    from .schedules.cpu.target_info import vector_lanes
-
     target = config.tvm_target()
     lanes = vector_lanes(target, "float32")
     threads, accs, iters = config.threads, FMA_ACCUMULATORS, FMA_ITERATIONS
@@ -137,19 +136,13 @@ def probe_fma(config: PipelineConfig) -> float:
 
 def probe_triad(config: PipelineConfig) -> float:
     """GB/s of ``a = b + 3c`` compiled by our pipeline (parallel, vectorized) on 64 MiB arrays."""
-    import tvm
-    from tvm import relax
-
-    from .passes import fusion_pipeline
-    from .patterns import PatternReport
-
     b, c = (relax.Var(n, relax.TensorType((TRIAD_ELEMENTS,), "float32")) for n in "bc")
     builder = relax.BlockBuilder()
     with builder.function("main", [b, c]):
         with builder.dataflow():
             out = builder.emit_output(relax.op.add(b, relax.op.multiply(c, relax.const(3.0, "float32"))))
         builder.emit_func_output(out)
-    module = fusion_pipeline(dataclasses.replace(config, patterns=()), PatternReport())(builder.get())
+    module = through_pipeline(builder.get(), dataclasses.replace(config, patterns=()))
     vm = relax.VirtualMachine(tvm.compile(module, target=config.tvm_target()), tvm.cpu())
     arrays = [tvm.runtime.tensor(np.ones(TRIAD_ELEMENTS, "float32")) for _ in range(2)]
     best = _best_seconds(lambda: vm["main"](*arrays))
@@ -160,11 +153,6 @@ def probe_l2(config: PipelineConfig) -> float:
     """GB/s of ``x = 0.999 x + y`` (2 loads and a store per element, vectorized) over arrays
     that fill a quarter of each thread's L2, swept again and again: each sweep reads what the
     last wrote, so no sweep can be skipped."""
-    import tvm
-    from tvm.script import tirx as T
-
-    from .schedules.cpu.target_info import vector_lanes
-
     lanes = vector_lanes(config.tvm_target(), "float32")
     threads = config.threads
     elements = max(lanes, l2_bytes() // L2_SHARE // 8 // lanes * lanes)  # two float32 arrays

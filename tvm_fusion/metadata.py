@@ -7,14 +7,19 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
+import onnx
+import onnxruntime
+import tvm
+
 from . import __version__
 from .build import kernel_calls
-from .config import PipelineConfig, TuningConfig
+from .config import PipelineConfig, TuningConfig, load_config
+from .files import sha256_of
 from .frontend import onnx as onnx_frontend
 from .frontend.dims import ranges_of
 from .patterns import PatternReport
 from .preparation import PreparedModel
-from .files import sha256_of
+from .tuning.store_contents import target_key
 
 
 def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, platform, toolchain: dict,
@@ -27,8 +32,6 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
     result (or None when it did not run), ``schedule_rules`` the rule (or tuning record) that
     scheduled each kernel.
     """
-    import tvm
-
     return {
         "model": prepared.name,
         "model_sha256": model_sha256(prepared),
@@ -56,13 +59,7 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
 
 def versions() -> dict[str, str]:
     """``--version``: what a bug report needs, the target key of this machine's host config included."""
-    import onnx
-    import onnxruntime
-    import onnxslim
-    import tvm
-
-    from .config import load_config
-    from .tuning.store_contents import target_key
+    import onnxslim  # deferred: ~0.3 s to import (frontend/onnx.py's _slim), read here for its version
 
     return {"tvm_fusion": __version__, "tvm": tvm.__version__, "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "onnxslim": onnxslim.__version__,

@@ -3,8 +3,10 @@
 Each part names the parts it must run before (``runs_before``) or after (``runs_after``) and the
 registry sorts them so that every declaration holds, ties broken by name, so a new part slots in
 without anyone editing a central list. ``"*"`` in ``runs_after`` means after every part that does
-not say so itself (a rule that answers for anything, like a fallback). A contradiction (a circle
-of declarations) or a declaration naming no registered part is refused, naming the parts.
+not say so itself (a rule that answers for anything, like a fallback); in ``runs_before``, before
+every part that does not say so itself (a rule that must see its kernels before any other
+touches them). A contradiction (a circle of declarations) or a declaration naming no registered
+part is refused, naming the parts.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ def declared_order(parts: Sequence[Part], kind: str, name_of: Callable[[Part], s
         by_name[name] = part
     edges: dict[str, set[str]] = {name: set() for name in by_name}  # name -> the parts after it
     for name, part in by_name.items():
-        after = getattr(part, "runs_after", ())
-        if EVERY_OTHER in after:
-            for other, other_part in by_name.items():
-                if EVERY_OTHER not in getattr(other_part, "runs_after", ()):
-                    edges[other].add(name)
-        declared = [("runs_before", later, (name, later)) for later in getattr(part, "runs_before", ())]
+        before, after = getattr(part, "runs_before", ()), getattr(part, "runs_after", ())
+        for other, other_part in by_name.items():
+            if EVERY_OTHER in after and EVERY_OTHER not in getattr(other_part, "runs_after", ()):
+                edges[other].add(name)
+            if EVERY_OTHER in before and EVERY_OTHER not in getattr(other_part, "runs_before", ()):
+                edges[name].add(other)
+        declared = [("runs_before", later, (name, later)) for later in before if later != EVERY_OTHER]
         declared += [("runs_after", earlier, (earlier, name)) for earlier in after if earlier != EVERY_OTHER]
         for relation, other, (first, then) in declared:
             if other in by_name:

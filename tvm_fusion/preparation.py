@@ -1,4 +1,6 @@
-"""Preparation: load an ONNX model, bind its input shapes, simplify it and import it into Relax.
+"""Preparation: load an ONNX model, bind its input shapes, simplify it and import it into Relax,
+bindings named after the ONNX nodes (``provenance``), so that every command reports what it
+did in the model's own terms. ``session.ModelSession`` calls this once per model and shape set.
 
 Also the checks every command makes on the shapes before heavy work (memory, one size).
 """
@@ -10,11 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import onnx
+import psutil
+import tvm
+from tvm import relax
 
 from .config import PipelineConfig, load_config
 from .errors import ShapeError
 from .frontend import onnx as onnx_frontend
-from .frontend.dims import evaluate_dim, ranges_of, var_sizes
+from .frontend.dims import DimRange, evaluate_dim, ranges_of, var_sizes
+from .provenance import import_with_node_names
 
 Progress = Callable[[str], None]
 # {name: dims or a pinned value} (a dim: a size, or a (low, high, step) range), NAME:DIMxDIM and
@@ -35,8 +41,9 @@ class PreparedModel:
     onnx_model: onnx.ModelProto
     inputs: list[onnx_frontend.TensorSpec]
     output_names: list[str]
-    relax_module: object
+    relax_module: object  # bindings named after the nodes of ``simplified`` (provenance)
     path: Path | None = None  # the model file, resolved
+    simplified: onnx.ModelProto | None = None  # what was imported: onnxslim's output
 
 
 def resolve_config(config: str | Path | PipelineConfig | None) -> PipelineConfig:
@@ -98,8 +105,6 @@ def _flag_text(name: str, given) -> str:
 
 
 def _dims_flag(dims) -> str:
-    from .frontend.dims import DimRange
-
     return "x".join(str(DimRange("", *d)) if isinstance(d, tuple) else str(d) for d in dims)
 
 
@@ -117,8 +122,6 @@ def check_memory(inputs: list[onnx_frontend.TensorSpec], module=None) -> None:
     range. Without this check a mistyped dim builds the model and then dies allocating its
     test inputs.
     """
-    import psutil
-
     high = {name: r.high for name, r in ranges_of(inputs).items()}
     input_bytes = sum(_tensor_bytes(s.shape, s.dtype) for s in onnx_frontend.inputs_at(inputs, high))
     high_vars = var_sizes(ranges_of(inputs), high)
@@ -134,8 +137,6 @@ def check_memory(inputs: list[onnx_frontend.TensorSpec], module=None) -> None:
 
 
 def _tensor_bytes(shape, dtype: str) -> int:
-    import tvm
-
     count = 1
     for dim in shape:
         count *= int(dim)
@@ -144,8 +145,6 @@ def _tensor_bytes(shape, dtype: str) -> int:
 
 def _computed_tensors(module, high: dict[str, int]):
     """(bytes, 'dtype[shape]') of every tensor bound in ``main``, symbolic dims at ``high``."""
-    from tvm import relax
-
     def sizes(ty):
         if isinstance(ty, relax.TupleType):
             for field in ty.fields:
@@ -180,10 +179,10 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
     progress("simplifying shape subgraphs at " + shapes_text(specs))
     simplified = onnx_frontend.simplify(model, specs)
     progress(f"importing {len(simplified.graph.node)} ONNX nodes into Relax")
-    module = onnx_frontend.import_model(simplified, specs)
+    module = onnx_frontend.import_model(simplified, specs, importer=import_with_node_names)
     check_memory(specs, module)
-    return PreparedModel(cfg, Path(model_path).stem, model, specs,
-                         onnx_frontend.output_specs(model), module, Path(model_path).resolve())
+    return PreparedModel(cfg, Path(model_path).stem, model, specs, onnx_frontend.output_specs(model), module,
+                         Path(model_path).resolve(), simplified)
 
 
 def prepare_at(prepared: PreparedModel, config, sizes: dict[str, int], progress: Progress = quiet) -> PreparedModel:

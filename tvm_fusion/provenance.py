@@ -16,6 +16,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .frontend.converters import Importer
 from .passes.rebinding import rebind
 
 _NAME = re.compile(r"^onnx(\d+)(?:_\d+)?$")
@@ -25,8 +26,6 @@ def import_with_node_names(model: onnx.ModelProto, shapes: dict[str, list[int]],
                            dtypes: dict[str, str]) -> tvm.IRModule:
     """``model`` imported as ``frontend.onnx.import_model`` does (the same importer, with our
     converters, so inspect sees what compile builds), bindings named after nodes."""
-    from .frontend.converters import Importer
-
     class RecordingImporter(Importer):
         converted: list[tuple[str, relax.Expr]] = []
 
@@ -95,3 +94,21 @@ class _Rename(PyExprMutator):
         alias = binding.value if isinstance(binding.value, relax.Var) else None
         name = self.names.get(old) or (self.names.get(alias) if alias is not None else None) or old.name
         self.set_var_remap(old, rebind(self.builder_, old, value, name))
+
+
+def onnx_nodes_of(names: list[str], report, model: onnx.ModelProto) -> list[str]:
+    """The ONNX nodes behind binding names of the node-named import, through the rewrites
+    (a rewritten op stands for the chain it replaced)."""
+    rewrites = {i.output: i.absorbed for i in report.instances if i.variant == i.pattern}
+    found: set[int] = set()
+    pending, seen = list(names), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        pending += rewrites.get(name, [])
+        index = node_index(name, model)
+        if index is not None:
+            found.add(index)
+    return [model.graph.node[i].name or f"#{i}" for i in sorted(found)]

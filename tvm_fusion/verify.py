@@ -8,6 +8,7 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from .errors import VerificationError
 
@@ -34,8 +35,6 @@ def onnxruntime_session(model: onnx.ModelProto, threads: int, exact_integer_prod
     """``exact_integer_products``: for a reference. On x86 without VNNI, ONNX Runtime's fast
     uint8 x int8 products (quantize_dynamic's LSTM and MatMul) saturate pairs of terms at int16,
     so its outputs depend on the CPU; this makes it use exact (slower) uint8 x uint8 products."""
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -52,8 +51,6 @@ def onnxruntime_session(model: onnx.ModelProto, threads: int, exact_integer_prod
 
 def onnxruntime_feeds(inputs: dict[str, np.ndarray]) -> dict:
     """Inputs as OrtValues: ORT's numpy bridge has no bfloat16, so those go in as their bits."""
-    import onnxruntime as ort
-
     feeds = {}
     for name, value in inputs.items():
         value = np.require(value, requirements="C")  # keeps a scalar 0-d (ascontiguousarray: 1-D)

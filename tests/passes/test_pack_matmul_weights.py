@@ -15,7 +15,7 @@ from machine import host_target
 from tvm_fusion import api
 from tvm_fusion.config import load_config
 from tvm_fusion.passes.pack_matmul_weights import PackMatmulWeights, pack_columns
-from tvm_fusion.schedules.cpu.target_info import vector_lanes
+from tvm_fusion.targets.target_info import vector_lanes
 
 TARGET = tvm.target.Target(host_target())
 PANEL = 2 * vector_lanes(TARGET, "float32")  # two vectors: MatmulEpilogue's column tile

@@ -7,10 +7,10 @@ from machine import host_target
 from tvm import relax, s_tir, te
 from tvm.relax.op import nn
 
+from tvm_fusion.kernels.winograd_conv2d import weight_transform, winograd_conv2d_transformed
 from tvm_fusion.passes.pipeline import lowering_passes
 from tvm_fusion.passes.precompute_winograd_weights import PrecomputeWinogradWeights
-from tvm_fusion.passes.winograd_conv2d import weight_transform, winograd_conv2d_transformed
-from tvm_fusion.schedules.cpu.target_info import vector_lanes
+from tvm_fusion.targets.target_info import vector_lanes
 
 TARGET = tvm.target.Target(host_target())
 BLOCK = vector_lanes(TARGET, "float32")

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from helpers import assert_fused_matches_references
 from tvm_fusion import api
 from tvm_fusion.config import load_config
-from tvm_fusion.passes.winograd_conv2d import transform_matrices, winograd_tile
+from tvm_fusion.kernels.winograd_conv2d import transform_matrices, winograd_tile
 
 
 @pytest.mark.parametrize("tile", [2, 4])

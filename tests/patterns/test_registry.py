@@ -1,11 +1,20 @@
 """The registry: every pattern module found once, with a name, a description and tests, in an
-order that keeps every declared runs_before/runs_after."""
+order that keeps every declared runs_before/runs_after; and the fused ONNX of each pattern
+(``onnx_export/fusions/<pattern>.py``, or a plugin's entry point), read from it."""
 
+import importlib
+import pkgutil
+from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from tvm_fusion import plugins
 from tvm_fusion.errors import PluginError
+from tvm_fusion.onnx_export import DOMAIN, OnnxSpec, fusions
+from tvm_fusion.onnx_export import registry as onnx_registry
+from tvm_fusion.onnx_export.reference_ops import FusedOp
 from tvm_fusion.patterns import FusionRule, RewriteRule, pattern_registry, registry
 
 TESTS = Path(__file__).parent
@@ -74,3 +83,81 @@ def test_gemm_epilogue_variants_put_longer_chains_first():
     assert variants.index("matmul_bias_gelu_residual") < variants.index("matmul_bias_gelu")
     assert variants.index("matmul_bias_gelu") < variants.index("matmul_bias")
     assert variants.index("matmul_bias") < variants.index("matmul_residual")
+
+
+# The fused ONNX of each pattern (onnx_export/fusions/<pattern>.py), found from this registry -------
+
+def test_every_fused_onnx_spec_lives_in_a_module_named_after_its_pattern():
+    specs = onnx_registry.onnx_specs()
+    assert list(specs) == [name for name in pattern_registry() if name in specs]  # the registry's order
+    modules = {info.name for info in pkgutil.iter_modules(fusions.__path__)}
+    for name, spec in specs.items():
+        assert importlib.import_module(f"{fusions.__name__}.{name}").SPEC is spec, name
+        for op in spec.ops:
+            assert op.op_domain == DOMAIN
+    assert modules - set(specs) == {"activation"}  # the one op shared alike by six rewrites
+    # Patterns whose matches keep their ONNX nodes: a Clip-only or Dropout-only rewrite, and the
+    # rewrites that only fusions read (their nodes go with the fusion that absorbs them).
+    assert set(pattern_registry()) - set(specs) == {"conv_affine_fold", "dropout", "gather_constant_index",
+                                                    "single_head_attention", "softmax_flattened"}
+
+
+def test_builders_and_fused_ops_are_read_from_the_specs():
+    specs = onnx_registry.onnx_specs()
+    assert onnx_registry.builders() == {name: spec.build for name, spec in specs.items()}
+    ops = onnx_registry.fused_ops()
+    assert len({op.__name__ for op in ops}) == len(ops)
+    assert {op.__name__ for op in ops} == {op.__name__ for spec in specs.values() for op in spec.ops}
+    assert "GroupNorm" in {op.__name__ for op in ops}
+
+
+class Mish(FusedOp):
+    def _run(self, x):
+        return (x * np.tanh(np.log1p(np.exp(x))),)
+
+
+class MishRule(RewriteRule):
+    name = "mish"
+    description = "a plugin's pattern"
+
+
+def _spec_entry_points(monkeypatch, *specs: OnnxSpec) -> None:
+    """``specs`` as a plugin's ``tvm_fusion.onnx_export`` entry points."""
+
+    class SpecEntryPoint(metadata.EntryPoint):
+        def load(self):
+            return specs[int(self.name)]
+
+    entries = [SpecEntryPoint(str(n), f"plugin:spec{n}", onnx_registry.ENTRY_POINT_GROUP) for n in range(len(specs))]
+    monkeypatch.setattr(plugins.metadata, "entry_points",
+                        lambda group: entries if group == onnx_registry.ENTRY_POINT_GROUP else [])
+
+
+def test_a_plugin_brings_the_fused_onnx_of_its_pattern(monkeypatch):
+    build = onnx_registry.builders()["silu"]  # any builder: only the spec's place is tested
+    mish = OnnxSpec("mish", build, (Mish,))
+    monkeypatch.setitem(pattern_registry(), "mish", MishRule())  # a registered plugin pattern
+    _spec_entry_points(monkeypatch, mish)
+    assert onnx_registry.onnx_specs()["mish"] is mish
+    assert Mish in onnx_registry.fused_ops()
+
+
+@pytest.mark.parametrize("spec, message", [
+    (OnnxSpec("nonesuch", lambda region, variant: [], ()), "is for 'nonesuch', which is no registered pattern"),
+    (OnnxSpec("silu", lambda region, variant: [], ()), "is a second spec for pattern 'silu'"),
+])
+def test_a_spec_for_no_pattern_or_a_second_one_is_refused(monkeypatch, spec, message):
+    _spec_entry_points(monkeypatch, spec)
+    with pytest.raises(PluginError, match=message):
+        onnx_registry.onnx_specs()
+
+
+def test_two_ops_of_one_name_are_refused(monkeypatch):
+    class GroupNorm(FusedOp):  # the op type of group_norm's op, defined again
+        def _run(self, x):
+            return (x,)
+
+    monkeypatch.setitem(pattern_registry(), "mish", MishRule())
+    _spec_entry_points(monkeypatch, OnnxSpec("mish", lambda region, variant: [], (GroupNorm,)))
+    with pytest.raises(PluginError, match="defines the fused ONNX op 'GroupNorm'"):
+        onnx_registry.fused_ops()

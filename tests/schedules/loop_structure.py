@@ -11,7 +11,7 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.tirx import ForKind
 
-from tvm_fusion.schedules.cpu.target_info import simd_bits
+from tvm_fusion.targets.target_info import simd_bits
 
 
 @dataclasses.dataclass

@@ -85,9 +85,10 @@ def test_rule_lists_per_target_family():
     # Every rule class in schedules/cpu/ is found, each once; the general rules come last.
     assert sorted(names) == sorted({cls.__name__ for cls in map(type, builtin_cpu_rules())})
     assert names[-3:] == ["Reduction", "Injective", "Fallback"]
+    assert names[0] == "WinogradConv2dNCHWc"  # runs_before = ("*",): asked before every other rule
     for index, rule in enumerate(cpu):
         for later in getattr(rule, "runs_before", ()):
-            assert names.index(later) > index, (names[index], later)
+            assert later == "*" or names.index(later) > index, (names[index], later)
     assert names.index("Attention") < names.index("Softmax")
     assert names.index("MatmulMultiOutput") < names.index("MatmulEpilogue")
     assert names.index("SqueezeExcitation") < names.index("Pooling")

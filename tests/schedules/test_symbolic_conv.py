@@ -263,7 +263,7 @@ def test_resize_with_symbolic_channels_is_declined():
 def blocked_conv(lanes: int, strides: int, bias: bool):
     """A 3x3 conv over a symbolic map in NCHW[lanes]c (+ bias + relu), legalized as the blocked
     layout pass does: (module, the module under Conv2dNCHWc, the scheduled conv PrimFunc)."""
-    from tvm_fusion.passes.blocked_layout import blocked_conv2d_legalize
+    from tvm_fusion.passes.blocked_layout_legalize import blocked_conv2d_legalize
 
     height, width = tirx.Var("height", "int64"), tirx.Var("width", "int64")
     params = [relax.Var("x", relax.TensorType((1, 2, height, width, lanes), "float32")),

@@ -78,28 +78,32 @@ def test_loaded_artifacts_match_onnxruntime_on_new_inputs(x86_build, mlp_path):
 
 
 def test_import_and_fusion_run_once_for_all_targets(tmp_path, mlp_path, monkeypatch):
-    from tvm_fusion import compilation, passes
+    from tvm_fusion import session
+    from tvm_fusion.frontend import onnx as onnx_frontend
 
-    calls = {"prepare": 0, "phases": []}
-    real_prepare, real_pipeline = compilation.prepare, passes.fusion_pipeline
+    calls = {"import": 0, "phases": []}
+    real_import, real_pipeline = onnx_frontend.import_model, session.fusion_pipeline
 
-    def counting_prepare(*args, **kwargs):
-        calls["prepare"] += 1
-        return real_prepare(*args, **kwargs)
+    def counting_import(*args, **kwargs):
+        calls["import"] += 1
+        return real_import(*args, **kwargs)
 
     def recording_pipeline(cfg, report, phases=("canonicalize", "layout", "fuse", "lower", "schedule"), **kwargs):
         calls["phases"].append(tuple(phases))
         return real_pipeline(cfg, report, phases=phases, **kwargs)
 
-    monkeypatch.setattr(compilation, "prepare", counting_prepare)
-    monkeypatch.setattr(passes, "fusion_pipeline", recording_pipeline)
-    results = api.compile_targets(mlp_path, [config(n) for n in X86], [MLP_SHAPE], tmp_path, verify=False)
+    monkeypatch.setattr(onnx_frontend, "import_model", counting_import)
+    monkeypatch.setattr(session, "fusion_pipeline", recording_pipeline)
+    configs = [config(n) for n in X86]
+    results = api.compile_targets(mlp_path, configs, [MLP_SHAPE], tmp_path, verify=False)
     assert [r.error for r in results] == [None, None]
-    assert calls["prepare"] == 1
-    assert calls["phases"].count(("canonicalize", "layout", "fuse")) == 1
-    # One lowering per target, and one of the fused composites alone for the fusion gate, which
-    # checks them once (with the target that runs here) for both targets.
-    assert calls["phases"].count(("lower", "schedule")) == 2 + 1
+    assert calls["import"] == 1
+    # The graph phases once per conv block width (AVX2 blocks 8 channels, AVX-512 16), the
+    # fusion gate's check of the composites once for both targets, one schedule per target.
+    widths = {session.graph_phases_key(api.resolve_config(c))[1] for c in configs}
+    assert calls["phases"].count(("canonicalize", "layout", "fuse")) == len(widths)
+    assert calls["phases"].count(("lower", "schedule")) == 1
+    assert calls["phases"].count(("schedule",)) == 2
     fusions = results[0].metadata["fusions"]
     assert fusions == results[1].metadata["fusions"]
     assert (fusions["gelu_erf"], fusions["gemm_epilogue"]) == (1, 2)

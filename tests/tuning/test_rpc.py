@@ -14,7 +14,7 @@ from tuning_helpers import ADD, MLP_SHAPE, tuning_config
 from tvm_fusion.errors import TuningLogError
 from tvm_fusion.tuning import farm
 from tvm_fusion.tuning.store_contents import read_store
-from tvm_fusion.tuning.tune import RpcSettings, tune_model
+from tvm_fusion.commands.tune import RpcSettings, tune_model
 
 KEY = "tvm-fusion-test"
 

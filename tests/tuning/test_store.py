@@ -87,10 +87,11 @@ import sys
 sys.path[:0] = [{tests!r}, {tuning_tests!r}]
 from tuning_helpers import ADD, GELU, add_record, other_schedule
 from tvm_fusion import api
-from tvm_fusion.tuning.tasks import kernel_tasks, lowered_module
+from tvm_fusion.session import ModelSession
+from tvm_fusion.tuning.tasks import kernel_tasks
 prepared = api.prepare({model!r}, {config!r}, ["x:4x16"])
 target = prepared.config.tvm_target()
-tasks = {{t.name: t for t in kernel_tasks(lowered_module(prepared), target)}}
+tasks = {{t.name: t for t in kernel_tasks(ModelSession.of(prepared).tuning_module(prepared.config), target)}}
 name = sys.argv[2]
 for i in range(int(sys.argv[3])):
     add_record(sys.argv[1], tasks[name], other_schedule(tasks[name]), float(sys.argv[4]) + i * 1e-9, target)

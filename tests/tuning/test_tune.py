@@ -14,13 +14,13 @@ from pathlib import Path
 from tuning_helpers import ADD, GELU, MLP_SHAPE, tuning_config
 
 from tvm_fusion.tuning.store_contents import RECORD_FILE, read_store
-from tvm_fusion.tuning.tune import tune_model
+from tvm_fusion.commands.tune import tune_model
 
 BUDGET = 6
 PER_ITER = 2
 TUNE = """
 import sys
-from tvm_fusion.tuning.tune import tune_model
+from tvm_fusion.commands.tune import tune_model
 tune_model(sys.argv[1], sys.argv[2], ["x:4x16"], show_progress=False)
 """
 

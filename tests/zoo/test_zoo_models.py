@@ -15,7 +15,8 @@ import os
 
 import pytest
 
-from tvm_fusion import api, zoo
+from tvm_fusion import api
+from tvm_fusion.commands import zoo
 
 CI_SUBSET = [
     "ppocr-mobile-v2-cls",  # paddle2onnx, MobileNetV3 with a dim_value -1 batch

@@ -122,8 +122,10 @@ def evaluate_dim(dim, sizes: dict[str, int]) -> int:
         return dim
     if hasattr(dim, "value"):
         return int(dim.value)
+    # deferred: keeps TVM out of --help (the CLI imports this module at start-up, through
+    # buckets and runtime; TVM takes seconds to import)
     from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
-    from tvm.sym.analyzer import Analyzer
+    from tvm.sym.analyzer import Analyzer  # deferred: the same
 
     analyzer = Analyzer()
     for var in collect_vars_used_in_prim_expr(dim):

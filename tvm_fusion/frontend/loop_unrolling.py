@@ -21,6 +21,7 @@ import hashlib
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from ..errors import ModelError
@@ -178,8 +179,6 @@ class _Unrolling:
 
     def _body_session(self, known: dict, frontier: list[str], state: list):
         """An ONNX Runtime session of the body as a model of its own (outer values as inputs)."""
-        import onnxruntime as ort
-
         graph = onnx.GraphProto()
         graph.CopyFrom(self.body)
         del graph.input[:]

@@ -14,15 +14,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
+from tvm import tirx
 
 from ..errors import ModelError
-from .dims import DimRange
+from .converters import from_onnx  # TVM's importer + our converters (Dropout, EyeLike, LSTM, ...)
+from .dims import DimRange, concrete_shape, ranges_of, size_points
+from .dropout_guard import hide_dropouts, restore_dropouts
 from .if_hoisting import deciding_inputs, hoist_ifs, same_shapes, select_known_branches
 from .input_binding import (FLOAT_DTYPES, ONNX_DTYPES, TensorSpec, bind_input_shapes, dynamic_dim_name,
                             graph_inputs, input_tensor_type, inputs_at, parse_shape_flag, parse_value_flag)
+from .loop_unrolling import unroll_loops
 from .op_support import unsupported_ops, unsupported_ops_message
 from .sample_inputs import index_tables, random_inputs
+from .shape_values import freeze_shape_tensors
+from .stepped_dims import add_steps_param
 
 __all__ = [
     "FLOAT_DTYPES", "ONNX_DTYPES", "TensorSpec", "bind_input_shapes", "dynamic_dim_name", "graph_inputs",
@@ -85,9 +93,6 @@ def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProt
 def with_pinned_values(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
     """A copy whose nodes (in subgraphs too) read each pinned input's value from an initializer,
     so that what depends on it folds; the input itself stays in the signature, unread."""
-    import numpy as np
-    from onnx import numpy_helper
-
     renamed = {spec.name: f"{spec.name}/pinned" for spec in inputs if spec.value is not None}
     if not renamed:
         return model
@@ -119,13 +124,10 @@ def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
     onnxslim refuses some valid graphs (optional-typed values, for one); those go to TVM's
     importer as they are, with the bound shapes, rather than being rejected here.
     """
+    # deferred: onnxslim takes ~0.3 s to import, which every `import tvm_fusion` (and so
+    # `tvm-fusion --help`) would pay; only simplifying a model needs it.
     import onnxslim
-    from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
-
-    from .dims import concrete_shape, ranges_of, size_points
-    from .dropout_guard import hide_dropouts, restore_dropouts
-    from .loop_unrolling import unroll_loops
-    from .shape_values import freeze_shape_tensors
+    from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS  # deferred: the same
 
     points = size_points(ranges_of(inputs))
     probes = [inputs_at(inputs, sizes) for sizes in points]
@@ -187,22 +189,23 @@ def _with_inputs_of(simplified: onnx.ModelProto, model: onnx.ModelProto) -> onnx
     return simplified
 
 
-def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):
+def import_model(model: onnx.ModelProto, inputs: list[TensorSpec], importer=None):
     """Import a simplified model into a Relax IRModule with the bound input shapes.
+
+    ``importer(model, shape_dict, dtype_dict)`` is the import itself (default: TVM's importer
+    with our converters); ``provenance.import_with_node_names`` is the one that names bindings
+    after ONNX nodes. Unsupported ops, importer errors and range bounds are handled here for both.
 
     Each range becomes one symbolic ``int64`` var shared by every input that has it; ``main``
     records the ranges as ``tir_var_lower_bound``/``tir_var_upper_bound``, so memory is planned
     for the largest size and the schedules know how far a dim goes.
     """
-    from .converters import from_onnx  # TVM's importer + our converters (Dropout, EyeLike, LSTM, ...)
-    from .dims import ranges_of
-
     missing = unsupported_ops(model)
     if missing:
         raise ModelError(*unsupported_ops_message(missing))
     ranges = ranges_of(inputs)
     try:
-        module = from_onnx(model, shape_dict=relax_shape_dict(inputs), dtype_dict={s.name: s.dtype for s in inputs})
+        module = (importer or from_onnx)(model, relax_shape_dict(inputs), {s.name: s.dtype for s in inputs})
     except ModelError:
         raise  # our converters name the node already
     except Exception as err:
@@ -224,10 +227,6 @@ def import_model(model: onnx.ModelProto, inputs: list[TensorSpec]):
 def relax_shape_dict(inputs: list[TensorSpec]) -> dict[str, list]:
     """The importer's ``shape_dict``: sizes, and one ``int64`` var per range name, shared by
     every input that has it (so Relax knows ``input_ids`` and ``attention_mask`` agree)."""
-    from tvm import tirx
-
-    from .dims import ranges_of
-
     ranges = ranges_of(inputs)
     variables = {name: tirx.Var(r.var_name, "int64") * r.step if r.step > 1 else tirx.Var(r.var_name, "int64")
                  for name, r in ranges.items()}
@@ -237,9 +236,6 @@ def relax_shape_dict(inputs: list[TensorSpec]) -> dict[str, list]:
 def with_range_bounds(module, inputs: list[TensorSpec]):
     """``main`` annotated with the ranges (memory is planned for the high end); a stepped
     range's var defined by a leading shape parameter (``stepped_dims.py``)."""
-    from .dims import ranges_of
-    from .stepped_dims import add_steps_param
-
     ranges = ranges_of(inputs)
     if not ranges:
         return module

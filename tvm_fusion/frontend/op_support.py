@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 
 import onnx
+from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
 # Ops converted only by converters.py: TVM's importer (and its unsupported-op check) does not know them.
 OWN_OPS = frozenset({"LSTM", "GRU", "ConvInteger"})
@@ -22,8 +23,6 @@ OWN_DOMAIN_OPS = frozenset({"ai.onnx.ml.Scaler", "com.microsoft.DynamicQuantizeL
 
 def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[str]]:
     """Op type -> node names, for every node neither TVM's importer nor ours can convert."""
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
     supported = set(_get_convert_map()) | OWN_OPS | DIRECT_OPS
     missing: dict[str, list[str]] = collections.defaultdict(list)
     graph = model.graph if isinstance(model, onnx.ModelProto) else model

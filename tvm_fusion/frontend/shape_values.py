@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import numpy_helper
 
 # Ops whose output depends on the input's shape only (not its values).
@@ -90,8 +91,6 @@ def evaluate(model: onnx.ModelProto, names: list[str], feeds: list[dict[str, np.
     """``names`` computed by ONNX Runtime for each feed, running only the nodes they need (a
     branch the bound shapes rule out may fail if run); None when ORT cannot, or a name's
     element type is unknown."""
-    import onnxruntime as ort
-
     types = element_types(model) if types is None else types
     if not all(types.get(name) for name in names):
         return None

@@ -1,8 +1,14 @@
-"""Hand-written TE kernels that the frontend emits and the patterns then recognize.
+"""Hand-written TE kernels, and how the stages after the one that makes a kernel recognize it.
 
-Each kernel is emitted with the PrimFunc attribute ``tvm_fusion.kernel`` (``KERNEL_ATTR``) set
+The frontend emits some (``eye_like``, ``dropout_training``) and the patterns then recognize
+them: each is emitted with the PrimFunc attribute ``tvm_fusion.kernel`` (``KERNEL_ATTR``) set
 to its name, so a pattern can tell it from another function that happens to share a name
 prefix (``kernel_kind``), whatever name the module gave it.
+
+The blocked conv's legalization emits the Winograd conv (``winograd_conv2d``), which the
+weight precomputation and the CPU schedule rule know by its block names. What passes and
+schedule rules both read of a kernel lies here too, below ``passes/`` and ``schedules/``: its
+blocks (``blocks``) and a matmul's axes (``matmul``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """Graph surgery: each fusion's absorbed nodes replaced by what its builder wrote, in graph
 order, and the whole checked by onnx.checker.
 
-A fusion no builder can express keeps its original nodes (``KeptInstance``, with why), so
-the file always computes what the model did. Builders only describe nodes; placing them,
-dropping dead ones and keeping the file valid (initializers, value_info, the opset) is here.
+Each pattern's builder comes from the pattern registry (``registry.builders``). A fusion no
+builder can express keeps its original nodes (``KeptInstance``, with why), so the file always
+computes what the model did. Builders only describe nodes; placing them, dropping dead ones
+and keeping the file valid (initializers, value_info, the opset) is here.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +19,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..files import write_file
-from ..onnx_ops import DOMAIN
-from .attention import build_attention, build_softmax
-from .epilogues import build_conv, build_gemm, build_resize_merge, build_squeeze_excitation
 from .graph import GraphIndex, Region, Unrepresentable
-from .norms import build_norm_rewrite, build_skip_norm
-from .rewrites import ACTIVATION_REWRITES, build_activation_rewrite, build_add_eye_like
+from .reference_ops import DOMAIN
+from .registry import builders
 
 
 @dataclasses.dataclass
@@ -40,18 +38,6 @@ class FusedOnnx:
     kept: list[KeptInstance]
 
 
-BUILDERS: dict[str, Callable[[Region, str], list[onnx.NodeProto]]] = {
-    "gemm_epilogue": build_gemm, "dropout_training": build_gemm, "flattened_linear": build_gemm,
-    "conv_epilogue": build_conv, "conv_transpose_epilogue": build_conv, "conv_bn_fold": build_conv,
-    "squeeze_excitation": build_squeeze_excitation, "resize_merge": build_resize_merge,
-    "attention": build_attention, "softmax": build_softmax,
-    "skip_layernorm": build_skip_norm, "skip_rms_norm": build_skip_norm,
-    "layernorm_decomposed": build_norm_rewrite, "rmsnorm_decomposed": build_norm_rewrite,
-    "eye_like_add": build_add_eye_like,
-    **{name: build_activation_rewrite for name in ACTIVATION_REWRITES},
-}
-
-
 def fused_onnx(model: onnx.ModelProto, instances: Sequence, inputs: dict[str, np.ndarray]) -> FusedOnnx:
     """The simplified ``model`` with each of ``instances`` (api.FusedNodes) as one fused node;
     ``inputs``: values to run the graph on once, for its shapes and folded constants."""
@@ -59,6 +45,7 @@ def fused_onnx(model: onnx.ModelProto, instances: Sequence, inputs: dict[str, np
     kept: list[KeptInstance] = []
     replacements: dict[int, list[onnx.NodeProto]] = {}
     claimed: set[int] = set()
+    builder_of = builders()
     uses = collections.Counter(i for instance in instances for i in set(instance.indices))
     for number, instance in enumerate(instances):
         if not instance.indices:
@@ -74,7 +61,7 @@ def fused_onnx(model: onnx.ModelProto, instances: Sequence, inputs: dict[str, np
             if claimed & set(instance.indices):  # claimed: by a fusion exported already
                 raise Unrepresentable("shares nodes with another fusion" + (
                     ", which is exported: the rewrite's other nodes stay as they are" if is_rewrite else ""))
-            builder = BUILDERS.get(instance.pattern)
+            builder = builder_of.get(instance.pattern)
             if builder is None:
                 raise Unrepresentable(f"no fused ONNX op for {instance.pattern}")
             region = Region(graph, instance.indices)

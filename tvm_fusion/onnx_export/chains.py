@@ -3,7 +3,8 @@ link at a time: a single node, or an activation the exporter decomposed into sev
 
 Every builder walks its epilogue with ``chain_steps`` and recognizes the same activations the
 same way (``classify``); what it does not place in its own epilogue goes to the ``Tail`` of a
-variant that grew one (passes/absorb_elementwise_tails.py, onnx_ops.apply_tail).
+variant that grew one (passes/absorb_elementwise_tails.py, reference_ops.apply_tail); the
+prologue before a softmax is read back the same way (``score_prologue``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .graph import GraphIndex, Region, Unrepresentable, attribute
 
 SIMPLE_ACTIVATIONS = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "LeakyRelu": "leakyrelu",
                       "HardSigmoid": "hardsigmoid", "HardSwish": "hardswish", "Clip": "clip"}
-# Element-wise ONNX ops an epilogue's tail takes (onnx_ops.apply_tail), by the step they become.
+# Element-wise ONNX ops an epilogue's tail takes (reference_ops.apply_tail), by the step they become.
 TAIL_BINARY = {"add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min"}
 TAIL_SUFFIX = "_elementwise"  # passes/absorb_elementwise_tails.py: the variant grew a tail
 
@@ -164,7 +165,7 @@ def activation_attributes(step: Step, prefix: str = "activation") -> dict:
 class Tail:
     """The element-wise steps after an epilogue, in a variant that grew a tail
     (passes/absorb_elementwise_tails.py): the fused op's ``tail`` and ``tail_params`` attributes
-    and the operands it reads after its other inputs (onnx_ops.apply_tail)."""
+    and the operands it reads after its other inputs (reference_ops.apply_tail)."""
 
     def __init__(self, region: Region, variant: str, what: str):
         self.region, self.what = region, what
@@ -214,3 +215,27 @@ def check_all_used(region: Region, done: set[int]) -> None:
     if left:
         raise Unrepresentable("nodes outside the recognized chain: "
                               + ", ".join(n.op_type for n in left))
+
+
+def score_prologue(region: Region, logits: str, what: str) -> tuple[str, str, str, dict, list[onnx.NodeProto]]:
+    """Back from the softmax's input over the additive mask, the causal Where and the scale (a
+    Mul or Div by a constant): (scores, causal condition, mask, attributes, the nodes passed)."""
+    graph = region.graph
+    causal, mask, attrs, passed = "", "", {}, []
+    while (node := region.producer(logits)) is not None and node.op_type in ("Add", "Where", "Div", "Mul"):
+        passed.append(node)
+        if node.op_type == "Add":
+            first_outside = region.producer(node.input[0]) is None
+            chain = node.input[1] if first_outside and region.producer(node.input[1]) is not None else node.input[0]
+            mask, logits = (node.input[1] if chain == node.input[0] else node.input[0]), chain
+        elif node.op_type == "Where":
+            attrs["causal_fill"] = graph.scalar(node.input[2])
+            if attrs["causal_fill"] is None:
+                raise Unrepresentable("the causal fill value is not a constant scalar")
+            causal, logits = node.input[0], node.input[1]
+        else:
+            factor = graph.scalar(node.input[1])
+            if factor is None:
+                raise Unrepresentable(f"the {what} scale is not a constant scalar")
+            attrs["scale"], logits = (1 / factor if node.op_type == "Div" else factor), node.input[0]
+    return logits, causal, mask, attrs, passed

@@ -1,4 +1,4 @@
-"""``--check``: the fused file under onnx.reference (our ops' numpy definitions, onnx_ops)
+"""``--check``: the fused file under onnx.reference (our ops' numpy definitions, fusions/)
 against the original model under ONNX Runtime, on the same inputs.
 
 Apart from the export so that the file is written first and can be looked at when the check
@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 
 from ..errors import VerificationError
-from ..onnx_ops import evaluator
 from ..verify import OutputComparison, compare_outputs, format_comparisons, reference_outputs
+from .registry import evaluator
 
 
 def compare_with_onnxruntime(original: onnx.ModelProto, fused: onnx.ModelProto, inputs: dict[str, np.ndarray],
@@ -35,5 +35,5 @@ def check_comparisons(results: list[OutputComparison], path: Path, rtol: float, 
         raise VerificationError(
             f"the fused ONNX graph {path} disagrees with ONNX Runtime on output {failed[0].name!r}:\n"
             + format_comparisons(results, rtol, atol),
-            "a fused op's reference implementation (tvm_fusion/onnx_ops.py) or its export "
-            "(tvm_fusion/onnx_export/) is wrong: report the model; [verify] rtol/atol set the tolerances")
+            "a fused op's reference implementation or its export (the op's module in "
+            "tvm_fusion/onnx_export/fusions/) is wrong: report the model; [verify] rtol/atol set the tolerances")

@@ -1,6 +1,6 @@
 """What the exporter reads the simplified graph through: its producers, consumers, folded
-constants and shapes (``GraphIndex``), the nodes of one fusion (``Region``), node attributes,
-and the one way a ``tvm_fusion`` node is written (``fused_node``).
+constants and shapes (``GraphIndex``), the nodes of one fusion (``Region``), node attributes
+(a Resize's among them), and the one way a ``tvm_fusion`` node is written (``fused_node``).
 
 Kept apart from the builders so that each builder reads the graph the same way, and a
 builder that cannot express a fusion says why with ``Unrepresentable``.
@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..onnx_ops import DOMAIN, evaluator
+from .reference_ops import DOMAIN
+from .standard_ops import RESIZE_ATTRIBUTES, standard_evaluator
 
 
 class Unrepresentable(Exception):
@@ -26,7 +27,7 @@ class GraphIndex:
     """Producers, consumers, constants and shapes of the simplified graph.
 
     Shapes and constants come from one run of the graph under onnx.reference on ``inputs``
-    (with ``onnx_ops``' corrections, as ``--check`` runs it): onnxslim leaves some shape
+    (with ``standard_ops``' corrections, as ``--check`` runs it): onnxslim leaves some shape
     arithmetic unfolded (GPT-2's later layers compute the score scale from a shape), and ONNX
     shape inference loses the shapes after it.
     """
@@ -36,7 +37,7 @@ class GraphIndex:
         self.nodes = list(model.graph.node)
         self.producer = {out: i for i, node in enumerate(self.nodes) for out in node.output if out}
         with np.errstate(over="ignore", invalid="ignore"):  # masks of -3.4e38 overflow to -inf, as in ORT
-            values = evaluator(model).run(None, inputs, intermediate=True)
+            values = standard_evaluator(model).run(None, inputs, intermediate=True)
         self.values = {name: np.asarray(value) for name, value in values.items()
                        if name and isinstance(value, np.ndarray | np.generic)}
         self.shapes = {name: value.shape for name, value in self.values.items()}
@@ -142,3 +143,23 @@ def fused_node(op_type: str, inputs: list[str], outputs: list[str], **attributes
         inputs = inputs[:-1]
     return helper.make_node(op_type, inputs, outputs, domain=DOMAIN,
                             **{k: v for k, v in attributes.items() if v is not None})
+
+
+def resize_attributes(graph: GraphIndex, resizes: list[onnx.NodeProto]) -> dict:
+    """The Resize attributes, prefixed ``resize_``, shared by every Resize in the fusion."""
+    found = {tuple(sorted((k, str(v)) for k, v in node_attributes(node).items())) for node in resizes}
+    if len(found) > 1:
+        raise Unrepresentable("the fused Resizes differ in their attributes")
+    attrs = node_attributes(resizes[0])
+    if attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+        raise Unrepresentable("Resize with tf_crop_and_resize reads a region of interest")
+    return {f"resize_{k}": v for k, v in attrs.items() if k in RESIZE_ATTRIBUTES}
+
+
+def resize_scales(graph: GraphIndex, resize: onnx.NodeProto) -> list[float]:
+    """The Resize's scales input, or output / input size when it was given sizes."""
+    scales = graph.constants.get(resize.input[2]) if len(resize.input) > 2 and resize.input[2] else None
+    if scales is not None and scales.size:
+        return [float(s) for s in scales]
+    source, target = graph.shape(resize.input[0]), graph.shape(resize.output[0])
+    return [t / s for s, t in zip(source, target)]

@@ -1,69 +1,12 @@
-"""Builders for normalizations: the skip-connection norms (``SkipLayerNorm``, ``SkipRMSNorm``)
-and the norms an exporter decomposed, rewritten as one op (``LayerNorm``, ``RMSNorm``).
-
-Both read the normalization the same way (``norm_region``), whether the model has a
-LayerNormalization / RMSNormalization node or the ReduceMean, Sub, Pow, Sqrt, Div chain
-exporters write below opset 17 / 23.
+"""How the fused norms read the normalization in their nodes (``norm_region``), whether the model
+has a LayerNormalization / RMSNormalization node or the ReduceMean, Sub, Pow, Sqrt, Div chain
+exporters write below opset 17 / 23: shared by the skip norms (``fusions/skip_layernorm.py``)
+and the decomposed ones (``fusions/layernorm_decomposed.py``).
 """
 
 from __future__ import annotations
 
-import onnx
-
-from .graph import Region, Unrepresentable, attribute, fused_node
-
-
-def build_skip_norm(region: Region, variant: str) -> list[onnx.NodeProto]:
-    """(input + bias) + skip, normalized; the sum as a second output when it is read elsewhere.
-
-    Where the bias is a Gemm's (a flattened linear), the matmul is not part of the fusion: it
-    is written back as the original Reshape -> Gemm -> Reshape without the bias.
-    """
-    graph = region.graph
-    norm_nodes, summed = norm_region(region)
-    outer = region.producer(summed, "Add")
-    if outer is None:
-        raise Unrepresentable("the normalized tensor is not a sum")
-    inner = next((n for n in map(region.producer, outer.input) if n is not None and n.op_type == "Add"), None)
-    x, skip = outer.input
-    bias, extra = "", []
-    if inner is not None:
-        skip = outer.input[1] if inner.output[0] == outer.input[0] else outer.input[0]
-        x, bias = inner.input
-        if bias not in graph.constants or (x in graph.constants and bias not in graph.constants):
-            x, bias = bias, x
-    else:
-        linear = next((n for n in map(region.producer, outer.input) if n is not None), None)
-        if linear is not None:
-            extra, x, bias = without_bias(region, linear)
-            skip = outer.input[1] if linear.output[0] == outer.input[0] else outer.input[0]
-    kind, gamma, beta, epsilon, axis, output = norm_nodes
-    outputs = [output] + ([summed] if summed in region.outputs else [])
-    if set(region.outputs) - set(outputs):
-        raise Unrepresentable("an intermediate sum is also read outside the fusion")
-    if kind == "layer":
-        node = fused_node("SkipLayerNorm", [x, skip, gamma, beta, bias], outputs, epsilon=epsilon, axis=axis)
-    else:
-        node = fused_node("SkipRMSNorm", [x, skip, gamma, bias], outputs, epsilon=epsilon, axis=axis)
-    return [*extra, node]
-
-
-def without_bias(region: Region, reshape: onnx.NodeProto) -> tuple[list[onnx.NodeProto], str, str]:
-    """Reshape -> Gemm(C) -> Reshape rewritten without C: (nodes, their output, C)."""
-    gemm = region.producer(reshape.input[0], "Gemm") if reshape.op_type == "Reshape" else None
-    if gemm is None or len(gemm.input) < 3 or attribute(gemm, "beta", 1.0) != 1.0:
-        raise Unrepresentable(f"{reshape.op_type} feeding the skip sum is not a flattened linear's bias")
-    plain_gemm = onnx.NodeProto()
-    plain_gemm.CopyFrom(gemm)
-    del plain_gemm.input[2:]
-    plain_gemm.output[0] = gemm.output[0] + "/without_bias"
-    plain_reshape = onnx.NodeProto()
-    plain_reshape.CopyFrom(reshape)
-    plain_reshape.input[0] = plain_gemm.output[0]
-    plain_reshape.output[0] = reshape.output[0] + "/without_bias"
-    flatten = region.producer(gemm.input[0])
-    nodes = ([flatten] if flatten is not None else []) + [plain_gemm, plain_reshape]
-    return nodes, plain_reshape.output[0], gemm.input[2]
+from .graph import Region, Unrepresentable, attribute
 
 
 def norm_region(region: Region) -> tuple[tuple, str]:
@@ -114,10 +57,3 @@ def norm_region(region: Region) -> tuple[tuple, str]:
     output = region.nodes[-1].output[0]
     return (("layer" if centered else "rms", affine["Mul"], affine["Add"], epsilon, axes[0] - rank, output),
             source)
-
-
-def build_norm_rewrite(region: Region, variant: str) -> list[onnx.NodeProto]:
-    (kind, gamma, beta, epsilon, axis, output), source = norm_region(region)
-    if kind == "layer":
-        return [fused_node("LayerNorm", [source, gamma, beta], [output], epsilon=epsilon, axis=axis)]
-    return [fused_node("RMSNorm", [source, gamma], [output], epsilon=epsilon, axis=axis)]

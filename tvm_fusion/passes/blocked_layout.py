@@ -23,14 +23,15 @@ are sunk back into the blocked region. A grouped conv whose groups are whole blo
 the dense blocked kernel, each output block reading its group's input blocks (narrower groups
 are merged into whole blocks first, ``grouped_conv_blocks.py``); other grouped convs keep the
 whole model in NCHW. Two ops TVM's layout inference fails on are kept from it: a transposed conv
-reads NCHW, and stacks (a CRNN's LSTM outputs) pass through it as concats.
+reads NCHW, and stacks (a CRNN's LSTM outputs) pass through it as concats
+(``stacks_as_concats.py``). The blocked convs and layout transforms are legalized by
+``blocked_layout_legalize.py``.
 """
 
 from __future__ import annotations
 
 import tvm
-from tvm import relax, te, topi
-from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm import relax
 
 from ..patterns import NearMiss, PatternReport
 from ..patterns.base import dims_text, shape_dims, static_shape
@@ -38,7 +39,7 @@ from .fold_constants import FoldConstantsSafely
 from .pad_conv_channels import one_pixel, pad_conv_channels
 from .rebinding import vars_in
 from .sink_layout_transforms import sink_transforms_to_nchw, split_channels_as_slices
-from .winograd_conv2d import winograd_conv2d_nchwc, winograd_tile
+from .stacks_as_concats import concats_as_stacks, stacks_as_concats
 
 PATTERN_NAME = "blocked_layout"
 
@@ -99,10 +100,10 @@ class ConvertConvsToBlockedLayout:
             return {"relax.nn.conv2d": [f"NCHW{self.block}c", f"OIHW{self.block}i{self.block}o"]}
 
         try:
-            source = _stacks_as_concats(split_channels_as_slices(padded_mod))
+            source = stacks_as_concats(split_channels_as_slices(padded_mod))
             reach = _LayoutReach.of(source)
             convert = relax.transform.ConvertLayout({}, desired_layout)
-            blocked = _concats_as_stacks(reach.join(convert(reach.head)) if reach else convert(source))
+            blocked = concats_as_stacks(reach.join(convert(reach.head)) if reach else convert(source))
         except Exception as err:  # noqa: BLE001 - TVM's inference fails on ops it has no rule for
             # (IndexError, InternalError, OpError...).
             lines = str(err).strip().splitlines()
@@ -252,78 +253,6 @@ class _LayoutReach:
         return joined
 
 
-
-def _stacks_as_concats(mod: tvm.IRModule) -> tvm.IRModule:
-    """Every ``stack`` as the concat of its inputs, each with the new axis inserted (a new
-    module: the caller keeps the old one). TVM's layout inference fails on what a stack feeds
-    (``Index -1 out of bounds``, an LSTM's outputs stacked over the steps, then over the
-    directions), which kept every model with a bidirectional LSTM in NCHW."""
-    return _rewrite_functions(mod, _StackAsConcat)
-
-
-def _concats_as_stacks(mod: tvm.IRModule) -> tvm.IRModule:
-    """Back again after the layout inference: a concat of 64 inputs is lowered as a chain of
-    selects per element (ddddocr's LSTM output 31 -> 247 us as a concat)."""
-    return _rewrite_functions(mod, _ConcatAsStack)
-
-
-def _rewrite_functions(mod: tvm.IRModule, mutator_class) -> tvm.IRModule:
-    """``mod`` with each Relax function the mutator rewrote replaced (the others untouched:
-    the mutator's rebuilding alone would renormalize them)."""
-    mod = mod.clone()
-    for gvar, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
-            rewriter = mutator_class(mod)
-            rewritten = rewriter.visit_expr(func)
-            if rewriter.rewrote:
-                mod[gvar] = relax.analysis.remove_all_unused(rewritten)
-    return mod
-
-
-@mutator
-class _StackAsConcat(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.rewrote = False
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        if not call.op.same_as(tvm.ir.Op.get("relax.stack")):
-            return self.visit_expr_post_order(call)
-        ndim = call.ty.ndim
-        call = self.visit_expr_post_order(call)
-        parts = call.args[0]
-        if not isinstance(parts, relax.Tuple):
-            count = len(parts.ty.fields)
-            parts = relax.Tuple([relax.TupleGetItem(parts, index) for index in range(count)])
-        axis = int(call.attrs.axis) % ndim
-        self.rewrote = True
-        return relax.op.concat([relax.op.expand_dims(part, axis) for part in parts.fields], axis)
-
-
-@mutator
-class _ConcatAsStack(PyExprMutator):
-    """``concat([expand_dims(x_i, a)...], a)`` -> ``stack([x_i...], a)``."""
-
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.rewrote = False
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = self.visit_expr_post_order(call)
-        if not call.op.same_as(tvm.ir.Op.get("relax.concat")) or not isinstance(call.args[0], relax.Tuple):
-            return call
-        axis = int(call.attrs.axis)
-        inputs = []
-        for part in call.args[0].fields:
-            value = self.lookup_binding(part) if isinstance(part, relax.Var) else part
-            if not (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.expand_dims"))
-                    and [int(a) for a in value.attrs.axis] == [axis]):
-                return call
-            inputs.append(value.args[0])
-        self.rewrote = True
-        return relax.op.stack(inputs, axis)
-
-
 def _nchw_conv_dims(call: relax.Call) -> tuple[tuple, tuple[int, ...]] | None:
     """The data dims and weight shape of a conv2d in NCHW/OIHW with static batch, channels and
     weight (rows and columns may be symbolic); None for anything else."""
@@ -366,138 +295,3 @@ def _conv_calls(mod: tvm.IRModule) -> list[tuple[relax.Call, bool]]:
 def _static_batch_channels(expr: relax.Expr) -> bool:
     dims = shape_dims(expr)
     return dims is not None and len(dims) == 4 and isinstance(dims[0], int) and isinstance(dims[1], int)
-
-
-def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call, winograd: bool = True) -> relax.Expr:
-    """Legalize conv2d in ``NCHW{x}c``/``OIHW{x}i{x}o`` (TVM's own legalizer declines blocked
-    layouts), 3x3 stride-1 convs by Winograd where ``winograd_tile`` takes them (and
-    ``winograd``, the config's switch, is on); every other conv2d goes to TVM's legalizer."""
-    attrs = call.attrs
-    out_dtype = attrs.out_dtype if str(attrs.out_dtype) not in ("", "void") else None
-    if attrs.data_layout == "NCHW" and len(attrs.out_layout) > 4:
-        return bb.call_te(_conv2d_nchw_to_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
-                          [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
-                          primfunc_name_hint="conv2d_nchw_nchwc")
-    if len(attrs.data_layout) == 4 or attrs.out_layout != attrs.data_layout:
-        return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
-    if int(attrs.groups) != 1 and len(call.args[1].ty.shape) == 5:  # OIHW{x}o: depthwise
-        return bb.call_te(_depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
-                          [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
-                          primfunc_name_hint="depthwise_conv2d_nchwc")
-    tile = _winograd_tile(call, out_dtype) if winograd else None
-    if tile is not None:
-        return bb.call_te(winograd_conv2d_nchwc, call.args[0], call.args[1], [int(p) for p in attrs.padding], tile,
-                          primfunc_name_hint="winograd_conv2d_nchwc")
-    return bb.call_te(_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
-                      [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
-                      int(attrs.groups), primfunc_name_hint="conv2d_nchwc")
-
-
-def _winograd_tile(call: relax.Call, out_dtype: str | None) -> int | None:
-    """``winograd_tile`` of a blocked conv2d call (its output tile, or None: the direct conv)."""
-    data, kernel = call.args
-    dtype = str(data.ty.dtype)
-    if out_dtype not in (None, dtype) or str(kernel.ty.dtype) != dtype:
-        return None
-    return winograd_tile([int(kernel.ty.shape[2]), int(kernel.ty.shape[3])], [int(s) for s in call.attrs.strides],
-                         [int(d) for d in call.attrs.dilation], int(call.attrs.groups),
-                         static_shape(data), static_shape(call), dtype)
-
-
-def gather_layout_transform_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """Legalize a padding-free ``layout_transform`` as a loop over the *output* that gathers
-    from the input (TVM's legalizer loops over the input and scatters the writes, which no
-    CPU schedule makes fast); transforms that pad go to TVM's legalizer."""
-    index_map = call.attrs.index_map
-    shape = call.args[0].ty.shape
-    _, padding = index_map.non_surjective_inverse(shape)
-    if not (isinstance(padding, tvm.tirx.IntImm) and not padding.value):
-        return tvm.ir.Op.get("relax.layout_transform").get_attr("FLegalize")(bb, call)
-    inverse = index_map.inverse(shape)
-    out_shape = index_map.map_shape(list(shape))
-
-    def gather(data: te.Tensor) -> te.Tensor:
-        return te.compute(out_shape, lambda *index: data(*inverse.map_indices(list(index))),
-                          name="layout_transform")
-
-    return bb.call_te(gather, call.args[0], primfunc_name_hint="layout_transform")
-
-
-def _conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype, groups: int = 1):
-    """``out[n, oc, y, x, ob] = sum_{ic, ib, ky, kx} data[n, g * I + ic, y*s + ky*d, x*s + kx*d,
-    ib] * kernel[oc, ic, ky, kx, ib, ob]``, ``I`` the kernel's input channel blocks and ``g`` the
-    group of output block ``oc`` (0 for a dense conv; a grouped one has whole blocks per group,
-    ``grouped_conv_blocks.py``); reduction order (ic, ky, kx, ib) so that the inner loop walks
-    one pixel's channel block."""
-    out_dtype = out_dtype or data.dtype
-    batch, _, _, _, in_block = data.shape
-    batch, in_block = int(batch), int(in_block)
-    out_chunks, in_chunks, kernel_h, kernel_w, _, out_block = (int(d) for d in kernel.shape)
-    out_chunks_per_group = out_chunks // groups
-    padded, out_h, out_w = _padded_window(data, kernel_h, kernel_w, strides, padding, dilation)
-    ic = te.reduce_axis((0, in_chunks), "ic")
-    ky = te.reduce_axis((0, kernel_h), "ky")
-    kx = te.reduce_axis((0, kernel_w), "kx")
-    ib = te.reduce_axis((0, in_block), "ib")
-
-    def in_chunk(oc):
-        return ic if groups == 1 else oc // out_chunks_per_group * in_chunks + ic
-
-    return te.compute(
-        (batch, out_chunks, out_h, out_w, out_block),
-        lambda n, oc, y, x, ob: te.sum(
-            padded[n, in_chunk(oc), y * strides[0] + ky * dilation[0], x * strides[1] + kx * dilation[1],
-                   ib].astype(out_dtype)
-            * kernel[oc, ic, ky, kx, ib, ob].astype(out_dtype),
-            axis=[ic, ky, kx, ib]),
-        name="conv2d_nchwc")
-
-
-def _conv2d_nchw_to_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype):
-    """``out[n, oc, y, x, ob] = sum_{ic, ky, kx} data[n, ic, y*s + ky*d, x*s + kx*d] * kernel[oc,
-    ic, ky, kx, ob]``: an NCHW map in, NCHW[x]c out (``OIHW{x}o`` weights)."""
-    out_dtype = out_dtype or data.dtype
-    batch, in_channels = data.shape[:2]
-    out_chunks, _, kernel_h, kernel_w, out_block = (int(d) for d in kernel.shape)
-    data, out_h, out_w = _padded_window(data, kernel_h, kernel_w, strides, padding, dilation)
-    ic = te.reduce_axis((0, int(in_channels)), "ic")
-    ky = te.reduce_axis((0, kernel_h), "ky")
-    kx = te.reduce_axis((0, kernel_w), "kx")
-    return te.compute(
-        (batch, out_chunks, out_h, out_w, out_block),
-        lambda n, oc, y, x, ob: te.sum(
-            data[n, ic, y * strides[0] + ky * dilation[0], x * strides[1] + kx * dilation[1]].astype(out_dtype)
-            * kernel[oc, ic, ky, kx, ob].astype(out_dtype),
-            axis=[ic, ky, kx]),
-        name="conv2d_nchw_nchwc")
-
-
-def _depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype):
-    """``out[n, c, y, x, b] = sum_{ky, kx} data[n, c, y*s + ky*d, x*s + kx*d, b] * kernel[c, 0, ky,
-    kx, b]``: one filter per channel, a channel block's filters side by side."""
-    out_dtype = out_dtype or data.dtype
-    batch, chunks, _, _, block = data.shape
-    _, _, kernel_h, kernel_w, _ = (int(d) for d in kernel.shape)
-    padded, out_h, out_w = _padded_window(data, kernel_h, kernel_w, strides, padding, dilation)
-    ky = te.reduce_axis((0, kernel_h), "ky")
-    kx = te.reduce_axis((0, kernel_w), "kx")
-    return te.compute(
-        (batch, chunks, out_h, out_w, block),
-        lambda n, c, y, x, b: te.sum(
-            padded[n, c, y * strides[0] + ky * dilation[0], x * strides[1] + kx * dilation[1], b].astype(out_dtype)
-            * kernel[c, 0, ky, kx, b].astype(out_dtype),
-            axis=[ky, kx]),
-        name="depthwise_conv2d_nchwc")
-
-
-def _padded_window(data: te.Tensor, kernel_h: int, kernel_w: int, strides, padding, dilation):
-    """The NCHW or NCHW[x]c map padded for the window (itself when there is no padding), and the
-    output rows and columns; these may be symbolic (a model compiled for a range of sizes)."""
-    height, width = data.shape[2:4]
-    top, left, bottom, right = padding
-    out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
-    out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
-    if any(padding):
-        block = [0] * (len(data.shape) - 4)  # the channel block of NCHW[x]c is not padded
-        data = topi.nn.pad(data, [0, 0, top, left, *block], [0, 0, bottom, right, *block], name="pad_temp")
-    return data, out_h, out_w

@@ -3,7 +3,7 @@
 RegNet's and ResNeXt's 3x3 convs have groups 8 channels wide, below AVX-512's 16-channel
 block, and such a conv used to keep the whole model in NCHW. Merging neighbouring groups until
 each is whole blocks, in and out, gives a grouped conv the blocked dense kernel runs (output
-block ``o`` reads only its group's input blocks, ``blocked_layout._conv2d_nchwc``): the merged
+block ``o`` reads only its group's input blocks, ``blocked_layout_legalize._conv2d_nchwc``): the merged
 weight is block diagonal, its off-group filters zero, which add exactly 0 and cost
 ``merge`` times the original multiply-adds. At most ``MAX_MERGE`` of them: two 8-wide groups
 per 16-channel block.

@@ -13,7 +13,8 @@ computes whole panels and its epilogue stores only the real columns.
 
 This runs first in the schedule phase, before the tuning log is applied, and when tuning
 tasks are extracted (``tuning/tasks.py``): MetaSchedule tunes the packed kernel that compile
-runs. It takes only kernels MatmulEpilogue schedules (``packable_weight``).
+runs. It takes only kernels MatmulEpilogue schedules (``kernels/matmul.py``: ``weight_parameter``),
+in panels as wide as that rule's column tile (``MATMUL_TILE_VECTORS`` vectors).
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import Call
 from tvm.target import Target
 
-from ..schedules import unscheduled_kernels
-from ..schedules.cpu.helpers import only_reduction
-from ..schedules.cpu.matchers import packable_weight
+from ..kernels.blocks import only_reduction, unscheduled_kernels
+from ..kernels.matmul import MATMUL_TILE_VECTORS, WeightParameter, weight_parameter
+from ..targets.target_info import vector_lanes
 from .kernel_constants import (ConstantRewrite, calls_by_kernel, constant_at_every_call, rewrite_kernels,
                                without_root_statements)
 
 _PAD_CHECK_SUFFIX = "_assumptions"
+# Columns below which a weight whose width the panel does not divide stays unpacked: the
+# zero-padded last panel then costs at most 1/8 more multiply-adds.
+_MIN_PADDED_PANELS = 8
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PackMatmulWeights")
@@ -47,14 +51,26 @@ class PackMatmulWeights:
         calls = calls_by_kernel(mod)
         rewrites = {}
         for gvar, func, target in unscheduled_kernels(mod, self.target):
-            weight = packable_weight(func, target)
-            if weight is None:
+            weight = weight_parameter(func, target)
+            panel = None if weight is None else _panel(weight, target)
+            if panel is None:
                 continue
-            param, panel = weight
+            param = weight.param
             if constant_at_every_call(calls.get(gvar, []), param):
                 rewrites[gvar.name_hint] = ConstantRewrite(_packed_kernel(func, param, panel), param, ("panel", panel),
                                                            functools.partial(pack_columns, panel=panel))
         return rewrite_kernels(mod, rewrites)
+
+
+def _panel(weight: WeightParameter, target: Target) -> int | None:
+    """The panel width for ``weight``: MatmulEpilogue's column tile of float32; None where the
+    weight is no wider than one panel, or a zero-padded last panel would cost too much."""
+    panel = MATMUL_TILE_VECTORS * vector_lanes(target, "float32")
+    if weight.columns <= panel or weight.depth < 2:
+        return None  # one panel is the matrix itself (and a unit panel or K axis would be folded away)
+    if weight.columns % panel and weight.columns < _MIN_PADDED_PANELS * panel:
+        return None
+    return panel
 
 
 def pack_columns(weight: np.ndarray, panel: int) -> np.ndarray:

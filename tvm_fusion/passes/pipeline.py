@@ -28,11 +28,13 @@ from tvm import relax
 
 from ..config import PipelineConfig
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
-from ..schedules.cpu.target_info import vector_lanes
+from ..schedules import ApplySchedules
+from ..targets.target_info import vector_lanes
+from ..tuning.apply import ApplyTuningRecords
 from .apply_rewrite_rules import ApplyRewriteRules
 from .batch_shared_weight_matmuls import BatchSharedWeightMatmuls
-from .blocked_layout import (ConvertConvsToBlockedLayout, blocked_conv2d_legalize,
-                             gather_layout_transform_legalize)
+from .blocked_layout import ConvertConvsToBlockedLayout
+from .blocked_layout_legalize import blocked_conv2d_legalize, gather_layout_transform_legalize
 from .crop_dead_conv_taps import CropDeadConvTaps
 from .fast_math import fast_math_legalize_map
 from .flush_subnormal_constants import FlushSubnormalConstants
@@ -85,10 +87,22 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
 
 
 def layout_passes(config: PipelineConfig, report: PatternReport) -> list[tvm.transform.Pass]:
+    block = _conv_block(config)
+    return [] if block is None else [ConvertConvsToBlockedLayout(block[0], report, block[1])]
+
+
+def graph_phases_key(config: PipelineConfig) -> tuple:
+    """What the graph phases read of a config: two configs with equal keys fuse a model alike
+    (targets that share a conv block width share one fused graph)."""
+    return config.patterns, _conv_block(config)
+
+
+def _conv_block(config: PipelineConfig) -> tuple[int, bool] | None:
+    """(channel block width, depthwise blocked too) of the blocked conv layout, or None."""
     target = config.tvm_target()
     if config.conv_layout != "NCHWc" or target.kind.name != "llvm":
-        return []
-    return [ConvertConvsToBlockedLayout(vector_lanes(target, "float32"), report, config.blocked_depthwise)]
+        return None
+    return vector_lanes(target, "float32"), config.blocked_depthwise
 
 
 def legalize_map(fast_math: bool = True, winograd: bool = True) -> dict:
@@ -116,12 +130,8 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
                     tuning=None) -> list[tvm.transform.Pass]:
     if config.schedule == "none":
         return []
-    from ..schedules import ApplySchedules
-
     tuned = []
     if tuning is not None and len(tuning):
-        from ..tuning.apply import ApplyTuningRecords
-
         tuned = [ApplyTuningRecords(tuning, config.tvm_target(), log=schedule_log)]
     # Weights are transformed before the tuning log is read: MetaSchedule tunes the kernels
     # that take them (tuning/tasks.py), so records and hand schedules see the same kernel.

@@ -21,11 +21,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ..schedules import unscheduled_kernels
+from ..kernels.blocks import unscheduled_kernels
+from ..kernels.winograd_conv2d import WINOGRAD_WEIGHT, is_winograd_block, weight_transform
 from .kernel_constants import (ConstantRewrite, calls_by_kernel, constant_at_every_call, rewrite_kernels,
                                without_root_statements)
-from ..schedules.cpu.helpers import WINOGRAD_WEIGHT, is_winograd_block
-from .winograd_conv2d import weight_transform
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PrecomputeWinogradWeights")

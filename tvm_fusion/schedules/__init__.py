@@ -4,6 +4,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from ..kernels.blocks import unscheduled_kernels
 from .registry import rule_name, rules_for_kind
 
 
@@ -47,14 +48,6 @@ def hand_schedule(func: tirx.PrimFunc, target: Target) -> tuple[str | None, s_ti
         if sch is not None:
             return rule_name(rule), sch
     return None, None
-
-
-def unscheduled_kernels(mod: tvm.IRModule, target: Target):
-    """(GlobalVar, PrimFunc, its target) for every PrimFunc of ``mod`` not yet marked
-    ``tirx.is_scheduled``; a function's own ``target`` attribute wins over ``target``."""
-    for gvar, func in mod.functions_items():
-        if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled", False)):
-            yield gvar, func, func.attrs.get("target", target) if func.attrs else target
 
 
 def _first_schedule(space) -> s_tir.Schedule | None:

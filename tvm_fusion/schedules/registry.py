@@ -5,8 +5,9 @@ A rule is found by its module alone (a ``ScheduleRule`` subclass defined in a mo
 ``cpu/``), so adding one touches no list. ``runs_before``/``runs_after`` (class names) set the
 order in which rules are asked; the first to answer schedules the kernel, so a specific rule
 runs before a general one, and the general ones (``Reduction``, ``Injective``, ``Fallback``)
-declare ``runs_after = ("*", ...)``. A plugin rule says which target kinds it serves in
-``target_kinds`` (``("llvm",)`` for CPUs).
+declare ``runs_after = ("*", ...)``; ``WinogradConv2dNCHWc``, which must see its kernels before
+any other rule inlines their blocks, declares ``runs_before = ("*",)``. A plugin rule says which
+target kinds it serves in ``target_kinds`` (``("llvm",)`` for CPUs).
 """
 
 from __future__ import annotations

@@ -3,13 +3,14 @@
 One model goes to several machines (x86-64 with AVX-512 or AVX2, aarch64, CUDA GPUs). For each
 target this package knows which compilers the build needs and which Debian package brings each
 (``toolchain``), what the target builds for and how ``export_library`` must link for it
-(``platforms``: a cross compiler for aarch64, an nvcc fatbin for CUDA, from ``cuda``), how to
+(``platforms``: a cross compiler for aarch64, an nvcc fatbin for CUDA, from ``cuda``), what an
+LLVM target's CPU offers (``target_info``: SIMD width, vector registers, cores), how to
 inspect the result (``elf``; ``cuda`` for the embedded device code) and whether, and how, an
 artifact can run on this machine (``host``): natively, under qemu-user (``emulation``), or not
 at all.
 
-The modules depend downward only: toolchain <- cuda <- platforms <- host, and
-toolchain <- emulation <- host; elf depends on none of them.
+The modules depend downward only: toolchain <- cuda <- platforms <- host,
+target_info <- platforms, and toolchain <- emulation <- host; elf depends on none of them.
 """
 
 from ..errors import ArtifactError, ToolchainError

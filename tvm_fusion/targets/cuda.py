@@ -7,6 +7,7 @@ library is exported, so the artifact carries device code and its host needs no c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import struct
@@ -14,6 +15,10 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.support import nvcc as tvm_nvcc
 
 from ..errors import ArtifactError
 from .toolchain import CUOBJDUMP
@@ -86,11 +91,6 @@ def cuda_fatbin_packer(arch: str, nvcc: str, record: dict) -> Callable:
     """
 
     def pack(module, _is_system_lib: bool, symbol_prefix: str, workspace_dir: str) -> str:
-        import hashlib
-
-        import tvm
-        from tvm.support import nvcc as tvm_nvcc
-
         blob = tvm.get_global_func("runtime.ModulePackImportsToTensor")(module).numpy().tobytes()
         tree, modules = _split_blob(blob)
         fatbins = []
@@ -175,8 +175,6 @@ def fatbin_archs(fatbin: bytes) -> list[str]:
 
 def unscheduled_gpu_kernels(module) -> list[str]:
     """PrimFuncs with no loop bound to a GPU thread: they would silently build as host code."""
-    from tvm import s_tir, tirx
-
     unbound = []
     for gvar, func in module.functions_items():
         if not isinstance(func, tirx.PrimFunc):

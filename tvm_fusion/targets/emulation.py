@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import tvm_ffi.libinfo
 
 from ..errors import ArtifactError, ToolchainError
 from .toolchain import AARCH64_GXX, QEMU_AARCH64, SETUP_SCRIPT
@@ -18,17 +21,11 @@ VM_RUNNER_SOURCE = Path(__file__).with_name("vm_runner.cc")
 
 def aarch64_runtime_dir() -> Path:
     """Where scripts/setup_targets.sh puts libtvm_runtime.so/libtvm_ffi.so from the aarch64 wheels."""
-    import sys
-
     return Path(os.environ.get("TVM_FUSION_AARCH64_RUNTIME", Path(sys.prefix) / "targets" / "aarch64" / "lib"))
 
 
 def aarch64_runner() -> Path:
     """vm_runner.cc cross-compiled for aarch64 against the aarch64 runtime (cached by source hash)."""
-    import hashlib
-
-    import tvm_ffi.libinfo
-
     runtime = aarch64_runtime_dir()
     source = VM_RUNNER_SOURCE.read_bytes()
     tag = hashlib.sha256(source + (runtime / "libtvm_runtime.so").read_bytes()[:4096]).hexdigest()[:16]

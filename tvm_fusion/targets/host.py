@@ -7,6 +7,8 @@ import platform
 from collections.abc import Mapping
 from pathlib import Path
 
+import tvm
+
 from .emulation import aarch64_runtime_dir
 from .platforms import platform_of
 from .toolchain import AARCH64_GXX, QEMU_AARCH64, SETUP_SCRIPT
@@ -31,8 +33,6 @@ def host_cpu_flags() -> set[str]:
 
 
 def cuda_available() -> bool:
-    import tvm
-
     try:
         return bool(tvm.cuda(0).exist)
     except Exception:  # no CUDA runtime in this TVM build, or no driver

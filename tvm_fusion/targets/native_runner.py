@@ -10,6 +10,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import tvm
+import tvm_ffi.libinfo
+
 from ..errors import ToolchainError
 from ..files import write_file
 
@@ -19,9 +22,6 @@ FILES = ("vm_runner.cc", "CMakeLists.txt")
 
 def runtime_paths() -> dict[str, Path]:
     """This environment's TVM runtime library, tvm-ffi library and headers, by CMake variable."""
-    import tvm
-    import tvm_ffi.libinfo
-
     return {"TVM_RUNTIME_LIB_DIR": Path(tvm.__file__).resolve().parent / "lib",
             "TVM_FFI_LIB_DIR": Path(tvm_ffi.libinfo.find_libtvm_ffi()).resolve().parent,
             "TVM_FFI_INCLUDE_DIR": Path(tvm_ffi.libinfo.find_include_path()),

@@ -6,7 +6,11 @@ import dataclasses
 import platform
 from collections.abc import Mapping
 
+from tvm.support import cc
+from tvm.target import Target
+
 from .cuda import cuda_fatbin_packer
+from .target_info import simd_bits
 from .toolchain import AARCH64_GCC, GCC, NVCC, Tool, tool_version
 
 # x86 CPU flags (/proc/cpuinfo names) the code for a vector width needs.
@@ -32,10 +36,6 @@ class Platform:
 
 def platform_of(target: Mapping) -> Platform:
     """The platform a TVM target dict (as in a config or metadata.json) builds for."""
-    from tvm.target import Target
-
-    from ..schedules.cpu.target_info import simd_bits
-
     kind = target.get("kind")
     if kind == "cuda":
         host = dict(target.get("host") or {"kind": "llvm"})
@@ -65,8 +65,6 @@ def export_options(target_name: str, target: Mapping, device_code: dict | None =
     ``device_code``, when given, receives what was embedded for a CUDA target (see
     ``cuda_fatbin_packer``).
     """
-    from tvm.support import cc
-
     plat = platform_of(target)
     options: dict = {}
     if plat.linker.command != "gcc":

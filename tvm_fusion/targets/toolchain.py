@@ -11,6 +11,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from ..errors import ToolchainError
@@ -41,8 +42,6 @@ class Tool:
 
 def _venv_tool(command: str) -> str | None:
     """Tools pip installs into the venv (cuobjdump) are found even when the venv is not activated."""
-    import sys
-
     candidate = Path(sys.prefix) / "bin" / command
     return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
 

@@ -1,5 +1,5 @@
 """Auto-scheduling per target: MetaSchedule tuning of our fused kernels into stored tuning logs.
 
-``tune_model`` tunes (tune.py); ``load_records`` + ``ApplyTuningRecords`` apply what the logs
+``commands.tune.tune_model`` tunes; ``load_records`` + ``ApplyTuningRecords`` apply what the logs
 hold at compile time (apply.py); ``logs`` (show, merge, prune, diff) manages them.
 """

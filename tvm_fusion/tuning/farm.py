@@ -21,6 +21,7 @@ import sys
 import time
 
 import psutil
+from tvm import rpc
 
 LOOPBACK = "127.0.0.1"
 
@@ -63,8 +64,6 @@ def start_server(tracker: str, key: str, port: int, host: str = LOOPBACK,
 
 def wait_for_servers(host: str, port: int, key: str, count: int, timeout_s: float = 60.0) -> None:
     """Until the tracker lists ``count`` free servers under ``key``."""
-    from tvm import rpc
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         queue = rpc.connect_tracker(host, port).summary().get("queue_info", {}).get(key, {})

@@ -21,7 +21,7 @@ def import_tensor_intrinsics() -> None:
     if "tvm.s_tir.tensor_intrin" in sys.modules:
         return
     with _plain_stack():
-        import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics)
+        import tvm.s_tir.tensor_intrin  # noqa: F401  deferred: registers the intrinsics, under _plain_stack
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import os
 import shutil
 
 import tvm
+from tvm import rpc as tvm_rpc
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
@@ -48,8 +49,6 @@ def make_runner(rpc: RpcSettings | None):
 
 def _rpc_boards(rpc: RpcSettings) -> int:
     """How many servers the tracker has under the key (one runner worker each)."""
-    from tvm import rpc as tvm_rpc
-
     try:
         summary = tvm_rpc.connect_tracker(rpc.tracker_host, rpc.tracker_port).summary()
     except (OSError, RuntimeError, tvm.error.TVMError) as err:

@@ -1,4 +1,5 @@
-"""Tuning tasks: the kernels that compile builds, taken after our fuse and lower phases.
+"""Tuning tasks: the kernels that compile builds, taken after our fuse and lower phases
+(``session.ModelSession.tuning_module``).
 
 Tuning the module before our fusion (or TVM's stock FuseOps output) would record workloads
 that compile never builds, and the database would match nothing.
@@ -14,7 +15,6 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
-from ..patterns import PatternReport
 from ..schedules import hand_schedule
 
 
@@ -28,17 +28,6 @@ class KernelTask:
     hand_rule: str | None
     hand_schedule: Schedule | None
     excluded_by: str | None = None
-
-
-def lowered_module(prepared) -> tvm.IRModule:
-    """The module compile schedules: our canonicalize, fuse and lower phases, and the weight
-    transforms that start the schedule phase (a tuned kernel is the one compile runs)."""
-    from ..passes import GRAPH_PHASES, fusion_pipeline
-    from ..passes.pipeline import weight_passes
-
-    phases = (*GRAPH_PHASES, "lower")
-    lowered = fusion_pipeline(prepared.config, PatternReport(), phases=phases)(prepared.relax_module)
-    return tvm.transform.Sequential(weight_passes(prepared.config))(lowered)
 
 
 def kernel_tasks(module: tvm.IRModule, target: Target, exclude: tuple[str, ...] = ()) -> list[KernelTask]:

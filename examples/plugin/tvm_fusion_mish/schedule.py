@@ -14,7 +14,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from tvm_fusion.schedules.cpu.target_info import vector_lanes
+from tvm_fusion.targets.target_info import vector_lanes
 
 MIN_PARALLEL = 4096  # below this many elements a second core costs more than it saves
 

@@ -9,7 +9,7 @@ from tvm import relax
 from tvm.relax.op import add, matmul, nn
 
 from tvm_fusion.schedules.cpu import Conv2dNCHW
-from tvm_fusion.schedules.cpu.target_info import num_cores, vector_registers
+from tvm_fusion.targets.target_info import num_cores, vector_registers
 
 # Accumulator vectors a tile may hold: 16 of AVX-512's 32 registers, 12 of AVX2's 16.
 ACCUMULATORS = min(16, vector_registers(tvm.target.Target(host_target())) - 4)

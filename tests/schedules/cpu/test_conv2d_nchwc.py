@@ -11,7 +11,7 @@ from tvm.relax.op import add, nn
 from tvm_fusion.passes.pipeline import lowering_passes
 from tvm_fusion.schedules.cpu import Conv2dNCHW, Conv2dNCHWc
 from tvm_fusion.schedules.cpu.conv2d_nchwc import _register_tile
-from tvm_fusion.schedules.cpu.target_info import vector_registers
+from tvm_fusion.targets.target_info import vector_registers
 
 # One vector register of channels, the block the pipeline picks for this host (the rule
 # declines a block wider than a register).

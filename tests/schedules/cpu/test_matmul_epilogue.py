@@ -10,7 +10,7 @@ from tvm.relax.op import add, divide, matmul, multiply, nn, permute_dims, sigmoi
 from tvm_fusion.passes.pack_matmul_weights import PackMatmulWeights, pack_columns
 from tvm_fusion.schedules.cpu import MatmulEpilogue
 from tvm_fusion.schedules.cpu.matchers import matmul_tile_columns
-from tvm_fusion.schedules.cpu.target_info import vector_lanes
+from tvm_fusion.targets.target_info import vector_lanes
 
 
 def _bias_gelu(x, w, b):
@@ -128,7 +128,7 @@ def test_declines_a_prologue_chain_before_inlining_any_of_it(target, monkeypatch
     decline after (a Winograd conv's input transform took 0.75 s to inline)."""
     from tvm import s_tir
 
-    from tvm_fusion.schedules.cpu.matchers import matmul_kernel
+    from tvm_fusion.kernels.matmul import matmul_kernel
 
     a = te.placeholder((8, 32), name="A")
     b = te.placeholder((32, 16), name="B")

@@ -8,9 +8,9 @@ from machine import host_target
 from tvm import relax
 from tvm.relax.op import add, nn
 
+from tvm_fusion.kernels.winograd_conv2d import weight_transform
 from tvm_fusion.passes.pipeline import lowering_passes
 from tvm_fusion.passes.precompute_winograd_weights import _weight_as_parameter, _weight_block
-from tvm_fusion.passes.winograd_conv2d import weight_transform
 from tvm_fusion.schedules.cpu import Conv2dNCHWc, WinogradConv2dNCHWc
 from tvm_fusion.schedules.cpu.winograd_conv2d_nchwc import _register_tiles
 

@@ -1,4 +1,9 @@
-"""Default CPU schedule rules, in the order they are tried."""
+"""Default CPU schedule rules, one per module, re-exported here by name (alphabetical) for
+imports like ``from tvm_fusion.schedules.cpu import Softmax``.
+
+This list sets no order and registers nothing: the registry finds every rule by its module and
+asks them in the order their ``runs_before``/``runs_after`` declare (``schedules/registry.py``).
+"""
 
 from .attention import Attention
 from .conv2d_nchw import Conv2dNCHW

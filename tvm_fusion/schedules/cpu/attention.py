@@ -38,11 +38,12 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (MIN_VECTOR_PIECE, among, compute_epilogue_at, cpu_schedule, extent, is_spatial, largest_divisor,
-                      power_of_two_width, tile_factor, vectorized_init)
-from .matchers import match_matmul
+from ...kernels.blocks import among, is_spatial
+from ...kernels.matmul import match_matmul
+from ...targets.target_info import vector_lanes
+from .helpers import (MIN_VECTOR_PIECE, compute_epilogue_at, cpu_schedule, extent, largest_divisor, power_of_two_width,
+                      tile_factor, vectorized_init)
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
-from .target_info import vector_lanes
 
 # Bytes of row tiles (scores, logits, exp, probs) one task may keep: half of a 1 MiB L2.
 _TILE_BUDGET_BYTES = 512 * 1024

@@ -22,11 +22,12 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ...kernels.blocks import is_static
+from ...targets.target_info import num_cores, vector_registers
 from .helpers import (compute_epilogue_at, extent, largest_divisor, schedule_pad, store_tile_epilogue,
                       vectorize_innermost, vectorized_init)
 from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles, split_column_phases, splits_column_phases
-from .symbolic_width import is_static, mentions, without_predicates_on
-from .target_info import num_cores, vector_registers
+from .symbolic_width import mentions, without_predicates_on
 
 # 16 accumulator vectors + input vector + broadcasts fit AVX-512's 32 registers; AVX2's 16
 # leave room for 12 (Zen 3, kernel alone, best of 60 runs, two runs each: a 64-channel 3x3 conv

@@ -24,10 +24,11 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (OneReduction, cpu_schedule, extent, inline_cheap_blocks, iter_kinds, one_reduction_kernel,
-                      only_reduction, pixel_tile, schedule_pad, store_tile_epilogue, vectorized_init)
-from .symbolic_width import is_static, schedule_by_width, schedule_static_width, static_except, width_tiles
-from .target_info import num_cores, vector_lanes, vector_registers
+from ...kernels.blocks import OneReduction, is_static, only_reduction
+from ...targets.target_info import num_cores, vector_lanes, vector_registers
+from .helpers import (cpu_schedule, extent, inline_cheap_blocks, iter_kinds, one_reduction_kernel, pixel_tile,
+                      schedule_pad, store_tile_epilogue, vectorized_init)
+from .symbolic_width import schedule_by_width, schedule_static_width, static_except, width_tiles
 
 # Output pixels per tile: with two channel blocks, 16 accumulators of AVX-512's 32 registers,
 # leaving room for the weight vectors and the broadcast input (measured on resnet_tiny: 7-8

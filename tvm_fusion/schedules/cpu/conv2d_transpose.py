@@ -31,10 +31,11 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (TILE_SCOPE, cpu_schedule, extent, inline_cheap_blocks, iter_kinds, largest_divisor,
-                      only_reduction, row_tile, schedule_pad, store_tile_epilogue, vectorized_init)
-from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
-from .target_info import vector_lanes
+from ...kernels.blocks import is_static, only_reduction
+from ...targets.target_info import vector_lanes
+from .helpers import (TILE_SCOPE, cpu_schedule, extent, inline_cheap_blocks, iter_kinds, largest_divisor, row_tile,
+                      schedule_pad, store_tile_epilogue, vectorized_init)
+from .symbolic_width import schedule_by_width, static_except, width_tiles
 
 _MAX_ACCUMULATORS = 16
 # Partitioning makes (stride * kernel)**2 copies of the conv body; beyond stride 2 the code

@@ -15,10 +15,10 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ...kernels.blocks import is_static
+from ...targets.target_info import num_cores
 from .helpers import extent, padded_band_rows, schedule_pad, store_tile_epilogue, vectorized_init
 from .matchers import ConvBlocks, conv_kernel, schedule_conv_tiles, split_column_phases, splits_column_phases
-from .symbolic_width import is_static
-from .target_info import num_cores
 
 _MAX_VECTORS = 4
 

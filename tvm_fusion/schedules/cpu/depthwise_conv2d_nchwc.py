@@ -17,10 +17,11 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (extent, iter_kinds, one_reduction_kernel, only_reduction, padded_band_rows, pixel_tile,
-                      schedule_pad, store_tile_epilogue, vectorized_init)
-from .symbolic_width import is_static, schedule_by_width, schedule_static_width, static_except, width_tiles
-from .target_info import num_cores, vector_lanes
+from ...kernels.blocks import is_static, only_reduction
+from ...targets.target_info import num_cores, vector_lanes
+from .helpers import (extent, iter_kinds, one_reduction_kernel, padded_band_rows, pixel_tile, schedule_pad,
+                      store_tile_epilogue, vectorized_init)
+from .symbolic_width import schedule_by_width, schedule_static_width, static_except, width_tiles
 
 # Pixels per tile: 8 accumulators fit AVX2's 16 registers beside the weight vectors.
 _MAX_ROW_TILE = 8

@@ -3,16 +3,16 @@ extents, tile sizes, and the schedule steps several rules take alike (an epilogu
 the accumulator tile, a reduction's vectorized init, the rows of a row reduction).
 
 Rule modules import shared helpers from here, or from the helper modules built on it
-(``matchers``: the blocks of a matmul and a conv) and beside it (``target_info``,
-``small_extent``, ``symbolic_width``, ``vector_sum``), never from another rule's module
+(``matchers``: the blocks of a conv and a softmax, the matmul's tile) and beside it
+(``small_extent``, ``symbolic_width``, ``vector_sum``), never from another rule's module
 (tests/schedules/test_rule_modules.py). A helper only one rule uses stays in that rule's module.
-No ScheduleRule is defined here: the registry takes every one defined in a module of cpu/.
+What rules and passes both read of a kernel lies below both (``kernels/``: its one reduction
+block, a matmul's axes, the Winograd conv's block names); the target's vector width and cores
+are ``targets/target_info.py``'s. No ScheduleRule is defined here: the registry takes every one
+defined in a module of cpu/.
 """
 
 from __future__ import annotations
-
-import re
-from dataclasses import dataclass
 
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -21,7 +21,9 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, get_root_block
 from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
-from .symbolic_width import is_static, overlapped_tile
+from ...kernels.blocks import OneReduction, is_cpu_kernel, is_spatial, is_static, only_reduction
+from ...kernels.winograd_conv2d import WINOGRAD_STAGES, is_winograd_block
+from .symbolic_width import overlapped_tile
 
 # -- The guard ---------------------------------------------------------------------------------
 
@@ -29,7 +31,7 @@ from .symbolic_width import is_static, overlapped_tile
 def cpu_schedule(func, target: Target, inline_cheap: bool = False) -> s_tir.Schedule | None:
     """A schedule of ``func`` when it is a PrimFunc compiled for a CPU (LLVM) target, else None;
     with ``inline_cheap``, its cheap element-wise blocks already inlined (``inline_cheap_blocks``)."""
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+    if not is_cpu_kernel(func, target):
         return None
     sch = s_tir.Schedule(func)
     if inline_cheap:
@@ -38,30 +40,6 @@ def cpu_schedule(func, target: Target, inline_cheap: bool = False) -> s_tir.Sche
 
 
 # -- Blocks ------------------------------------------------------------------------------------
-
-# The blocks of a Winograd conv (``passes/winograd_conv2d.py``), by name: its transformed
-# weight (dropped when the build computes it), input tiles (rows first), matrix products and
-# output tiles (rows first). FuseTIR may add a "_1" to a name.
-WINOGRAD_WEIGHT = "winograd_weight"
-WINOGRAD_INPUT_ROWS = "winograd_input_rows"
-WINOGRAD_INPUT = "winograd_input"
-WINOGRAD_GEMM = "winograd_gemm"
-WINOGRAD_OUTPUT_ROWS = "winograd_output_rows"
-WINOGRAD_OUTPUT = "winograd_output"
-WINOGRAD_STAGES = (WINOGRAD_WEIGHT, WINOGRAD_INPUT_ROWS, WINOGRAD_INPUT, WINOGRAD_GEMM, WINOGRAD_OUTPUT_ROWS,
-                   WINOGRAD_OUTPUT)
-
-
-def is_winograd_block(name: str, stage: str) -> bool:
-    """Whether a block named ``name`` is the Winograd ``stage`` (a WINOGRAD_* name)."""
-    return re.fullmatch(re.escape(stage) + r"(_\d+)?", name) is not None
-
-
-
-def is_spatial(block: s_tir.SBlock) -> bool:
-    """True if every axis of the block is data-parallel (no reduction)."""
-    return all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
-
 
 def iter_kinds(block: s_tir.SBlock) -> str:
     """The block's axes as a string, "S" per spatial and "R" per reduction axis."""
@@ -101,31 +79,6 @@ def inline_cheap_blocks(sch: s_tir.Schedule, keep: list = ()) -> None:
             continue  # an output block, or one whose consumers cannot take it
 
 
-@dataclass
-class OneReduction:
-    """A kernel's schedule and its root blocks around its only reduction block (a conv, a pool,
-    a matmul); all the others are spatial."""
-
-    sch: s_tir.Schedule
-    prologue: list
-    block: object
-    epilogue: list
-
-    @property
-    def stmt(self) -> s_tir.SBlock:
-        return self.sch.get(self.block)
-
-
-def only_reduction(sch: s_tir.Schedule) -> OneReduction | None:
-    """The root's blocks around its one reduction block; None unless there is exactly one."""
-    blocks = list(sch.get_child_blocks(get_root_block(sch)))
-    reductions = [i for i, block in enumerate(blocks) if not is_spatial(sch.get(block))]
-    if len(reductions) != 1:
-        return None
-    (index,) = reductions
-    return OneReduction(sch, blocks[:index], blocks[index], blocks[index + 1:])
-
-
 def one_reduction_kernel(func, target: Target) -> OneReduction | None:
     """For a CPU PrimFunc: a schedule with the cheap blocks inlined, and its blocks around its
     one reduction block (a conv, a pool); None for other targets and kernels."""
@@ -136,11 +89,6 @@ def one_reduction_kernel(func, target: Target) -> OneReduction | None:
 def has_static_extents(*blocks: s_tir.SBlock) -> bool:
     """True if every axis of every block has a constant extent (tile factors can be chosen)."""
     return all(isinstance(iv.dom.extent, tirx.IntImm) for block in blocks for iv in block.iter_vars)
-
-
-def among(obj, objs) -> bool:
-    """True if ``obj`` is the same object as one of ``objs``."""
-    return any(obj.same_as(other) for other in objs)
 
 
 # -- Extents and tiles -------------------------------------------------------------------------

@@ -10,9 +10,10 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
-from .helpers import calls_in, cpu_schedule, inline_cheap_blocks, is_spatial
+from ...kernels.blocks import is_spatial
+from ...targets.target_info import num_cores, vector_lanes
+from .helpers import calls_in, cpu_schedule, inline_cheap_blocks
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
-from .target_info import num_cores, vector_lanes
 
 _SELECT = ir.Op.get("prim.if_then_else")
 # A comparison's kind with its operands swapped (``c <= v`` is ``v >= c``).

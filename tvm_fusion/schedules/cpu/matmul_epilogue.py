@@ -4,11 +4,11 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ...kernels.matmul import MatmulAxes, batch_axes, matmul_kernel, rows_from_batch
+from ...targets.target_info import vector_lanes
 from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorize_in_registers, vectorized_init
-from .matchers import (MATMUL_K_UNROLL, MatmulAxes, batch_axes, matmul_kernel, matmul_tile_columns, matmul_tile_rows,
-                       rows_from_batch)
+from .matchers import MATMUL_K_UNROLL, matmul_tile_columns, matmul_tile_rows
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
-from .target_info import vector_lanes
 
 
 class MatmulEpilogue(ScheduleRule):

@@ -5,10 +5,12 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (TILE_SCOPE, cpu_schedule, extent, has_static_extents, is_spatial, largest_divisor,
-                      vectorize_in_registers, vectorized_init)
-from .matchers import MATMUL_K_UNROLL, match_matmul, matmul_tile_columns, matmul_tile_rows
-from .target_info import vector_lanes
+from ...kernels.blocks import is_spatial
+from ...kernels.matmul import match_matmul
+from ...targets.target_info import vector_lanes
+from .helpers import (TILE_SCOPE, cpu_schedule, extent, has_static_extents, largest_divisor, vectorize_in_registers,
+                      vectorized_init)
+from .matchers import MATMUL_K_UNROLL, matmul_tile_columns, matmul_tile_rows
 
 
 class MatmulMultiOutput(ScheduleRule):

@@ -18,10 +18,11 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (OneReduction, extent, inline_cheap_blocks, iter_kinds, one_reduction_kernel, only_reduction,
-                      row_tile, schedule_pad, store_tile_epilogue, vectorized_init)
-from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
-from .target_info import vector_lanes
+from ...kernels.blocks import OneReduction, is_static, only_reduction
+from ...targets.target_info import vector_lanes
+from .helpers import (extent, inline_cheap_blocks, iter_kinds, one_reduction_kernel, row_tile, schedule_pad,
+                      store_tile_epilogue, vectorized_init)
+from .symbolic_width import schedule_by_width, static_except, width_tiles
 from .vector_sum import vectorize_reduction
 
 # Unrolling beyond this many window taps bloats code for no gain.

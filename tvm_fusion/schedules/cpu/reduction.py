@@ -5,9 +5,9 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ...targets.target_info import vector_lanes
 from .helpers import cpu_schedule, is_row_shaped, leading_spatial, same_rows, vectorize_innermost
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
-from .target_info import vector_lanes
 
 
 class Reduction(ScheduleRule):

@@ -18,9 +18,10 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import cpu_schedule, extent, inline_cheap_blocks, is_spatial, row_tile
-from .symbolic_width import is_static, schedule_by_width, static_except, width_tiles
-from .target_info import vector_lanes
+from ...kernels.blocks import is_spatial, is_static
+from ...targets.target_info import vector_lanes
+from .helpers import cpu_schedule, extent, inline_cheap_blocks, row_tile
+from .symbolic_width import schedule_by_width, static_except, width_tiles
 
 # Below this many output elements a parallel launch costs more than the loop itself.
 _MIN_PARALLEL_ELEMENTS = 4096

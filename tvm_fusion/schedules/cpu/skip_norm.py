@@ -5,10 +5,11 @@ from tvm.s_tir.dlight.analysis import get_root_block, normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (cpu_schedule, has_call, is_row_shaped, is_spatial, leading_spatial, same_rows,
-                      vectorize_innermost, vectorized_init)
+from ...kernels.blocks import is_spatial
+from ...targets.target_info import vector_lanes
+from .helpers import (cpu_schedule, has_call, is_row_shaped, leading_spatial, same_rows, vectorize_innermost,
+                      vectorized_init)
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
-from .target_info import vector_lanes
 
 # The output blocks of TOPI's layer_norm and rms_norm, as LegalizeOps names them.
 NORM_BLOCKS = ("T_layer_norm", "T_rms_norm")

@@ -23,7 +23,8 @@ from tvm.tirx import ForKind
 from tvm.tirx.buffer import is_buffer_var
 from tvm_ffi.structural import DefRegionKind
 
-from .helpers import among
+from ...kernels.blocks import among
+
 
 # Below this many scalar block iterations (elements of an element-wise kernel, rows x row length
 # of a norm) a thread launch costs more than the loop: the threshold the static Injective rule uses.

@@ -22,11 +22,12 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (cpu_schedule, extent, extent_of, inline_cheap_blocks, is_spatial, power_of_two_width, same_extents,
+from ...kernels.blocks import is_spatial
+from ...targets.target_info import vector_lanes
+from .helpers import (cpu_schedule, extent, extent_of, inline_cheap_blocks, power_of_two_width, same_extents,
                       vectorized_init)
 from .matchers import is_softmax
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
-from .target_info import vector_lanes
 
 # A partial-reduction vector narrower than this does not pay for its final reduction.
 _MIN_REDUCTION_LANES = 4

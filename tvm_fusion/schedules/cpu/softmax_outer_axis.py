@@ -19,10 +19,11 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import cpu_schedule, extent, inline_cheap_blocks, is_spatial, power_of_two_width, vectorized_init
+from ...kernels.blocks import is_spatial
+from ...targets.target_info import vector_lanes
+from .helpers import cpu_schedule, extent, inline_cheap_blocks, power_of_two_width, vectorized_init
 from .matchers import is_softmax
 from .small_extent import MIN_PARALLEL_ELEMENTS
-from .target_info import vector_lanes
 
 # Narrower vectors than this along the innermost axis are not worth the rule (Fallback runs it).
 _MIN_LANES = 4

@@ -17,9 +17,10 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import cpu_schedule, extent, has_static_extents, is_spatial, iter_kinds
+from ...kernels.blocks import is_spatial
+from ...targets.target_info import vector_lanes
+from .helpers import cpu_schedule, extent, has_static_extents, iter_kinds
 from .symbolic_width import static_except
-from .target_info import vector_lanes
 from .vector_sum import vectorize_reduction
 
 # Output elements per block above which the per-channel tail is worth spreading over cores.

@@ -22,12 +22,10 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ...kernels.blocks import is_static
+
 # The narrowest vector tile worth a copy of the kernel: an SSE/NEON register of float32.
 MIN_VECTOR_TILE = 4
-
-
-def is_static(expr) -> bool:
-    return isinstance(expr, tirx.IntImm)
 
 
 def static_except(block: s_tir.SBlock, symbolic: tuple[int, ...]) -> bool:

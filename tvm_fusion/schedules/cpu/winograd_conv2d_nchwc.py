@@ -1,4 +1,4 @@
-"""A Winograd conv in NCHW[x]c (``passes/winograd_conv2d.py``) + fused epilogue, in one pass
+"""A Winograd conv in NCHW[x]c (``kernels/winograd_conv2d.py``) + fused epilogue, in one pass
 over the map.
 
 A task is a row of output tiles (or a band of it, so that its transformed input stays in
@@ -23,10 +23,10 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .helpers import (WINOGRAD_GEMM, WINOGRAD_INPUT, WINOGRAD_INPUT_ROWS, WINOGRAD_OUTPUT, WINOGRAD_OUTPUT_ROWS,
-                      WINOGRAD_STAGES, WINOGRAD_WEIGHT, cpu_schedule, extent, is_winograd_block, store_tile_epilogue,
-                      vectorized_init)
-from .target_info import num_cores, vector_registers
+from ...kernels.winograd_conv2d import (WINOGRAD_GEMM, WINOGRAD_INPUT, WINOGRAD_INPUT_ROWS, WINOGRAD_OUTPUT,
+                                        WINOGRAD_OUTPUT_ROWS, WINOGRAD_STAGES, WINOGRAD_WEIGHT, is_winograd_block)
+from ...targets.target_info import num_cores, vector_registers
+from .helpers import cpu_schedule, extent, store_tile_epilogue, vectorized_init
 
 # The transformed input a task keeps for its band of tiles: half of Zen 1's 512 KiB L2 (the
 # products of one channel chunk and the weights streaming through take the rest).
@@ -41,12 +41,10 @@ class WinogradConv2dNCHWc(ScheduleRule):
     """``[pad] -> [winograd_weight] -> winograd_input_rows -> winograd_input -> winograd_gemm ->
     winograd_output_rows -> winograd_output -> elementwise..``, every extent static."""
 
-    # Asked first: it knows a Winograd kernel by its block names, while the rules below inline a
-    # kernel's cheap blocks before declining it, which on these kernels (the pad into the input
-    # transform) cost nudenet's numeric gate 38 of its 59 s.
-    runs_before = ("Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
-                   "DepthwiseConv2dNCHWc", "MatmulEpilogue", "MatmulMultiOutput", "Pooling", "Resize", "SkipNorm",
-                   "Softmax", "SoftmaxOverOuterAxis", "SqueezeExcitation")
+    # Asked first, before every other rule: it knows a Winograd kernel by its block names, while
+    # the others inline a kernel's cheap blocks before declining it, which on these kernels (the
+    # pad into the input transform) cost nudenet's numeric gate 38 of its 59 s.
+    runs_before = ("*",)
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         sch = cpu_schedule(func, target)

@@ -1,0 +1,280 @@
+"""Compile a model for one or more targets: the session imports and fuses once, then per target
+it lowers and schedules; here each target is built, exported, and its exported library checked
+against ONNX Runtime at each size before it is committed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import tvm
+
+from ..buckets import parse_bucket
+from ..build import build, kernel_calls
+from ..config import PipelineConfig
+from ..errors import ArtifactError, ConfigError, TvmFusionError, VerificationError
+from ..export import artifact_dir, write_artifact
+from ..files import check_writable
+from ..frontend import onnx as onnx_frontend
+from ..frontend.dims import ranges_of, size_points
+from ..metadata import artifact_metadata
+from ..native_log import captured_native_stderr, summarize
+from ..patterns import PatternReport
+from ..preparation import PreparedModel, Progress, ShapeArg, quiet, resolve_config
+from ..runtime import METADATA_NAME, CompiledModel
+from ..session import ModelSession
+from ..targets import (ToolchainError, check_toolchain, execution_here, export_options, platform_of, run_emulated,
+                       unscheduled_gpu_kernels)
+from ..verify import OutputComparison, ReferenceUnavailable, check_outputs, compare_outputs, reference_outputs
+
+
+@dataclasses.dataclass
+class CompileResult:
+    artifact: Path | None
+    metadata: dict
+    report: PatternReport
+    comparisons: list[OutputComparison]
+
+
+def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
+                  output_dir: str | Path = "build", verify: bool = True,
+                  progress: Progress = quiet, tuning_log: str | Path | bool | None = None,
+                  fusion_gate: bool = True, buckets: list[str] | None = None) -> CompileResult:
+    """Compile an ONNX model into ``<output_dir>/<model>.<target>/``, verified against ONNX Runtime.
+
+    With ``verify`` a mismatch raises VerificationError and nothing is written. One target of
+    ``compile_targets``, whose error (missing toolchain, mismatch) is raised here.
+    """
+    (result,) = compile_targets(model_path, [config], input_shapes, output_dir, verify, progress,
+                                tuning_log=tuning_log, fusion_gate=fusion_gate, buckets=buckets)
+    if result.error is not None:
+        raise result.error
+    return result
+
+
+@dataclasses.dataclass
+class TargetResult(CompileResult):
+    """One target of ``compile_targets``: its artifact, or the error that stopped it."""
+
+    target: str = ""
+    # How the artifact was checked against ONNX Runtime, or why it was not.
+    verification: str = ""
+    error: TvmFusionError | None = None
+
+
+def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeArg = None,
+                    output_dir: str | Path = "build", verify: bool = True,
+                    progress: Progress = quiet, tuning_log: str | Path | bool | None = None,
+                    fusion_gate: bool = True, buckets: list[str] | None = None) -> list[TargetResult]:
+    """Compile one model for several targets (configs) into ``<output_dir>/<model>.<target>/`` each.
+
+    One ``ModelSession`` serves every target: the ONNX import runs once per distinct
+    ``[inputs]`` table and the fusion phases once per pattern list and layout; lowering,
+    schedules, build and export run per target. A target
+    whose toolchain is missing, or whose artifact disagrees with ONNX Runtime, gets its error
+    in its result and the other targets still build; a bad model, config or shape raises.
+    Each artifact is run (natively or under qemu-user) and compared with ONNX Runtime before
+    it is committed; where it cannot run here (CUDA without a GPU), or ONNX Runtime cannot run
+    the model (no kernel for an op at its dtype), its result says so. With ``fusion_gate``, each
+    fused instance is checked against its unfused nodes first and undone if it differs
+    (``fusion_gate.py``; on targets that run here). ``buckets`` (``["sequence=128", ...]``, as
+    ``--bucket`` takes them) replaces the configs' ``[buckets] sizes`` (see ``buckets.py``).
+    """
+    started = time.perf_counter()
+    if Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise ArtifactError(f"output directory {output_dir} is an existing file",
+                            "pass a directory with -o/--output-dir")
+    check_writable(output_dir, "the artifact", "-o/--output-dir")
+    configs = [resolve_config(config) for config in (configs or [None])]
+    if buckets is not None:
+        points = tuple(parse_bucket(text, "--bucket") for text in buckets)
+        configs = [dataclasses.replace(cfg, buckets=points) for cfg in configs]
+    names = [cfg.name for cfg in configs]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"two configs are named {name!r}: both would write <model>.{name}/",
+                              "give each target's config file its own name")
+    session = ModelSession(model_path, input_shapes, progress)
+    references = _References()
+    # The gate checks the fusions with a target whose code runs here; what it undoes is undone
+    # for every target.
+    gate_config = next((cfg for cfg in configs if execution_here(cfg.target).how == "native"),
+                       None) if fusion_gate else None
+    results = []
+    for cfg in configs:
+        # With several targets, each line says which one it is about.
+        def say(message: str, label: str = f"[{cfg.name}] " if len(configs) > 1 else "") -> None:
+            progress(label + message)
+
+        try:
+            toolchain = check_toolchain(cfg.name, cfg.target)
+            results.append(_compile_target(session, references, cfg, toolchain, output_dir, verify, say,
+                                           tuning_log=tuning_log, gate_config=gate_config))
+        except (ToolchainError, VerificationError, ArtifactError) as err:
+            say(f"FAILED: {err.message}")
+            results.append(TargetResult(None, {}, PatternReport(), [], target=cfg.name,
+                                        verification="not built", error=err))
+    progress(f"done in {time.perf_counter() - started:.1f} s")
+    return results
+
+
+class _References:
+    """Seeded inputs and ONNX Runtime's outputs for them, per seed and size, shared by targets."""
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def get(self, cfg: PipelineConfig, prepared: PreparedModel, with_reference: bool, sizes: dict[str, int]):
+        """Seeded inputs at ``sizes`` (one size per range; {} for a static model) and, with
+        ``with_reference``, ONNX Runtime's outputs for them."""
+        key = (id(prepared.onnx_model), cfg.seed, tuple(sorted(sizes.items())))
+        if key not in self.entries:
+            specs = onnx_frontend.inputs_at(prepared.inputs, sizes)
+            self.entries[key] = [onnx_frontend.random_inputs(prepared.onnx_model, specs, cfg.seed), None]
+        entry = self.entries[key]
+        if with_reference and entry[1] is None:
+            entry[1] = reference_outputs(prepared.onnx_model, entry[0], cfg.threads)
+        return entry[0], entry[1]
+
+
+def _compile_target(session: ModelSession, references: _References, cfg: PipelineConfig, toolchain: dict,
+                    output_dir, verify: bool, say: Progress, tuning_log: str | Path | bool | None = None,
+                    gate_config: PipelineConfig | None = None) -> TargetResult:
+    native: list[str] = []
+    with captured_native_stderr(native):
+        prepared = session.prepared(cfg)
+        scheduled = session.scheduled(cfg, tuning_log, gate_config=gate_config, say=say)
+        plat = platform_of(cfg.target)
+        if plat.device == "cuda":
+            unscheduled = unscheduled_gpu_kernels(scheduled.module)
+            if unscheduled:
+                raise ArtifactError(f"target {cfg.name}: no GPU schedule for {', '.join(unscheduled)}; "
+                                    "they would silently build as host code", "report the model")
+        say("building for " + str(cfg.target))
+        with _cuda_source_modules(plat.device == "cuda"):
+            executable = build(scheduled.module, cfg)
+    for message in summarize(native):
+        say(f"tvm: {message}")
+    metadata = artifact_metadata(prepared, cfg, scheduled.dynamic_module, plat, toolchain, scheduled.report,
+                                 scheduled.records, scheduled.gate, scheduled.schedule_rules)
+    if scheduled.buckets:
+        metadata["buckets"] = [{"sizes": b.sizes, "kernels": kernel_calls(b.module),
+                                "fusion_gate": b.gate.to_json() if b.gate is not None else None}
+                               for b in scheduled.buckets]
+    device_code: dict = {}
+    check = _ArtifactCheck(references, cfg, prepared, metadata, [b.sizes for b in scheduled.buckets], verify,
+                           device_code, say)
+    target_dir = artifact_dir(output_dir, prepared.name, cfg.name)
+    options = export_options(cfg.name, cfg.target, device_code)
+    say(f"writing {target_dir}")
+    with captured_native_stderr([]):  # one "Scope Saving" line per function: noise
+        write_artifact(executable, metadata, target_dir, options, check, export_state=device_code)
+    metadata = json.loads((target_dir / METADATA_NAME).read_text())
+    return TargetResult(target_dir, metadata, scheduled.report, check.comparisons, target=cfg.name,
+                        verification=check.status())
+
+
+class _ArtifactCheck:
+    """Runs on the exported library in the staging directory (what ships is what is checked):
+    its outputs against ONNX Runtime's at each size, and what the metadata says about that."""
+
+    def __init__(self, references: _References, cfg: PipelineConfig, prepared: PreparedModel, metadata: dict,
+                 buckets: list[dict[str, int]], verify: bool, device_code: dict, say: Progress):
+        self.references, self.cfg, self.prepared, self.metadata = references, cfg, prepared, metadata
+        self.verify, self.device_code, self.say = verify, device_code, say
+        self.execution = execution_here(cfg.target)
+        # A range is checked at its low end, a typical size and its high end (a kernel's tail
+        # handling can be wrong at some sizes only), and at every bucket (its own kernels).
+        checked_at = size_points(ranges_of(prepared.inputs))
+        self.sizes = checked_at + [point for point in buckets if point not in checked_at]
+        self.comparisons: list[OutputComparison] = []
+        self.no_reference: list[str] = []  # why ONNX Runtime could not give a reference, when it could not
+
+    def __call__(self, library: Path) -> dict:
+        cfg, say, execution = self.cfg, self.say, self.execution
+        updates: dict = {"device_code": dict(self.device_code)} if self.device_code else {}
+        if execution.how is None:
+            if self.verify:
+                say(f"NOT VERIFIED: the artifact cannot run here: {execution.reason} "
+                    "(pass --no-verify to say that is intended)")
+                updates["verification"] = {"reference": "onnxruntime", "status": "not run",
+                                           "reason": execution.reason}
+            return updates
+        checked_sizes = []
+        for sizes in self.sizes:
+            at = f" at {', '.join(f'{name}={size}' for name, size in sizes.items())}" if sizes else ""
+            compare = self.verify and not self.no_reference
+            try:
+                inputs, expected = self.references.get(cfg, self.prepared, compare, sizes)
+            except ReferenceUnavailable as err:
+                say(f"NOT VERIFIED: {err.message}")
+                self.no_reference.append(err.message)
+                updates["verification"] = {"reference": "onnxruntime", "status": "not run", "reason": err.message}
+                inputs, expected = self.references.get(cfg, self.prepared, False, sizes)
+            say(f"running the artifact{at} ({'natively' if execution.how == 'native' else 'under qemu-aarch64'})")
+            outputs = _run_library(library, self.metadata, execution.how, inputs)
+            if not sizes:
+                updates["outputs"] = [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
+                                      for name, value in outputs.items()]
+            if self.verify and not self.no_reference:
+                say(f"verifying against ONNX Runtime{at}")
+                compared = compare_outputs(outputs, expected, cfg.rtol, cfg.atol)
+                if sizes:  # one row per output and size: say which size
+                    compared = [dataclasses.replace(c, name=f"{c.name} @{at.removeprefix(' at')}") for c in compared]
+                self.comparisons.extend(compared)
+                check_outputs(compared, cfg.rtol, cfg.atol, at)
+                checked_sizes.append(sizes)
+        if self.verify and not self.no_reference:
+            updates["verification"] = {"reference": "onnxruntime", "rtol": cfg.rtol, "atol": cfg.atol,
+                                       "seed": cfg.seed, "outputs": [c.to_json() for c in self.comparisons]}
+            if checked_sizes != [{}]:
+                updates["verification"]["sizes"] = checked_sizes
+            if execution.how != "native":
+                updates["verification"]["ran"] = "qemu-aarch64"
+        return updates
+
+    def status(self) -> str:
+        """How the artifact was checked against ONNX Runtime, or why it was not."""
+        if not self.verify:
+            return "skipped (--no-verify)"
+        if self.execution.how is None:
+            return f"NOT VERIFIED: {self.execution.reason}"
+        if self.no_reference:
+            return f"NOT VERIFIED: {self.no_reference[0]}"
+        return "matches ONNX Runtime" + (" (run under qemu-aarch64)" if self.execution.how == "qemu" else "")
+
+
+def _run_library(library: Path, metadata: dict, how: str, inputs: dict) -> dict:
+    """Outputs by name of an exported library run in this process, or under qemu-user."""
+    if how == "qemu":
+        return run_emulated(library, metadata, inputs)
+    with captured_native_stderr([]):  # "Scope Loaded" per function
+        module = tvm.runtime.load_module(str(library))
+    return CompiledModel(module, metadata).run(inputs)
+
+
+class _cuda_source_modules:
+    """Have TVM keep CUDA kernels as source even where a CUDA runtime is loaded (a GPU host).
+
+    Otherwise it would JIT-compile them (NVRTC by default) at build time; export then compiles
+    the source with nvcc for the configured arch (targets.cuda_fatbin_packer) the same way on
+    every machine.
+    """
+
+    def __init__(self, active: bool):
+        self.active = active
+
+    def __enter__(self):
+        if self.active:
+            self.saved = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
+            os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
+
+    def __exit__(self, *_exc):
+        if self.active:
+            if self.saved is None:
+                os.environ.pop("TVM_COMPILE_FORCE_FALLBACK", None)
+            else:
+                os.environ["TVM_COMPILE_FORCE_FALLBACK"] = self.saved

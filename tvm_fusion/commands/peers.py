@@ -1,0 +1,86 @@
+"""Other inference engines that ``bench`` times beside tvm_fusion: OpenVINO (the ``peers`` extra).
+
+ONNX Runtime is always there (the reference every runner is checked against); a peer is opt-in,
+named by ``bench --peer NAME``, and comes from ``pip install 'tvm_fusion[peers]'``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelError, ToolchainError, TvmFusionError
+
+PEERS = ("openvino",)  # the CLI imports this module for its --peer choices: keep its imports light
+INSTALL_HINT = "pip install 'tvm_fusion[peers]' (or drop --peer {name})"
+
+
+def check_peers(peers) -> tuple[str, ...]:
+    """The peers asked for, each known and importable: checked before anything is compiled."""
+    peers = tuple(dict.fromkeys((peers,) if isinstance(peers, str) else peers or ()))
+    for name in peers:
+        if name not in PEERS:
+            raise TvmFusionError(f"unknown benchmark peer {name!r}", f"choose from: {', '.join(PEERS)}")
+        _import_openvino()
+    return peers
+
+
+def installed_peers() -> tuple[str, ...]:
+    """The peers whose package is installed (what the benchmark scripts time when they can)."""
+    return tuple(name for name in PEERS if importlib.util.find_spec(name) is not None)
+
+
+def _import_openvino():
+    try:
+        import openvino  # deferred: optional (the peers extra), and ~0.3 s to import
+    except ImportError as err:
+        raise ToolchainError(f"--peer openvino needs the openvino package, which is not installed ({err})",
+                             INSTALL_HINT.format(name="openvino")) from err
+    return openvino
+
+
+class OpenVinoRunner:
+    """The ONNX file compiled by OpenVINO's CPU plugin at the run shapes: f32 (its CPU default is
+    bf16 where the CPU has it, which is not like-for-like), latency mode, the config's threads,
+    no CPU pinning (as ORT's spinning is off: so that it leaves the other runners' cores alone).
+
+    ``run()`` is what is timed: one synchronous inference on inputs set once, as the TVM runners'
+    tensors are prepared once.
+    """
+
+    def __init__(self, model_path: str | Path, inputs: dict, threads: int):
+        ov = _import_openvino()
+        import openvino.properties as props  # deferred: optional (the peers extra), checked just above
+        import openvino.properties.hint as hints  # deferred: the same
+
+        config = {hints.inference_precision: ov.Type.f32,
+                  hints.performance_mode: hints.PerformanceMode.LATENCY,
+                  props.inference_num_threads: threads,
+                  # Pinned, its threads made the tvm_fusion runs interleaved with them 1.7-2x
+                  # slower (resnet_tiny, alternating A/B runs on a shared 2-core machine).
+                  hints.enable_cpu_pinning: False}
+        try:
+            core = ov.Core()
+            model = core.read_model(str(model_path))
+            # At the shapes the other runners run at (a dynamic dim would leave OpenVINO guessing).
+            model.reshape({name: list(value.shape) for name, value in inputs.items()})
+            self.compiled = core.compile_model(model, "CPU", config)
+        except RuntimeError as err:  # OpenVINO raises RuntimeError (or a subclass) for all of these
+            # Its messages open with a source location; the reason comes after it, on later lines.
+            raise ModelError(f"OpenVINO cannot compile {model_path}: {' '.join(str(err).split())[:400]}",
+                             "drop --peer openvino for this model") from err
+        self._request = self.compiled.create_infer_request()
+        # Kept alive here: the tensors share these arrays' memory.
+        self._inputs = {name: np.require(value, requirements="C") for name, value in inputs.items()}
+        for name, value in self._inputs.items():
+            self._request.set_tensor(name, ov.Tensor(value, shared_memory=True))
+
+    def run(self) -> None:
+        self._request.infer()
+
+    def outputs(self, names) -> dict:
+        """The last run's outputs (numpy arrays) by ONNX output name, copied: the request reuses
+        its buffers."""
+        return {name: self._request.get_tensor(name).data.copy() for name in names}

@@ -1,0 +1,45 @@
+"""The module ``profile`` times, built as ``compile`` builds it, from the session's import whose
+bindings are named after ONNX nodes (``provenance``), so that each kernel lists the ONNX nodes
+it covers."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from ...provenance import node_index, onnx_nodes_of
+from ...session import ModelSession
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class ProfiledModule:
+    module: object            # scheduled, ready to build
+    lowered: object           # before schedules: FLOPs are counted here
+    schedule_rules: dict[str, str]
+    patterns: dict[str, str]  # kernel -> Composite name, or how it was grouped
+    covers: dict[str, list[str]]  # kernel -> ONNX node names
+    tuned: list[str] = dataclasses.field(default_factory=list)  # kernels a tuning-log record scheduled
+
+
+def build_profiled(session: ModelSession, config, tuning_log=None,
+                   excluded: frozenset[str] = frozenset()) -> ProfiledModule:
+    """The session's scheduled stage, with each kernel traced to the ONNX nodes it covers.
+
+    ``excluded``: bindings left unfused (those the fusion gate undid when an artifact was built).
+    """
+    prepared = session.prepared(config)
+    scheduled = session.scheduled(prepared.config, tuning_log, excluded=excluded)
+    simplified = prepared.simplified
+    report = scheduled.report
+    fusions = [set(i.absorbed) for i in report.instances if i.variant != i.pattern]
+    covers = {}
+    for kernel, names in scheduled.lowered.kernel_bindings.items():
+        # FuseOpsByPattern renames the tail a composite absorbed (to gv, lv49, ...); its
+        # instance has the node names. Only node names identify the instance.
+        own = {name for name in names if node_index(name, simplified) is not None}
+        names = names + [name for absorbed in fusions if absorbed & own for name in absorbed]
+        covers[kernel] = onnx_nodes_of(names, report, simplified)
+    return ProfiledModule(scheduled.module, scheduled.lowered.module, scheduled.schedule_rules,
+                          scheduled.lowered.kernel_patterns, covers, sorted(scheduled.tuned))

@@ -1,0 +1,102 @@
+"""What ``profile`` reports: per-kernel times, costs and roofline position, the end-to-end gap,
+and the mined chains; ``to_json`` is the ``--json`` file."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...runtime.latency import LatencyStats
+from ...machine_peak import MachinePeak
+
+
+@dataclasses.dataclass
+class KernelProfile:
+    name: str
+    pattern: str            # the fusion pattern variant, or "tvm FuseOps" / "single op"
+    rule: str               # the schedule rule
+    kind: str               # conv, matmul, pool, injective, reduction, ... (for mining)
+    calls: int
+    us_per_call: float      # on its own, warm caches
+    us_in_model: float      # per call, inside the model run
+    share: float            # of the sum of kernel times (on their own)
+    flops: int
+    bytes: int              # parameters read and written once: the compulsory traffic
+    gflops: float
+    gbytes_per_s: float
+    intensity: float        # FLOP per byte
+    bound: str              # "compute" or "memory": which roof is lower at this intensity
+    roof_percent: float     # achieved / the lower roof at this intensity
+    onnx_nodes: list[str]
+
+    @property
+    def total_us(self) -> float:
+        return self.us_per_call * self.calls
+
+
+@dataclasses.dataclass
+class Gap:
+    """End to end against the kernels: where the time between them goes (ms per model run)."""
+
+    end_to_end_ms: float
+    kernels_alone_ms: float     # the kernels timed one by one, summed (x calls)
+    kernels_in_model_ms: float  # the same kernels as the model runs them
+    dispatch_ms: float          # the VM program with empty kernels: interpretation + allocation
+    builtin_calls: dict[str, int]
+
+    @property
+    def gap_ms(self) -> float:
+        return self.end_to_end_ms - self.kernels_alone_ms
+
+    @property
+    def in_model_extra_ms(self) -> float:
+        """Kernels slower in the model than alone: cold caches, workers woken from sleep."""
+        return self.kernels_in_model_ms - self.kernels_alone_ms
+
+    @property
+    def unexplained_ms(self) -> float:
+        return self.end_to_end_ms - self.dispatch_ms - self.kernels_in_model_ms
+
+    def line(self) -> str:
+        return (f"gap: end to end {self.end_to_end_ms:.3f} ms - kernels alone {self.kernels_alone_ms:.3f} ms "
+                f"= {self.gap_ms:.3f} ms: kernels slower in the model (cold caches, thread wake-up) "
+                f"{self.in_model_extra_ms:.3f} ms, VM dispatch + allocation {self.dispatch_ms:.3f} ms, "
+                f"other {self.unexplained_ms:.3f} ms")
+
+
+@dataclasses.dataclass
+class Chain:
+    """Adjacent kernels no pattern fused, the intermediates passing through DRAM between them."""
+
+    kernels: list[str]
+    kinds: list[str]
+    us: float               # their time per model run (calls of this exact chain: 1)
+    saved_bytes: int        # intermediates written and read back, which a fusion would not
+    gain_us: float          # estimate: saved bytes at the measured bandwidth + the saved launches
+
+    @property
+    def label(self) -> str:
+        return " -> ".join(self.kinds)
+
+
+@dataclasses.dataclass
+class ProfileReport:
+    model: str
+    threads: int
+    peak: MachinePeak
+    kernels: list[KernelProfile]
+    gap: Gap
+    chains: list[Chain] | None = None
+    artifact: str | None = None  # the artifact directory profiled, when it was one
+    end_to_end: LatencyStats | None = None
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "artifact": self.artifact, "threads": self.threads,
+                "end_to_end": self.end_to_end.to_json() if self.end_to_end else None,
+                "peak": {**dataclasses.asdict(self.peak), "ridge_flop_per_byte": self.peak.ridge},
+                "kernels": [{**dataclasses.asdict(k), "total_us": k.total_us} for k in self.kernels],
+                "gap": {**dataclasses.asdict(self.gap), "gap_ms": self.gap.gap_ms,
+                        "in_model_extra_ms": self.gap.in_model_extra_ms,
+                        "unexplained_ms": self.gap.unexplained_ms},
+                "chains": None if self.chains is None else
+                [{**dataclasses.asdict(c), "label": c.label} for c in self.chains]}
+
