@@ -27,7 +27,7 @@ import numpy as np
 
 from tvm_fusion import api
 from tvm_fusion.commands.peers import installed_peers
-from tvm_fusion.commands.profile.costs import kernel_costs
+from tvm_fusion.kernels.costs import kernel_costs
 from tvm_fusion.report import table, write_json
 from tvm_fusion.kernels.winograd_conv2d import WINOGRAD_INPUT, WINOGRAD_OUTPUT, is_winograd_block
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 import traceback
@@ -43,6 +44,13 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
         started = time.perf_counter()
         compiled = api.compile_model(path, model.config(), list(model.input_shapes), output_dir=out_dir)
         row["compile_s"] = round(time.perf_counter() - started, 1)
+        # The worker is this model's own process: its peak RSS is the compile's (the export's
+        # forked child counted too), against a budget of 3x the weights + 1 GiB.
+        peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        row["compile_peak_rss_mb"] = round(peak / 1024, 1)
+        row["weights_mb"] = round(path.stat().st_size / 2**20, 1)
+        row["compile_rss_within_budget"] = peak / 1024 <= 3 * row["weights_mb"] + 1024
+        row["generic_kernels"] = compiled.metadata["generic_kernels"]
         outputs = compiled.metadata["verification"]["outputs"]
         row["compiles"] = True
         row["max_abs_error"] = max(o["max_abs"] for o in outputs)
@@ -137,7 +145,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
     write_json(args.json, {"models": rows})
     print(markdown(rows))
-    return 0
+    # A kernel that only a generic schedule rule took, holding a contraction or much of the
+    # FLOPs, fails the report (commands/generic_kernels.py): no such kernel may hide.
+    failing = {r["model"]: r["generic_kernels"] for r in rows if r.get("generic_kernels")}
+    for model, kernels in failing.items():
+        for kernel in kernels:
+            print(f"[zoo] FAIL {model}: {kernel['kernel']} ({kernel['rule']}, {kernel['flops']:,} FLOPs, "
+                  f"contraction: {kernel['contraction']}, ONNX {', '.join(kernel['onnx_nodes'][:3])})", file=sys.stderr)
+    return 1 if failing else 0
 
 
 if __name__ == "__main__":

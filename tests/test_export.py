@@ -141,9 +141,10 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
     assert set(meta) == {"model", "model_sha256", "inputs", "outputs", "target", "config", "pipeline",
                          "schedule", "fusions", "fusion_variants", "kernels", "threads", "versions", "verification",
                          "library", "library_sha256", "platform", "toolchain", "tuning", "fusion_gate", "dims",
-                         "built_from", "schedule_rules"}
+                         "built_from", "schedule_rules", "generic_kernels"}
     assert pathlib.Path(meta["built_from"]["model_path"]).resolve() == mlp_path.resolve()
     assert meta["dims"] == {}  # static shapes: no ranges
+    assert meta["generic_kernels"] == []  # every kernel has a rule of its own
     assert meta["fusion_gate"]["checked"] >= 2 and meta["fusion_gate"]["undone"] == []
     assert artifact.name == f"mlp.{cfg.name}"
     assert meta["model"] == "mlp"

@@ -112,3 +112,17 @@ def onnx_nodes_of(names: list[str], report, model: onnx.ModelProto) -> list[str]
         if index is not None:
             found.add(index)
     return [model.graph.node[i].name or f"#{i}" for i in sorted(found)]
+
+
+def kernel_onnx_nodes(kernel_bindings: dict[str, list[str]], report, model: onnx.ModelProto) -> dict[str, list[str]]:
+    """Kernel -> the ONNX nodes it covers, from the binding names each kernel computes
+    (``session.Lowered.kernel_bindings``) and the fusions that absorbed them."""
+    fusions = [set(i.absorbed) for i in report.instances if i.variant != i.pattern]
+    covers = {}
+    for kernel, names in kernel_bindings.items():
+        # FuseOpsByPattern renames the tail a composite absorbed (to gv, lv49, ...); its
+        # instance has the node names. Only node names identify the instance.
+        own = {name for name in names if node_index(name, model) is not None}
+        names = names + [name for absorbed in fusions if absorbed & own for name in absorbed]
+        covers[kernel] = onnx_nodes_of(names, report, model)
+    return covers

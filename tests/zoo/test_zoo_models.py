@@ -3,9 +3,9 @@ converted from Caffe) and spox, as shipped.
 
 Each compiles and verifies against ONNX Runtime (compile_model refuses otherwise), at least
 90 % of the chains our patterns target are fused, the model runs in no more kernels than
-TVM's own FuseOps makes, and no conv kernel is left to the Fallback schedule. The zoo's other
-CNNs are only scheduled (no build: a minute for all six), to check that last point on every CNN
-issue 11 measures. The full zoo runs in scripts/zoo_report.py (too long for CI).
+TVM's own FuseOps makes, no conv kernel is left to the Fallback schedule and no contraction to
+any generic rule (commands/generic_kernels.py). The zoo's other CNNs are only scheduled (no
+build: a minute for all six), to check the last two points on every CNN issue 11 measures. The full zoo runs in scripts/zoo_report.py (too long for CI).
 A model that cannot be fetched skips the test on a developer machine and fails it in CI.
 """
 
@@ -17,6 +17,7 @@ import pytest
 
 from tvm_fusion import api
 from tvm_fusion.commands import zoo
+from tvm_fusion.commands.generic_kernels import generic_kernels
 
 CI_SUBSET = [
     "ppocr-mobile-v2-cls",  # paddle2onnx, MobileNetV3 with a dim_value -1 batch
@@ -66,6 +67,7 @@ def test_zoo_model_compiles_verifies_and_fuses(name, zoo_models, tmp_path):
     # of being undone.
     compiled = api.compile_model(zoo_models[name], model.config(), shapes, output_dir=tmp_path, fusion_gate=False)
     assert all(o["within_tolerance"] for o in compiled.metadata["verification"]["outputs"])
+    assert compiled.metadata["generic_kernels"] == []  # no contraction left to a generic rule
     rules = compiled.metadata["schedule_rules"]
     assert len(rules) >= 10 and not [k for k, rule in rules.items() if "conv" in k and rule == "Fallback"], rules
     inspected = api.inspect_model(zoo_models[name], None, shapes)
@@ -78,6 +80,8 @@ def test_zoo_model_compiles_verifies_and_fuses(name, zoo_models, tmp_path):
 def test_no_conv_kernel_of_a_zoo_cnn_falls_to_fallback(name, other_cnns):
     model = zoo.load_manifest()[name]
     prepared = api.prepare(other_cnns[name], model.config(), list(model.input_shapes))
-    rules = api.optimize(prepared, tuning_log=False).schedule_rules
+    scheduled = api.optimize(prepared, tuning_log=False)
+    assert generic_kernels(scheduled, prepared) == []  # no contraction left to a generic rule
+    rules = scheduled.schedule_rules
     convs = {kernel: rule for kernel, rule in rules.items() if "conv" in kernel}
     assert convs and not [kernel for kernel, rule in convs.items() if rule == "Fallback"], convs

@@ -5,6 +5,7 @@ Tables go to stdout; notes about the input (damaged tuning-log lines, skipped re
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -26,6 +27,16 @@ def _notes(notes) -> None:
         print(f"note: {note}", file=sys.stderr)
 
 
+def print_generic_kernels(kernels: list[dict]) -> None:
+    """The generic-rule guard (commands/generic_kernels.py): kernels no specific rule claimed."""
+    if kernels:
+        print(f"WARNING: {len(kernels)} kernel(s) that only a generic schedule rule took (far off the roof; "
+              "report the model):")
+        print(table(["kernel", "rule", "FLOPs", "share", "contraction", "ONNX nodes"],
+                    [[cut_middle(k["kernel"], 48), k["rule"], k["flops"], f"{100 * k['flop_share']:.1f} %",
+                      "yes" if k["contraction"] else "no", ", ".join(k["onnx_nodes"][:3]) or "-"] for k in kernels]))
+
+
 def print_compile(result) -> None:
     """One target: the artifact, fusions, kernels, fusion gate, tuning log and verification."""
     meta = result.metadata
@@ -34,6 +45,7 @@ def print_compile(result) -> None:
     print(f"kernels per call: {meta['kernels']}")
     for bucket in meta.get("buckets", []):
         print(f"bucket {bucket_text(bucket['sizes'])}: static kernels, {bucket['kernels']} per call")
+    print_generic_kernels(meta.get("generic_kernels", []))
     if meta.get("fusion_gate"):
         gate = meta["fusion_gate"]
         print(f"fusion gate: {gate['checked']} fused instance(s) checked against their unfused nodes, "
@@ -100,6 +112,7 @@ def print_inspect(result, graph: str | None = None, exported=None) -> None:
         print("\n" + table(["fused", "ONNX nodes absorbed"],
                            [[i.variant, ", ".join(i.nodes) or "-"] for i in result.instances]))
     _print_coverage(result.coverage)
+    print_generic_kernels([dataclasses.asdict(k) for k in result.generic_kernels])
     if result.report.near_misses:
         print("\nnear misses (matched, but the check declined):")
         print(table(["pattern", "where", "reason"],
@@ -211,13 +224,17 @@ def print_profile(result, top: int) -> None:
           f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B, "
           f"{peak.l2_gbytes_per_s:.0f} GB/s L2")
     rows = [[cut_middle(k.name, 48), k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",
-             k.flops / 1e6, k.bytes / 1e6, k.gflops, k.gbytes_per_s, f"{k.bound} {k.roof_percent:.0f}%",
+             k.flops / 1e6, k.bytes / 1e6, k.gflops, k.gbytes_per_s,
+             f"{k.bound} {k.roof_percent:.0f}%{' !' if k.far_off_roof else ''}",
              ", ".join(k.onnx_nodes[-2:]) + (f" (+{len(k.onnx_nodes) - 2})" if len(k.onnx_nodes) > 2 else "")]
             for k in result.kernels[:top]]
     print(table(["kernel", "pattern", "rule", "calls", "us/call", "us in model", "%", "MFLOP", "MB",
                  "GFLOP/s", "GB/s", "bound, % of roof", "ONNX nodes (last 2)"], rows, align="lllrrrrrrrrll"))
     if len(result.kernels) > top:
         print(f"... {len(result.kernels) - top} more kernels (--top, --json)")
+    far = result.far_off_roof_line()
+    if far:
+        print(far)
     if result.end_to_end is not None:
         print(f"end to end: {result.end_to_end.line()}")
     print(result.gap.line())

@@ -29,6 +29,7 @@ from ..session import ModelSession
 from ..targets import (ToolchainError, check_toolchain, execution_here, export_options, platform_of, run_emulated,
                        unscheduled_gpu_kernels)
 from ..verify import OutputComparison, ReferenceUnavailable, check_outputs, compare_outputs, reference_outputs
+from .generic_kernels import generic_kernels
 
 
 @dataclasses.dataclass
@@ -160,6 +161,10 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
         say(f"tvm: {message}")
     metadata = artifact_metadata(prepared, cfg, scheduled.dynamic_module, plat, toolchain, scheduled.report,
                                  scheduled.records, scheduled.gate, scheduled.schedule_rules)
+    generic = generic_kernels(scheduled, prepared)
+    for kernel in generic:
+        say(f"WARNING: {kernel.line()}")
+    metadata["generic_kernels"] = [dataclasses.asdict(kernel) for kernel in generic]
     if scheduled.buckets:
         metadata["buckets"] = [{"sizes": b.sizes, "kernels": kernel_calls(b.module),
                                 "fusion_gate": b.gate.to_json() if b.gate is not None else None}

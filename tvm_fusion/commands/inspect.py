@@ -25,6 +25,7 @@ from ..session import ModelSession
 from ..verify import OutputComparison
 from .coverage import Coverage
 from .coverage import measure as measure_coverage
+from .generic_kernels import GenericKernel, generic_kernels
 
 
 @dataclasses.dataclass
@@ -39,6 +40,8 @@ class InspectReport:
     stock_kernels: int
     instances: list[FusedNodes] = dataclasses.field(default_factory=list)
     coverage: Coverage | None = None
+    # kernels only a generic schedule rule took though they hold a contraction or much of the FLOPs
+    generic_kernels: list[GenericKernel] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -119,6 +122,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         fused = session.fused(prepared)
         kernels = kernel_calls(session.lowered(fused, prepared.config).module)
         stock_kernels = session.stock_kernel_calls(prepared.config)
+        generic = generic_kernels(session.scheduled(prepared.config), prepared)
     simplified = prepared.simplified
     report = fused.report
     for miss in report.near_misses:
@@ -140,6 +144,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         stock_kernels=stock_kernels,
         instances=instances,
         coverage=measure_coverage(simplified, instances, report.near_misses),
+        generic_kernels=generic,
     )
 
 

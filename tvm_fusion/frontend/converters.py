@@ -77,7 +77,7 @@ class Importer(ONNXGraphImporter):
                    "Upsample": self._upsample, "LSTM": self._recurrent(convert_lstm),
                    "GRU": self._recurrent(convert_gru), "Range": self._range,
                    "Expand": self._expand, "Resize": self._resize, "Clip": self._clip, "OneHot": self._one_hot,
-                   "Scaler": self._scaler, "ConvInteger": self._conv_integer,
+                   "Scaler": self._scaler, "Einsum": self._einsum, "ConvInteger": self._conv_integer,
                    "DynamicQuantizeLinear": self._dynamic_quantize_linear, "MatMulInteger": self._matmul_integer,
                    "DynamicQuantizeLSTM": self._recurrent(convert_lstm, quantized=True)}.get(op_name)
         converted = convert(inputs, attrs, opset) if convert is not None else None
@@ -95,6 +95,12 @@ class Importer(ONNXGraphImporter):
         """TVM's Clip, its maximum and minimum kernels marked (``CLIP_KERNELS``) for the clip pattern."""
         convert = onnx_frontend.Clip.get_converter(opset)
         return convert(_MarkingBuilder(self.bb), inputs, attrs, [self._nodes, self._params])
+
+    def _einsum(self, inputs, attrs, _opset):
+        """Relax's einsum op, not TVM's converter's TE kernel, which no pass can read:
+        ``passes/einsum_as_matmul.py`` turns the contractions into matmuls the patterns fuse."""
+        equation = attrs["equation"]
+        return relax.op.einsum(list(inputs), equation.decode() if isinstance(equation, bytes) else equation)
 
     def _scaler(self, inputs, attrs, _opset):
         """``ai.onnx.ml`` Scaler: ``(x - offset) * scale`` in float32 (ONNX-ML's output type), with

@@ -1,9 +1,9 @@
 """The tvm_fusion pipeline, in phases, per target.
 
     canonicalize  recognize exporter-decomposed activations (one op instead of five), compute
-                  Conv1d as one-row Conv2d and cancel the transposes channels-last converters
-                  wrap around each conv, so that fusion patterns see the graph the model author
-                  wrote; stack the rows of independent matmuls by one constant weight (an
+                  Einsum contractions as matmuls and Conv1d as one-row Conv2d, and cancel the
+                  transposes channels-last converters wrap around each conv, so that fusion
+                  patterns see the graph the model author wrote; stack the rows of independent matmuls by one constant weight (an
                   unrolled RNN's input projections) into one matmul
     layout        (``conv_layout = "NCHWc"``, CPU) dense convs in the blocked channel layout,
                   transforms only where the blocked chain starts and ends
@@ -36,6 +36,7 @@ from .batch_shared_weight_matmuls import BatchSharedWeightMatmuls
 from .blocked_layout import ConvertConvsToBlockedLayout
 from .blocked_layout_legalize import blocked_conv2d_legalize, gather_layout_transform_legalize
 from .crop_dead_conv_taps import CropDeadConvTaps
+from .einsum_as_matmul import EinsumAsMatmul
 from .fast_math import fast_math_legalize_map
 from .flush_subnormal_constants import FlushSubnormalConstants
 from .fold_constants import FoldConstantsSafely
@@ -69,6 +70,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             relax.transform.ConvertToDataflow(),
             # Folds the importer's constant bound/shape computations so rules see constants.
             FoldConstantsSafely(),
+            EinsumAsMatmul(),
             Conv1dAsConv2d(),
             CropDeadConvTaps(),
             SinkViews(),

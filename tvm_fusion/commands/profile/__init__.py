@@ -25,7 +25,7 @@ from ...runtime import set_threads
 from ...session import ModelSession
 from .artifact import check_same_kernels, is_artifact, read_artifact
 from .build import ProfiledModule, build_profiled
-from .costs import kernel_costs, kernel_kind
+from ...kernels.costs import kernel_costs, kernel_kind
 from .mining import kernel_graph, mine_chains
 from .report import Gap, KernelProfile, ProfileReport
 from .timing import Timings, empty_kernels, time_model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from ...provenance import node_index, onnx_nodes_of
+from ...provenance import kernel_onnx_nodes
 from ...session import ModelSession
 
 Progress = Callable[[str], None]
@@ -31,15 +31,6 @@ def build_profiled(session: ModelSession, config, tuning_log=None,
     """
     prepared = session.prepared(config)
     scheduled = session.scheduled(prepared.config, tuning_log, excluded=excluded)
-    simplified = prepared.simplified
-    report = scheduled.report
-    fusions = [set(i.absorbed) for i in report.instances if i.variant != i.pattern]
-    covers = {}
-    for kernel, names in scheduled.lowered.kernel_bindings.items():
-        # FuseOpsByPattern renames the tail a composite absorbed (to gv, lv49, ...); its
-        # instance has the node names. Only node names identify the instance.
-        own = {name for name in names if node_index(name, simplified) is not None}
-        names = names + [name for absorbed in fusions if absorbed & own for name in absorbed]
-        covers[kernel] = onnx_nodes_of(names, report, simplified)
+    covers = kernel_onnx_nodes(scheduled.lowered.kernel_bindings, scheduled.report, prepared.simplified)
     return ProfiledModule(scheduled.module, scheduled.lowered.module, scheduled.schedule_rules,
                           scheduled.lowered.kernel_patterns, covers, sorted(scheduled.tuned))

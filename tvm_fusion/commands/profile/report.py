@@ -9,6 +9,10 @@ from ...runtime.latency import LatencyStats
 from ...machine_peak import MachinePeak
 
 
+FAR_OFF_ROOF_PERCENT = 10.0
+FAR_OFF_SHARE = 0.05
+
+
 @dataclasses.dataclass
 class KernelProfile:
     name: str
@@ -31,6 +35,12 @@ class KernelProfile:
     @property
     def total_us(self) -> float:
         return self.us_per_call * self.calls
+
+    @property
+    def far_off_roof(self) -> bool:
+        """Under ``FAR_OFF_ROOF_PERCENT`` of its roof while taking more than ``FAR_OFF_SHARE``
+        of the kernel time: the kernels worth a rule of their own, marked so none hides."""
+        return self.roof_percent < FAR_OFF_ROOF_PERCENT and self.share > FAR_OFF_SHARE
 
 
 @dataclasses.dataclass
@@ -89,11 +99,20 @@ class ProfileReport:
     artifact: str | None = None  # the artifact directory profiled, when it was one
     end_to_end: LatencyStats | None = None
 
+    def far_off_roof_line(self) -> str | None:
+        far = [k.name for k in self.kernels if k.far_off_roof]
+        if not far:
+            return None
+        return (f"! far off the roof: {len(far)} kernel(s) under {FAR_OFF_ROOF_PERCENT:.0f} % of their roof take more "
+                f"than {100 * FAR_OFF_SHARE:.0f} % of the kernel time: {', '.join(far)}")
+
     def to_json(self) -> dict:
         return {"model": self.model, "artifact": self.artifact, "threads": self.threads,
                 "end_to_end": self.end_to_end.to_json() if self.end_to_end else None,
                 "peak": {**dataclasses.asdict(self.peak), "ridge_flop_per_byte": self.peak.ridge},
-                "kernels": [{**dataclasses.asdict(k), "total_us": k.total_us} for k in self.kernels],
+                "kernels": [{**dataclasses.asdict(k), "total_us": k.total_us, "far_off_roof": k.far_off_roof}
+                            for k in self.kernels],
+                "far_off_roof": [k.name for k in self.kernels if k.far_off_roof],
                 "gap": {**dataclasses.asdict(self.gap), "gap_ms": self.gap.gap_ms,
                         "in_model_extra_ms": self.gap.in_model_extra_ms,
                         "unexplained_ms": self.gap.unexplained_ms},

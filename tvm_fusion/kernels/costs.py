@@ -1,36 +1,81 @@
 """Static costs of a kernel, read from its TIR before schedules: the FLOPs its blocks compute and
-the bytes its parameters move (the compulsory traffic), which place it on the roofline; and a
-short label of its kind, for mining."""
+the bytes its parameters move (the compulsory traffic), which place it on the roofline; whether
+it holds a contraction (a sum of products of two inputs: a matmul or conv in any spelling); and
+a short label of its kind, for mining."""
 
 from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import s_tir
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 
-def kernel_costs(func) -> tuple[int, int]:
+def kernel_costs(func, extent=int) -> tuple[int, int]:
     """(FLOPs, bytes): float arithmetic of every block times its iteration domain; every
-    parameter buffer read or written once."""
-    blocks: list = []
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append))
+    parameter buffer read or written once. ``extent`` turns a dim into an int (a symbolic one
+    at some size)."""
     flops = 0
-    for block in blocks:
+    for block in _blocks(func):
         value = getattr(block.body, "value", None)
         if value is None:
             continue
         size = 1
         for iv in block.iter_vars:
-            size *= int(iv.dom.extent)
+            size *= extent(iv.dom.extent)
         flops += size * _arith_ops(value)
     nbytes = 0
     for param in func.params:  # buffers in TVM 0.27
         if hasattr(param, "shape"):
             count = 1
             for dim in param.shape:
-                count *= int(dim)
+                count *= extent(dim)
             nbytes += count * ((tvm.runtime.DataType(str(param.dtype)).bits + 7) // 8)
     return flops, nbytes
+
+
+def has_contraction(func) -> bool:
+    """Whether a block sums, over a reduction axis, the product of two loads that both read
+    that axis: a matmul, a conv or an Einsum's contraction, however it was written."""
+    for block in _blocks(func):
+        reduced = {iv.var for iv in block.iter_vars if int(iv.iter_type) == tvm.tirx.IterVar.CommReduce}
+        value = getattr(block.body, "value", None)
+        if reduced and value is not None and _product_over(value, reduced):
+            return True
+    return False
+
+
+def _blocks(func) -> list:
+    blocks: list = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append))
+    return blocks
+
+
+def _product_over(expr, reduced: set) -> bool:
+    """A Mul in ``expr`` whose two sides load different buffers at indices using a reduced var
+    (not a sum of squares, whose sides read the same tensor)."""
+    products: list = []
+    tvm_ffi.structural_walk(expr, (tirx.Mul, products.append))
+    for product in products:
+        left, right = _buffers_over(product.a, reduced), _buffers_over(product.b, reduced)
+        if left and right and not left & right:
+            return True
+    return False
+
+
+def _buffers_over(expr, reduced: set) -> set[str]:
+    """Names of the buffers ``expr`` loads at an index that uses a reduced var."""
+    loads: list = []
+    tvm_ffi.structural_walk(expr, (TensorLoad, loads.append))
+    names = set()
+    for load in loads:
+        used: list = []
+        for index in load.indices:
+            tvm_ffi.structural_walk(index, (tirx.Var, lambda v: used.append(v) if any(v.same_as(r) for r in reduced)
+                                            else None))
+        if used:
+            names.add(str(load.source.name))
+    return names
 
 
 def _arith_ops(expr) -> int:
