@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 MODEL ?= examples/models/bert_tiny.onnx
 
-.PHONY: setup setup-targets test demo bench docs clean
+.PHONY: setup setup-targets test typecheck demo bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ bench: $(STAMP)
 $(VENV)/.docs-stamp: pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	touch $@
+
+# mypy over the public Python API (the files in pyproject.toml's [tool.mypy]).
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 docs: $(VENV)/.docs-stamp
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site

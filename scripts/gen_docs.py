@@ -199,11 +199,22 @@ def render_zoo(data) -> str:
                      "yes" if m.get("compiles") else "no", _err(m.get("max_abs_error")), coverage,
                      f"{m.get('kernels', '-')} / {m.get('stock_kernels', '-')}", _ms(m.get("ort_ms")),
                      _ms(m.get("ours_ms")), _ratio(m.get("ratio_to_ort")), openvino,
-                     _ratio(m.get("ratio_to_openvino"))])
+                     _ratio(m.get("ratio_to_openvino")), _compile_cost(m)])
     text = table(["model", "exporter", "inputs", "compiles", "max abs err vs ORT",
                   "coverage (targeted chains / compute nodes)", "kernels (ours / stock)", "ORT ms", "ours ms",
-                  "ours / ORT", "OpenVINO f32 ms", "ours / OpenVINO"], rows)
-    return text + ("\n\n" + " ".join(own) if own else "")
+                  "ours / ORT", "OpenVINO f32 ms", "ours / OpenVINO", "compile s, peak RSS MB (budget)"], rows)
+    notes = [data["note"]] if isinstance(data, dict) and data.get("note") else []
+    return text + ("\n\n" + " ".join(own) if own else "") + ("\n\n" + " ".join(notes) if notes else "")
+
+
+def _compile_cost(m: dict) -> str:
+    """Compile wall time and peak RSS against the budget of 3x the weights + 1 GiB, where recorded."""
+    if "compile_peak_rss_mb" not in m:
+        return f"{m['compile_s']} s" if "compile_s" in m else "-"
+    budget = 3 * m["weights_mb"] + 1024
+    seconds = f"{m['compile_s']} s" if "compile_s" in m else "-"
+    return (f"{seconds}, {m['compile_peak_rss_mb']:.0f} MB ({budget:.0f}"
+            f"{', over' if not m.get('compile_rss_within_budget', True) else ''})")
 
 
 def render_cnn(data) -> str:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import resource
 import sys
 import time
@@ -26,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tvm_fusion.commands import zoo  # noqa: E402
+from tvm_fusion.config import host_cpu_name  # noqa: E402
 from tvm_fusion.report import write_json  # noqa: E402
 from isolated import run_in_worker  # noqa: E402  (scripts/isolated.py)
 
@@ -107,19 +110,20 @@ def run_one(name: str, repeat: int, timeout: float, out_dir: str) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | exporter | compiles | max abs err vs ORT | coverage (targeted chains / compute nodes) "
-             "| kernels (ours / stock) | ms (ORT / ours, ratio) | ms OpenVINO f32 (ours / it) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| kernels (ours / stock) | ms (ORT / ours, ratio) | ms OpenVINO f32 (ours / it) | compile s, peak MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r.get("compiles"):
-            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | | |")
+            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | | | |")
             continue
         coverage = (f"{r['targeted_share']:.0%} / {r['compute_share']:.0%}" if "targeted_share" in r else "")
         kernels = f"{r['kernels']} / {r['stock_kernels']}" if "kernels" in r else ""
         timing = f"{r['ort_ms']} / {r['ours_ms']} ({r['ratio_to_ort']:.2f}x)" if "ours_ms" in r else r.get("error", "")
         openvino = (f"{r['openvino_ms']} ({r['ratio_to_openvino']:.2f}x)" if "openvino_ms" in r else
                     "cannot compile it" if "openvino_error" in r else "")
+        memory = f"{r.get('compile_s', '')} s, {r.get('compile_peak_rss_mb', '')} MB"
         lines.append(f"| {r['model']} | {r['exporter']} | yes | {r['max_abs_error']:.1e} | {coverage} | {kernels} "
-                     f"| {timing} | {openvino} |")
+                     f"| {timing} | {openvino} | {memory} |")
     return "\n".join(lines)
 
 
@@ -143,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_one(name, args.repeat, args.timeout, out_dir))
         print(f"[zoo] {name}: {json.dumps({k: v for k, v in rows[-1].items() if k not in ('unfused', 'fired', 'traceback')})}",
               file=sys.stderr, flush=True)
-    write_json(args.json, {"models": rows})
+    machine = {"cpu": host_cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()}
+    write_json(args.json, {"date": time.strftime("%Y-%m-%d"), "machine": machine, "models": rows})
     print(markdown(rows))
     # A kernel that only a generic schedule rule took, holding a contraction or much of the
     # FLOPs, fails the report (commands/generic_kernels.py): no such kernel may hide.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,7 @@ def test_every_command_is_walked():
 def test_shared_flags(name):
     flags = options(LEAVES[name])
     assert "-q" in flags and "--quiet" in flags, "-q must work after the command name too"
+    assert "--wide" in flags, "--wide must work after the command name too"
     assert "--rounds" not in flags or flags["--rounds"].dest == "repeat", "--rounds is an alias of --repeat"
     if "--json" in flags:
         action = flags["--json"]
@@ -83,3 +85,57 @@ def test_help_shows_defaults_and_examples(capsys):
     out = capsys.readouterr().out
     assert "examples:" in out and "tvm-fusion demo" in out
     assert "(default: 30)" in " ".join(LEAVES["bench"].format_help().split())
+
+
+# Output that fits a terminal ----------------------------------------------------------------------
+
+LONG = "fused_relax_nn_conv2d_relax_add_relax_nn_relu_relax_nn_conv2d_relax_add_relax_nn_relu7"
+
+
+def test_a_table_fits_its_width_cutting_long_names_in_the_middle():
+    from tvm_fusion.report import table
+
+    text = table(["kernel", "us"], [[LONG, 1.5], [LONG.replace("relu7", "relu8"), 2.0]], width=40)
+    assert max(len(line) for line in text.splitlines()) <= 40
+    names = [line.split()[0] for line in text.splitlines()[2:]]
+    assert names[0].endswith("relu7") and names[1].endswith("relu8") and "~" in names[0]  # both ends kept
+    assert LONG in table(["kernel", "us"], [[LONG, 1.5]], width=None)
+
+
+def test_tables_fit_the_terminal_unless_wide_or_piped(monkeypatch):
+    from tvm_fusion import report
+
+    monkeypatch.setenv("COLUMNS", "50")
+    monkeypatch.setattr(report.sys.stdout, "isatty", lambda: True)
+    assert report.terminal_width() == 50
+    assert max(len(line) for line in report.table(["kernel"], [[LONG * 2]]).splitlines()) <= 50
+    monkeypatch.setattr(report, "_wide", True)
+    assert report.terminal_width() is None
+    monkeypatch.setattr(report, "_wide", False)
+    monkeypatch.setattr(report.sys.stdout, "isatty", lambda: False)
+    assert report.terminal_width() is None  # piped: every character kept
+
+
+def test_wide_after_the_command(mlp_artifact, monkeypatch):
+    """--wide holds for the command's tables, and only for that command."""
+    from tvm_fusion import report
+
+    seen = []
+    monkeypatch.setattr(report.sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(cli.cli_output, "print_run", lambda *_a: seen.append(report.terminal_width()))
+    assert cli.main(["-q", "run", str(mlp_artifact), "--wide"]) == 0
+    assert cli.main(["-q", "run", str(mlp_artifact)]) == 0
+    assert seen[0] is None and seen[1] is not None and not report._wide
+
+
+def test_errors_name_the_python_parameter_outside_the_cli(capsys):
+    from tvm_fusion import api
+    from tvm_fusion.errors import ShapeError
+
+    resnet = Path(__file__).resolve().parents[1] / "examples" / "models" / "resnet_tiny.onnx"
+    with pytest.raises(ShapeError) as info:
+        api.inspect_model(resnet)  # height and width are unbound
+    assert "from Python: --input-shape -> input_shapes" in str(info.value)
+    assert cli.main(["-q", "inspect", str(resnet)]) == ShapeError.exit_code
+    err = capsys.readouterr().err
+    assert "--input-shape" in err and "from Python" not in err  # a CLI user gets the flags alone

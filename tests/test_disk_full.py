@@ -1,6 +1,6 @@
 """A full disk, for real: a tiny tmpfs under the output. Every write that the CLI makes (the
-artifact, run --save, bench --json) ends with exit 6, one error naming the path and "No space
-left on device", and nothing half written; a previous artifact stays whole.
+artifact, run --save, bench --json, tune's records) ends with exit 6, one error naming the path
+and "No space left on device", and nothing half written; a previous artifact stays whole.
 
 Compiling onto a full disk used to exit 1 with no message: LLVM exits the process when it
 cannot write the object file (export.py runs that step in a child process for this).
@@ -127,3 +127,21 @@ def test_bench_json_onto_a_full_disk(capsys, tiny_disk, mlp_path, config_path):
                      "--no-stock", "--json", str(disk / "bench.json")])
     assert_disk_full_error(code, capsys.readouterr().err, disk / "bench.json")
     assert listing(disk) == ["filler"]
+
+
+def test_tuning_records_onto_a_full_disk(capsys, tiny_disk, mlp_path, config_path):
+    """tune on a disk that fills while it appends records: exit 6 naming the store file, no
+    half line and no temp file left, and what was written before stays readable."""
+    disk = tiny_disk(256)
+    fill(disk, leave_kib=20)  # room for the store's first files, not for the kernels' workloads
+    code = cli.main(["-q", "tune", str(mlp_path), "--config", str(config_path()), *MLP_SHAPE,
+                     "--trials", "64", "--tuning-log", str(disk)])
+    err = capsys.readouterr().err
+    assert code == 6, err
+    assert err.count("tvm-fusion: error:") == 1 and "Traceback" not in err, err
+    assert "cannot write the tuning log" in err and str(disk) in err and "No space left on device" in err, err
+    assert "database_" in err  # the appends of workloads and records, not only the first files
+    assert not [p for p in listing(disk) if ".tmp-" in p]  # no temp files
+    for log in disk.rglob("*.json*"):
+        text = log.read_bytes()
+        assert not text or text.endswith(b"\n"), f"{log} ends in a half line"

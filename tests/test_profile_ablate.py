@@ -23,6 +23,7 @@ from tvm_fusion.session import ModelSession
 from tvm_fusion.commands.profile.mining import KernelCall, kernel_graph, mine_chains
 from tvm_fusion.commands.profile.report import KernelProfile
 
+import helpers
 from helpers import mlp_model, read_metadata, save
 
 
@@ -217,12 +218,28 @@ def test_bench_of_an_artifact_takes_no_config_shapes_or_tuning_log(mlp_artifact,
         api.bench_model(mlp_artifact, config_path(), ["x:4x16"])
 
 
-def test_run_bench_and_profile_of_one_artifact_agree(resnet_artifact, capsys):
-    """The three commands time the same library: their medians lie within each other's spread
-    (a loose bound: the point is that none of them times another build or thread count)."""
-    assert cli.main(["-q", "run", str(resnet_artifact), "--repeat", "40"]) == 0
-    run_line = re.search(r"latency: min ([\d.]+) / median ([\d.]+) / p90 ([\d.]+)", capsys.readouterr().out)
-    bench = api.bench_model(resnet_artifact, repeat=40, include_stock=False).stats["tvm_fusion"]
-    profile = api.profile_model(resnet_artifact, rounds=40).end_to_end
+@pytest.fixture(scope="module")
+def one_thread_artifact(tmp_path_factory) -> Path:
+    """resnet_tiny built to run on one thread: a pool of two threads waiting on each other is
+    slowed a hundredfold while another test keeps a core busy, and the comparison below is
+    about which library each command times, not about the machine's load."""
+    folder = tmp_path_factory.mktemp("resnet_one_thread")
+    model = folder / "resnet_tiny.onnx"
+    shutil.copyfile(RESNET, model)
+    config = helpers.write_config(folder / "one_thread.toml", "default", extra="[runtime]\nthreads = 1\n")
+    return api.compile_model(model, config, ["input:1x3x32x32"], output_dir=folder).artifact
+
+
+def test_run_bench_and_profile_of_one_artifact_agree(one_thread_artifact, capsys):
+    """The three commands time the same library, so their fastest runs agree within 2x: the
+    minimum is what a wrong build or thread count moves, and what another test's load on the
+    machine moves least (their medians are only held within 3x, for that load)."""
+    artifact = one_thread_artifact
+    assert cli.main(["-q", "run", str(artifact), "--repeat", "40"]) == 0
+    run_line = re.search(r"latency: min ([\d.]+) / median ([\d.]+)", capsys.readouterr().out)
+    bench = api.bench_model(artifact, repeat=40, include_stock=False).stats["tvm_fusion"]
+    profile = api.profile_model(artifact, rounds=40).end_to_end
+    fastest = {"run": float(run_line.group(1)), "bench": bench.min_ms, "profile": profile.min_ms}
     medians = {"run": float(run_line.group(2)), "bench": bench.median_ms, "profile": profile.median_ms}
-    assert max(medians.values()) <= 2.0 * min(medians.values()), medians
+    assert max(fastest.values()) <= 2.0 * min(fastest.values()), fastest
+    assert max(medians.values()) <= 3.0 * min(medians.values()), medians

@@ -23,7 +23,7 @@ def load_tuning(config: PipelineConfig, tuning_log: str | Path | bool | None = N
     What is not applied (damaged lines, other targets or TVM versions) is said via ``progress``."""
     if tuning_log is False:
         return None
-    roots = config.tuning.read_dirs() if tuning_log in (None, True) else [tuning_log]
+    roots = config.tuning.read_dirs() if tuning_log is None or tuning_log is True else [str(tuning_log)]
     target = config.tvm_target()
     found = [records for records in (load_records(root, target) for root in roots) if records is not None]
     # The first root holding a store for this target (the user's before the shipped one).

@@ -131,6 +131,7 @@ def shipped_configs() -> list[ShippedConfig]:
     found = []
     for name in bundled.config_names():
         path = bundled.config_path(name)
+        assert path is not None  # a name config_names() listed
         text = path.read_text()
         target = tomllib.loads(text).get("target", {})
         comment = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")), "")
@@ -321,7 +322,7 @@ def _parse_patterns(pipeline: dict[str, Any], known: list[str], fail) -> list[st
 
 def _parse_tuning(section: dict[str, Any], path: str, fail) -> TuningConfig:
     """``log_dir`` is relative to the config file's folder, so a config finds its logs from any cwd."""
-    counts = {}
+    counts: dict[str, Any] = {}
     for key in ("trials", "per_task_trials", "trials_per_iter"):
         value = section.get(key, getattr(TuningConfig, key))
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -3,7 +3,42 @@
 The CLI prints ``str(error)`` and exits with ``error.exit_code``; anything else is a bug.
 Each kind of error declares its exit code on its class line (``exit_code=N``), so the codes
 read as one table; README's exit-code table has a row for each.
+
+Hints name the CLI's flags. Shown to a Python caller (outside ``cli_context``), the text also
+names the API parameter behind each flag it mentions.
 """
+
+import contextlib
+import contextvars
+import re
+
+# The Python API's parameter behind each CLI flag a hint may name.
+PARAMETERS = {
+    "--input-shape": "input_shapes", "--input-value": "input_shapes", "--config": "config",
+    "-o/--output-dir": "output_dir", "--output-dir": "output_dir", "--tuning-log": "tuning_log",
+    "--no-tuning-log": "tuning_log=False", "--bucket": "buckets", "--no-fusion-gate": "fusion_gate=False",
+    "--no-verify": "verify=False", "--repeat": "repeat", "--peer": "peers", "--onnx": "path",
+    "--graph": "graph", "--trials": "trials", "--log-dir": "log_dir",
+}
+_FLAG = re.compile(r"(?<![\w-])(-o/--output-dir|--[a-z][a-z-]*)")
+_in_cli = contextvars.ContextVar("tvm_fusion_in_cli", default=False)
+
+
+@contextlib.contextmanager
+def cli_context():
+    """Inside the CLI's ``main``: its users know the flags, so errors name only those."""
+    token = _in_cli.set(True)
+    try:
+        yield
+    finally:
+        _in_cli.reset(token)
+
+
+def python_parameters(text: str) -> str:
+    """``--input-shape -> input_shapes, ...`` for the flags ``text`` names, or ''."""
+    named = dict.fromkeys(PARAMETERS[flag] and f"{flag} -> {PARAMETERS[flag]}"
+                          for flag in _FLAG.findall(text) if flag in PARAMETERS)
+    return ", ".join(named)
 
 
 class TvmFusionError(Exception):
@@ -20,6 +55,11 @@ class TvmFusionError(Exception):
         self.message = message
         self.hint = hint
         super().__init__(message if hint is None else f"{message}\n  fix: {hint}")
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        parameters = "" if _in_cli.get() else python_parameters(text)
+        return f"{text}\n  from Python: {parameters}" if parameters else text
 
 
 class ConfigError(TvmFusionError, exit_code=2):

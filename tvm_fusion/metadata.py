@@ -4,7 +4,6 @@ what ``CompiledModel`` needs to run a module built in this process."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 
 import onnx
@@ -69,15 +68,13 @@ def versions() -> dict[str, str]:
 def model_sha256(prepared: PreparedModel) -> str:
     """The model file's sha256 (as ``sha256sum`` prints it): what ``profile ARTIFACT`` checks the
     file against. Not the loaded model's: preparing it rewrites a few fields in place."""
-    if prepared.path is None:
-        return hashlib.sha256(prepared.onnx_model.SerializeToString()).hexdigest()
     return sha256_of(prepared.path)
 
 
 def built_from(prepared: PreparedModel, cfg: PipelineConfig, records) -> dict:
     """What the artifact's kernels were built from, for ``profile ARTIFACT`` to build them again:
     the model file, the config as loaded (every field) and the tuning-log root (None: none)."""
-    return {"model_path": str(prepared.path) if prepared.path else None,
+    return {"model_path": str(prepared.path),
             "config": dataclasses.asdict(cfg),
             "tuning_log": str(Path(records.directory).resolve().parent) if records is not None else None}
 

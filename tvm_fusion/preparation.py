@@ -42,8 +42,8 @@ class PreparedModel:
     inputs: list[onnx_frontend.TensorSpec]
     output_names: list[str]
     relax_module: object  # bindings named after the nodes of ``simplified`` (provenance)
-    path: Path | None = None  # the model file, resolved
-    simplified: onnx.ModelProto | None = None  # what was imported: onnxslim's output
+    path: Path  # the model file, resolved
+    simplified: onnx.ModelProto  # what was imported: onnxslim's output
 
 
 def resolve_config(config: str | Path | PipelineConfig | None) -> PipelineConfig:
@@ -64,10 +64,9 @@ def parse_input_shapes(shapes: ShapeArg) -> dict[str, tuple | int | float]:
         return {}
     if isinstance(shapes, str):
         shapes = [shapes]
-    if isinstance(shapes, dict):
-        shapes = list(shapes.items())
+    items: list = list(shapes.items()) if isinstance(shapes, dict) else list(shapes)
     parsed: dict[str, tuple | int | float] = {}
-    for item in shapes:
+    for item in items:
         if isinstance(item, str):
             name, given = onnx_frontend.parse_value_flag(item) or onnx_frontend.parse_shape_flag(item)
         elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
@@ -161,10 +160,10 @@ def _computed_tensors(module, high: dict[str, int]):
             yield from sizes(binding.var.ty)
 
 
-def _human_bytes(count: int) -> str:
+def _human_bytes(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if count < 1024 or unit == "TiB":
-            return f"{count:.1f} {unit}" if unit != "B" else f"{count} B"
+            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
         count /= 1024
     raise AssertionError("unreachable")
 
@@ -187,8 +186,8 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
 
 def prepare_at(prepared: PreparedModel, config, sizes: dict[str, int], progress: Progress = quiet) -> PreparedModel:
     """``prepared``'s model imported static at one exact size of its ranges (a shape bucket)."""
-    shapes = {spec.name: spec.shape if spec.value is None else spec.value
-              for spec in onnx_frontend.inputs_at(prepared.inputs, sizes)}
+    shapes: dict = {spec.name: spec.shape if spec.value is None else spec.value
+                    for spec in onnx_frontend.inputs_at(prepared.inputs, sizes)}
     return prepare(prepared.path, config, shapes, progress)
 
 

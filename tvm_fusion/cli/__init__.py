@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from .. import bundled
-from ..errors import ArtifactError, ConfigError, ToolchainError, TvmFusionError
+from ..errors import ArtifactError, ConfigError, ToolchainError, TvmFusionError, cli_context
 from ..files import check_writable
-from ..report import write_json
+from ..report import set_wide, write_json
 from ..runtime import load
 from ..runtime.run_files import check_save_dir, read_input, save_outputs
 from . import output as cli_output
@@ -50,6 +50,15 @@ def _sigterm_as_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with cli_context():
+        set_wide(args.wide)
+        try:
+            return _dispatch(args)
+        finally:
+            set_wide(False)
+
+
+def _dispatch(args) -> int:
     say = progress_printer(not args.quiet)
     try:
         with _sigterm_as_interrupt():

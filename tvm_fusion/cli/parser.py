@@ -98,21 +98,28 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """Every subcommand takes ``-q`` too, so it may come after the command name."""
+    """Every subcommand takes the global ``-q`` and ``--wide`` too, so they may come after the
+    command name."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
         if kwargs.get("prog", "").startswith("tvm-fusion "):
-            self.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                              help="no progress messages")
+            _global_flags(self, default=argparse.SUPPRESS)
+
+
+def _global_flags(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", default=default, help="no progress messages")
+    parser.add_argument("--wide", action="store_true", default=default,
+                        help="tables keep every character (by default they fit the terminal, long names cut "
+                             "in the middle)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tvm-fusion", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Kernel fusion for Apache TVM: ONNX in, a fused, scheduled and verified library out.")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    _global_flags(parser, default=False)
     parser.add_argument("--version", action=_Version, help="print the versions of tvm_fusion, TVM, onnx, "
                                                            "onnxruntime and this machine's target key")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from .profile.artifact import is_artifact, read_artifact
 class BenchReport:
     model: str
     threads: int
-    inputs: dict[str, list[int]]
+    inputs: dict[str, list]  # each dim a size: ranges are at the size timed
     samples_ms: dict[str, list[float]]  # every timed run, by runner
     rounds: int
     max_abs_error: dict[str, float]
@@ -85,8 +86,8 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     if is_artifact(model_path):
         artifact = read_artifact(model_path, config, input_shapes, tuning_log, command="bench")
         progress(f"benchmarking {artifact.directory}, built from {artifact.model_path}")
-        model_path, config, input_shapes = artifact.model_path, artifact.config, artifact.input_shapes
-        tuning_log = artifact.tuning_log
+        model_path, config, tuning_log = artifact.model_path, artifact.config, artifact.tuning_log
+        input_shapes = dict(artifact.input_shapes)
     native: list[str] = []
     with captured_native_stderr(native):
         session = ModelSession(model_path, input_shapes, progress)
@@ -115,7 +116,7 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     inputs = onnx_frontend.random_inputs(prepared.onnx_model, run_specs, cfg.seed)
     session = onnxruntime_session(prepared.onnx_model, cfg.threads)
     feeds = onnxruntime_feeds(inputs)  # converted once, as the TVM runners' tensors are
-    runners = {"onnxruntime": lambda: run_onnxruntime(session, feeds)}
+    runners: dict[str, Callable[[], object]] = {"onnxruntime": lambda: run_onnxruntime(session, feeds)}
     # The timed session's integer products may be CPU-dependent (verify.onnxruntime_session).
     reference = reference_outputs(prepared.onnx_model, inputs, cfg.threads)
     errors = {}

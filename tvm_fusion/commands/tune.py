@@ -15,11 +15,13 @@ stop, is ``scheduler.py``'s.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
@@ -129,9 +131,9 @@ def tune_model(model_path: str | Path, config=None, input_shapes=None, *, trials
                                                    "hand_rule": t.hand_rule} for t in all_tasks})
         remaining = trials - sum(before.values())
         open_tasks = [t for t in tasks if per_task - before[t.name] > 0]
-        summary = dict(store=store.directory, target_key=key,
-                       excluded={t.name: t.excluded_by for t in all_tasks if t.excluded_by},
-                       trials_before=sum(before.values()), budget=trials, notes=notes)
+        summary: dict[str, Any] = dict(store=store.directory, target_key=key,
+                                       excluded={t.name: t.excluded_by for t in all_tasks if t.excluded_by},
+                                       trials_before=sum(before.values()), budget=trials, notes=notes)
         if remaining <= 0 or not open_tasks:
             why = "the trial budget is already spent" if remaining <= 0 else "every kernel is at its cap"
             best = _best_us(contents, key)
@@ -148,55 +150,57 @@ def tune_model(model_path: str | Path, config=None, input_shapes=None, *, trials
         # Fastest hand measurement per kernel (kernels.json keeps it across runs), updated as we go.
         hand_us = {t.name: contents.kernels.get(workload_id(t.mod), {}).get("hand_us") for t in open_tasks}
         hand = HandSchedules(open_tasks, target, builder, runner, database, hand_us)
-        if unseeded:
-            say(f"measuring the hand schedules of {len(unseeded)} kernel(s)")
-            for name in hand.measure([t.name for t in unseeded]):
-                spent[name] += 1
-        remaining = trials - sum(spent.values())
-        open_tasks = [t for t in open_tasks if per_task - spent[t.name] > 0]
-        progress = TuningProgress(
-            [TaskProgress(t.name, t.weight, per_task - spent[t.name], spent[t.name], hand_us.get(t.name))
-             for t in open_tasks], max(remaining, 0), limit or None, enabled=show_progress, live=live)
-        scheduler = BudgetScheduler(progress, started + limit if limit else None)
-        stopped_by = "budget"
-        if remaining > 0 and open_tasks:
-            say(f"tuning {len(open_tasks)} kernel(s): {remaining} trials, at most "
-                f"{per_task} per kernel, {per_iter} per batch" + (f", {limit:.0f} s limit" if limit else ""))
-            import_tensor_intrinsics()  # before TuneContext does it the slow way (intrinsics.py)
-            contexts = [ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
-                                       search_strategy="evolutionary", task_name=t.name, logger=logger,
-                                       rand_state=seed + i, num_threads=cfg.threads).clone()
-                        for i, (t, logger) in enumerate(zip(open_tasks, _task_loggers(
-                            store.directory / "logs", [t.name for t in open_tasks])))]
-            keep = [i for i, ctx in enumerate(contexts) if _has_search_space(ctx, open_tasks[i].name, notes)]
-            contexts, open_tasks = [contexts[i] for i in keep], [open_tasks[i] for i in keep]
-            progress.tasks = [progress.tasks[i] for i in keep]
-        if remaining > 0 and open_tasks:
-            progress.show()
-            try:
-                with stop_on_sigint(scheduler, say):
-                    ms.tune_tasks(
-                        tasks=contexts, task_weights=[float(t.weight) for t in open_tasks],
-                        work_dir=str(store.directory), max_trials_global=remaining,
-                        max_trials_per_task=max(p.cap for p in progress.tasks), num_trials_per_iter=per_iter,
-                        builder=builder, runner=runner, database=database,
-                        cost_model=ms.cost_model.XGBModel(num_tuning_cores=cfg.threads),
-                        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
-                                           ProgressCallback(progress), RemeasureHand(hand, progress)],
-                        task_scheduler=scheduler)
-                stopped_by = scheduler.stopped_by
-            except KeyboardInterrupt:
-                stopped_by = "interrupted"
-        elif remaining <= 0:
-            stopped_by = "the trial budget is spent (hand schedules measured)"
-            if unseeded:  # this run measured baselines and nothing else: say what a search needs
-                needed = sum(spent.values()) + per_iter * max(len(open_tasks), len(unseeded))
-                notes.append(f"--trials {trials} covered only the hand-schedule baselines of {len(unseeded)} "
-                             f"kernel(s): nothing was searched; --trials {needed} gives each kernel one "
-                             f"batch of {per_iter} candidates")
-        else:
-            stopped_by = "no kernel left with a MetaSchedule search space (see the notes)"
-        hand.close()
+        # closing: the hand runner's workers go however this ends; store_errors: a full disk under
+        # the store is its path and the fix (exit 6), not MetaSchedule's RuntimeError.
+        with contextlib.closing(hand), database.store_errors():
+            if unseeded:
+                say(f"measuring the hand schedules of {len(unseeded)} kernel(s)")
+                for name in hand.measure([t.name for t in unseeded]):
+                    spent[name] += 1
+            remaining = trials - sum(spent.values())
+            open_tasks = [t for t in open_tasks if per_task - spent[t.name] > 0]
+            progress = TuningProgress(
+                [TaskProgress(t.name, t.weight, per_task - spent[t.name], spent[t.name], hand_us.get(t.name))
+                 for t in open_tasks], max(remaining, 0), limit or None, enabled=show_progress, live=live)
+            scheduler = BudgetScheduler(progress, started + limit if limit else None)
+            stopped_by = "budget"
+            if remaining > 0 and open_tasks:
+                say(f"tuning {len(open_tasks)} kernel(s): {remaining} trials, at most "
+                    f"{per_task} per kernel, {per_iter} per batch" + (f", {limit:.0f} s limit" if limit else ""))
+                import_tensor_intrinsics()  # before TuneContext does it the slow way (intrinsics.py)
+                contexts = [ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
+                                           search_strategy="evolutionary", task_name=t.name, logger=logger,
+                                           rand_state=seed + i, num_threads=cfg.threads).clone()
+                            for i, (t, logger) in enumerate(zip(open_tasks, _task_loggers(
+                                store.directory / "logs", [t.name for t in open_tasks])))]
+                keep = [i for i, ctx in enumerate(contexts) if _has_search_space(ctx, open_tasks[i].name, notes)]
+                contexts, open_tasks = [contexts[i] for i in keep], [open_tasks[i] for i in keep]
+                progress.tasks = [progress.tasks[i] for i in keep]
+            if remaining > 0 and open_tasks:
+                progress.show()
+                try:
+                    with stop_on_sigint(scheduler, say):
+                        ms.tune_tasks(
+                            tasks=contexts, task_weights=[float(t.weight) for t in open_tasks],
+                            work_dir=str(store.directory), max_trials_global=remaining,
+                            max_trials_per_task=max(p.cap for p in progress.tasks), num_trials_per_iter=per_iter,
+                            builder=builder, runner=runner, database=database,
+                            cost_model=ms.cost_model.XGBModel(num_tuning_cores=cfg.threads),
+                            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
+                                               ProgressCallback(progress), RemeasureHand(hand, progress)],
+                            task_scheduler=scheduler)
+                    stopped_by = scheduler.stopped_by
+                except KeyboardInterrupt:
+                    stopped_by = "interrupted"
+            elif remaining <= 0:
+                stopped_by = "the trial budget is spent (hand schedules measured)"
+                if unseeded:  # this run measured baselines and nothing else: say what a search needs
+                    needed = sum(spent.values()) + per_iter * max(len(open_tasks), len(unseeded))
+                    notes.append(f"--trials {trials} covered only the hand-schedule baselines of {len(unseeded)} "
+                                 f"kernel(s): nothing was searched; --trials {needed} gives each kernel one "
+                                 f"batch of {per_iter} candidates")
+            else:
+                stopped_by = "no kernel left with a MetaSchedule search space (see the notes)"
     if (store.directory / "logs").is_dir():  # TVM's native warnings: for the log, not the console
         with open(store.directory / "logs" / "native.log", "a") as log:
             log.writelines(line + "\n" for line in summarize(native))

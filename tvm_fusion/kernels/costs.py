@@ -79,21 +79,28 @@ def _buffers_over(expr, reduced: set) -> set[str]:
 
 
 def _arith_ops(expr) -> int:
-    """Float arithmetic nodes in a stored value; index math inside loads is not counted."""
-    kind = type(expr).__name__
-    if kind == "BufferLoad" or not hasattr(expr, "ty"):
-        return 0
-    if kind == "Select":  # one branch runs (a Winograd transform picks a point's own sum)
-        return max(_arith_ops(expr.true_value), _arith_ops(expr.false_value))
-    is_float = "float" in str(expr.ty)
-    own = int(is_float and kind in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Call"))
-    if kind == "Call" and is_float and str(getattr(expr.op, "name", "")).endswith("fma"):
-        own = 2
-    children = [getattr(expr, field) for field in ("a", "b", "value", "condition", "true_value", "false_value")
-                if hasattr(getattr(expr, field, None), "ty")]
-    if kind == "Call":
-        children += list(expr.args)
-    return own + sum(_arith_ops(child) for child in children)
+    """Float arithmetic nodes in a stored value; index math inside loads is not counted.
+
+    A worklist, not recursion: an unrolled graph's kernel can sum thousands of terms in one
+    expression (SLANet's table head)."""
+    count, pending = 0, [expr]
+    while pending:
+        node = pending.pop()
+        kind = type(node).__name__
+        if kind == "BufferLoad" or not hasattr(node, "ty"):
+            continue
+        if kind == "Select":  # one branch runs (a Winograd transform picks a point's own sum)
+            count += max(_arith_ops(node.true_value), _arith_ops(node.false_value))
+            continue
+        is_float = "float" in str(node.ty)
+        count += int(is_float and kind in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Call"))
+        if kind == "Call" and is_float and str(getattr(node.op, "name", "")).endswith("fma"):
+            count += 1  # a multiply-add is two
+        pending += [getattr(node, field) for field in ("a", "b", "value", "condition", "true_value", "false_value")
+                    if hasattr(getattr(node, field, None), "ty")]
+        if kind == "Call":
+            pending += list(node.args)
+    return count
 
 
 def kernel_kind(name: str, func, pattern: str) -> str:

@@ -11,7 +11,7 @@ import json
 import os
 import queue
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import ml_dtypes  # also registers "bfloat16" as a numpy dtype name
@@ -117,7 +117,7 @@ class CompiledModel:
             if spec["name"] in given:
                 for dim, size in zip(spec["shape"], np.shape(given[spec["name"]])):
                     if isinstance(dim, str):
-                        sizes.setdefault(dim, size)
+                        sizes.setdefault(dim, int(size))
         for name, dim in self.dims.items():
             if name not in sizes:
                 raise ArtifactError(f"dim {name!r} takes any size in {dim}, and neither "
@@ -126,7 +126,7 @@ class CompiledModel:
         return sizes
 
     def filled_inputs(self, given: Mapping[str, np.ndarray], fill: str = "random",
-                      dim_flags: list[str] = (), seed: int = 0) -> dict[str, np.ndarray]:
+                      dim_flags: Sequence[str] = (), seed: int = 0) -> dict[str, np.ndarray]:
         """``given`` completed with generated inputs: ``fill="random"`` (floats standard normal,
         integers 0 or 1, valid as ids, masks and flags) or ``"zeros"``; a ranged dim takes its
         size from ``dim_flags`` (``NAME=SIZE``) or from a given input. Pinned inputs fill themselves."""

@@ -25,7 +25,8 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
-from ..errors import TuningLogError
+from ..errors import ArtifactError, TuningLogError
+from ..files import describe, hint_for
 from .store_contents import (KERNELS_FILE, RECORD_FILE, WORKLOAD_FILE, Problem, RecordLine, WorkloadLine,
                              parse_workload_line, read_kernels, workload_id)
 
@@ -46,8 +47,17 @@ def compact_workload(entry: list) -> list:
 
 def _atomic_write(path: Path, text: str) -> None:
     staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    staging.write_text(text)
-    os.replace(staging, path)
+    try:
+        staging.write_text(text)
+        os.replace(staging, path)
+    except OSError as err:
+        staging.unlink(missing_ok=True)
+        raise _write_error(path, err) from err
+
+
+def _write_error(path: Path, err: OSError) -> ArtifactError:
+    """A full or read-only disk under the store: the path, what the OS said, and the fix."""
+    return ArtifactError(f"cannot write the tuning log {path}: {describe(err)}", hint_for(err, "--tuning-log"))
 
 
 class TuningStore:
@@ -107,16 +117,22 @@ class TuningStore:
         return None
 
     def _append(self, path: Path, line: str) -> None:
-        """One line; a damaged (unterminated) tail left by a killed writer is closed off first."""
-        with open(path, "ab+") as stream:
-            stream.seek(0, os.SEEK_END)
+        """One line; a damaged (unterminated) tail left by a killed writer is closed off first.
+        A write that fails (a full disk) is taken back whole: no half line stays."""
+        with open(path, "ab+", buffering=0) as stream:  # unbuffered: nothing left to flush on close
+            size = stream.seek(0, os.SEEK_END)
             prefix = b""
-            if stream.tell() > 0:
+            if size > 0:
                 stream.seek(-1, os.SEEK_END)
                 if stream.read(1) != b"\n":
                     prefix = b"\n"
-            stream.write(prefix + line.encode() + b"\n")
-            stream.flush()
+            data = memoryview(prefix + line.encode() + b"\n")
+            try:
+                while data:
+                    data = data[stream.write(data):]
+            except OSError as err:
+                stream.truncate(size)
+                raise _write_error(path, err) from err
 
     def workload_index(self, workload: ms.database.Workload) -> int:
         """The line number of ``workload``, appending it if no line holds it. Lock held."""

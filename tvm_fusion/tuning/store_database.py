@@ -6,9 +6,13 @@ The tuner commits to ``StoreDatabase`` (each commit appended to disk at once); c
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
+from ..errors import ArtifactError
 from .store import TuningStore
 from .store_contents import RECORD_FILE, Problem, StoreContents
 
@@ -25,18 +29,37 @@ class StoreDatabase(ms.database.PyDatabase):
         super().__init__()
         self.store = store
         self.memory = usable_database(contents, key)
+        self.failure: ArtifactError | None = None  # a store write that failed (a full disk)
+
+    @contextlib.contextmanager
+    def store_errors(self) -> Iterator[None]:
+        """A failed store write inside MetaSchedule comes back through its C++ as a RuntimeError:
+        raise the ArtifactError it was (the path, "No space left on device", the fix) instead."""
+        try:
+            yield
+        except Exception:
+            if self.failure is not None:
+                raise self.failure from None
+            raise
 
     def has_workload(self, mod: tvm.IRModule) -> bool:
         return self.memory.has_workload(mod)
 
     def commit_workload(self, mod: tvm.IRModule) -> ms.database.Workload:
         workload = self.memory.commit_workload(mod)
-        self.store.append_workload(workload)
+        self._write(self.store.append_workload, workload)
         return workload
 
     def commit_tuning_record(self, record: ms.database.TuningRecord) -> None:
         self.memory.commit_tuning_record(record)
-        self.store.append_record(record)
+        self._write(self.store.append_record, record)
+
+    def _write(self, append, item) -> None:
+        try:
+            append(item)
+        except ArtifactError as err:
+            self.failure = err
+            raise
 
     def get_top_k(self, workload: ms.database.Workload, top_k: int) -> list[ms.database.TuningRecord]:
         return self.memory.get_top_k(workload, top_k)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import tvm
+
 from ...provenance import kernel_onnx_nodes
 from ...session import ModelSession
 
@@ -16,7 +18,7 @@ Progress = Callable[[str], None]
 @dataclasses.dataclass
 class ProfiledModule:
     module: object            # scheduled, ready to build
-    lowered: object           # before schedules: FLOPs are counted here
+    lowered: tvm.IRModule     # before schedules: FLOPs are counted here
     schedule_rules: dict[str, str]
     patterns: dict[str, str]  # kernel -> Composite name, or how it was grouped
     covers: dict[str, list[str]]  # kernel -> ONNX node names
