@@ -58,7 +58,6 @@ def generic_kernels(scheduled: Scheduled, prepared: PreparedModel) -> list[Gener
     funcs = {gvar.name_hint: func for gvar, func in lowered.functions_items() if isinstance(func, tvm.tirx.PrimFunc)}
     flops = {name: kernel_costs(func, extent)[0] for name, func in funcs.items()}
     total = sum(flops.values()) or 1
-    nodes = kernel_onnx_nodes(scheduled.lowered.kernel_bindings, scheduled.report, prepared.simplified)
     found = []
     for name, func in funcs.items():
         rule = scheduled.schedule_rules.get(name)
@@ -67,5 +66,9 @@ def generic_kernels(scheduled: Scheduled, prepared: PreparedModel) -> list[Gener
         contraction = has_contraction(func)
         heavy = rule != "Injective" and flops[name] > FLOP_SHARE * total
         if contraction or heavy:
-            found.append(GenericKernel(name, rule, nodes.get(name, []), flops[name], flops[name] / total, contraction))
+            found.append(GenericKernel(name, rule, [], flops[name], flops[name] / total, contraction))
+    if found:  # the node map walks the whole graph: only for a model that has such a kernel
+        nodes = kernel_onnx_nodes(scheduled.lowered.kernel_bindings, scheduled.report, prepared.simplified)
+        for kernel in found:
+            kernel.onnx_nodes = nodes.get(kernel.kernel, [])
     return sorted(found, key=lambda kernel: -kernel.flops)

@@ -154,18 +154,15 @@ def _contract(builder: relax.BlockBuilder, left: relax.Expr, right: relax.Expr, 
     contracted = [c for c in left_term if c in both and c not in output]
     left_free = [c for c in left_term if c not in both]
     right_free = [c for c in right_term if c not in both]
-    left_shape, right_shape = _shape(left), _shape(right)
-    size = {**dict(zip(right_term, right_shape)), **dict(zip(left_term, left_shape))}
-    left_size, right_size = dict(zip(left_term, left_shape)), dict(zip(right_term, right_shape))
+    left_size, right_size = dict(zip(left_term, _shape(left))), dict(zip(right_term, _shape(right)))
+    size = {**right_size, **left_size}
 
     def arranged(value, term, order, shape_of, merged):
         """``value`` in ``order``, then each group of ``merged`` (tuples of indices) as one dim."""
         perm = [term.index(c) for c in order]
         if perm != list(range(len(perm))):
             value = builder.emit(relax.op.permute_dims(value, perm))
-        dims = []
-        for group in merged:
-            dims.append(_product([shape_of[c] for c in group]))
+        dims = [_product([shape_of[c] for c in group]) for group in merged]
         if len(dims) != len(order):
             value = builder.emit(relax.op.reshape(value, dims))
         return value
