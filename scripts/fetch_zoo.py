@@ -23,11 +23,11 @@ from tvm_fusion.commands import zoo  # noqa: E402
 
 
 def list_models(models: dict[str, zoo.ZooModel], cache) -> None:
-    print(f"{'name':26} {'MB':>6}  {'exporter':14} {'category':30} {'wheel':40} cached")
+    print(f"{'name':26} {'MB':>6}  {'exporter':16} {'quant':9} {'category':30} {'wheel':40} cached")
     for model in models.values():
         cached = "yes" if zoo.model_path(model.name, cache).is_file() else "no"
-        print(f"{model.name:26} {model.size / 1e6:6.1f}  {model.exporter:14} {model.category:30} "
-              f"{model.wheel:40} {cached}")
+        print(f"{model.name:26} {model.size / 1e6:6.1f}  {model.exporter:16} {model.quantization or '-':9} "
+              f"{model.category:30} {model.wheel:40} {cached}")
         print(f"{'':26}         --input-shape {' --input-shape '.join(model.input_shapes)}")
 
 

@@ -357,12 +357,25 @@ def render_fused_onnx(data) -> str:
                      "error"], rows))
 
 
+def render_gpu_kernels(data: dict) -> str:
+    """benchmarks/gpu_kernel_resources.py: ptxas figures, our GPU rule against dlight's default."""
+    rows = []
+    for k in data["kernels"]:
+        ours, default = k["ours"], k["dlight"]
+        rows.append([k["model"], f"`{k['kernel']}`"] + [
+            f"{side['rule']}: {side['launches']} x {'/'.join(map(str, side['threads_per_block']))} thr, "
+            f"{side['registers']} reg, {side['shared_bytes']} B smem, "
+            f"{side['stack_bytes'] + side['spill_bytes']} B local, input read {side['input_reads']}x"
+            for side in (ours, default)])
+    return table(["model", "kernel", "tvm_fusion GPU rule", "dlight default"], rows)
+
+
 RENDERERS: list[tuple[str, Callable]] = [  # (file name prefix, renderer), first match wins
     ("zoo", render_zoo), ("cnn", render_cnn), ("examples", render_examples), ("dynamic", render_dynamic),
     ("targets", render_targets), ("tuning", render_tuning), ("concurrency", render_concurrency),
     ("serve", render_serve), ("winograd", render_winograd), ("conv_transpose", render_conv_transpose),
     ("subnormals", render_subnormals), ("ablate", render_ablate), ("conformance", render_conformance),
-    ("fused_onnx", render_fused_onnx),
+    ("fused_onnx", render_fused_onnx), ("gpu_kernels", render_gpu_kernels),
 ]
 
 

@@ -1,57 +1,25 @@
 #!/usr/bin/env bash
-# One short run on a machine with an NVIDIA GPU: build the bundled models for the CUDA config
-# that matches the GPU (sm_80 or sm_90, or ARCH=...), run each artifact on the GPU and compare
-# it with ONNX Runtime on the CPU (compile's own verification, now that it can run).
+# The GPU check, prepared on a CPU machine and run on a GPU machine that has no TVM.
 #
-#   scripts/gpu_check.sh [MODEL.onnx ...]     (default: examples/models/{bert_tiny,gpt2_tiny}.onnx)
+#   scripts/gpu_check.sh --pack DIR [--config cuda-sm90] [--model M.onnx[:NAME:DIMxDIM,...]]...
+#                        [--max-mib 60] [--warmup 20] [--repeat 100] [--torch-weights float16|float32]
 #
-# Needs nvcc and the NVIDIA driver; exits non-zero if any artifact fails or disagrees.
+# writes DIR (at most --max-mib, else refused with exit status 3): the bundled transformers and
+# two CNNs built for the config (sm_90 for H100/H200), their inputs, ONNX Runtime's float32
+# references, the torch modules' weights, the TVM runtime libraries, a C++ runner built against
+# them, and run.sh. On the GPU machine, with python3 and numpy (torch optional):
+#
+#   DIR/run.sh        # results.json into $OUT if set, else DIR/results/ (docs/gpu-check.md)
+#
+# --config x86_64-avx2 (any llvm config) writes the CPU twin, which runs the same way here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-OUT=${OUT:-build/gpu_check}
-models=("$@")
-[ ${#models[@]} -eq 0 ] && models=(examples/models/bert_tiny.onnx examples/models/gpt2_tiny.onnx)
-
-if [ -z "${ARCH:-}" ]; then
-    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
-    ARCH="sm_${cap}"
+if [ "${1:-}" != "--pack" ] || [ $# -lt 2 ]; then
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
 fi
-config="configs/cuda-${ARCH/_/}.toml"
-[ -f "$config" ] || { echo "gpu_check: no config for $ARCH ($config)" >&2; exit 2; }
-nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
-
-status=0
-for model in "${models[@]}"; do
-    echo "== $model on $ARCH"
-    "$PY" - "$model" "$config" "$OUT" <<'PYEOF' || status=1
-import sys, time
-from tvm_fusion import api, targets
-import tvm_fusion
-
-model, config, out = sys.argv[1:]
-(result,) = api.compile_targets(model, [config], None, out, verify=True,
-                                progress=lambda m: print("  " + m, flush=True))
-if result.error is not None:
-    sys.exit(f"FAILED: {result.error}")
-meta = result.metadata
-assert meta["verification"].get("status") != "not run", meta["verification"]
-print(f"  {result.verification}; device code {meta['device_code']}")
-for c in meta["verification"]["outputs"]:
-    print(f"  {c['name']}: max abs {c['max_abs']:.3e} max rel {c['max_rel']:.3e}")
-loaded = tvm_fusion.load(result.artifact)  # the shipped artifact, through the public loader
-from tvm_fusion.frontend import onnx as onnx_frontend
-specs = [onnx_frontend.TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in meta["inputs"]]
-import onnx
-inputs = onnx_frontend.random_inputs(onnx.load(model), specs, seed=1)
-tensors = loaded.prepare(inputs)
-loaded.run_prepared(tensors)
-start = time.perf_counter()
-for _ in range(20):
-    loaded.run_prepared(tensors)
-import tvm
-tvm.cuda(0).sync()
-print(f"  mean latency over 20 runs: {(time.perf_counter() - start) / 20 * 1e3:.3f} ms")
-PYEOF
-done
-exit $status
+shift
+out=$1
+shift
+exec "$PY" scripts/gpu_pack/pack.py --out "$out" "$@"

@@ -5,11 +5,15 @@
 Each model runs in a worker process of its own (a crash or a runaway allocation in one model
 does not stop the report), one at a time. Results go to ``benchmarks/results/zoo.json`` and a
 Markdown table on stdout (the docs' benchmark pages are generated from the JSON). Models are fetched first
-(scripts/fetch_zoo.py), into the zoo cache.
+(scripts/fetch_zoo.py), into the zoo cache. It exits 1 on what must not hide (``failures``): a
+model that does not compile, a kernel only a generic rule took, a schedule rule that raised, a
+compile over its memory budget.
 
 Usage (from the repository root)::
 
     .venv/bin/python scripts/zoo_report.py [--only NAME ...] [--repeat 20] [--timeout 900]
+
+``--repeat 0`` skips the timings: compile, memory and coverage only.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
         row["weights_mb"] = round(path.stat().st_size / 2**20, 1)
         row["compile_rss_within_budget"] = peak / 1024 <= 3 * row["weights_mb"] + 1024
         row["generic_kernels"] = compiled.metadata["generic_kernels"]
+        row["schedule_rule_errors"] = compiled.metadata["schedule_rule_errors"]
         outputs = compiled.metadata["verification"]["outputs"]
         row["compiles"] = True
         row["max_abs_error"] = max(o["max_abs"] for o in outputs)
@@ -65,7 +70,8 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
                    unfused=[{"target": u.target, "nodes": u.nodes[:3], "reason": u.reason} for u in coverage.unfused],
                    fired=dict(inspected.report.fired))
         try:
-            row.update(timings(path, model.input_shapes, repeat, installed_peers()))
+            if repeat > 0:
+                row.update(timings(path, model.input_shapes, repeat, installed_peers()))
         except ModelError as err:
             if "OpenVINO" not in err.message:
                 raise
@@ -73,7 +79,9 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
             # (run_one), as OpenVINO's threads, left running here, slow small models 10-300x.
             row["openvino_error"] = err.message
     except TvmFusionError as err:
-        row.update(compiles=row.get("compiles", False), error=str(err).splitlines()[0])
+        # The message and, for a mismatch, the table head and worst output (the culprit at a glance).
+        row.update(compiles=row.get("compiles", False),
+                   error=" | ".join(line.strip() for line in str(err).splitlines()[:3]))
     except Exception as err:  # noqa: BLE001 - the report records a crash as a result, then goes on
         row.update(compiles=row.get("compiles", False), error=f"crash: {type(err).__name__}: {err}",
                    traceback=traceback.format_exc(limit=3))
@@ -102,10 +110,31 @@ def run_one(name: str, repeat: int, timeout: float, out_dir: str) -> dict:
     row, failure = run_in_worker(measure, (name, repeat, out_dir), timeout)
     if failure is not None:
         return {"model": name, "compiles": False, "error": failure}
-    if "openvino_error" in row:
+    if "openvino_error" in row and repeat > 0:
         timed, failure = run_in_worker(time_without_peers, (name, repeat), timeout)
         row.update(timed or {"error": f"timing: {failure}"})
     return row
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """What fails the report, one line per finding: a model that does not compile or verify, a
+    kernel that only a generic schedule rule took while holding a contraction or much of the
+    FLOPs (commands/generic_kernels.py), a schedule rule that raised (its kernel went on to the
+    next rule), and a compile whose peak RSS is over the budget of 3x the weights' bytes +
+    1 GiB. No such thing may hide."""
+    found = []
+    for r in rows:
+        if not r.get("compiles"):
+            found.append(f"{r['model']}: does not compile: {r.get('error', 'no error recorded')}")
+        for kernel in r.get("generic_kernels", []):
+            found.append(f"{r['model']}: {kernel['kernel']} ({kernel['rule']}, {kernel['flops']:,} FLOPs, "
+                         f"contraction: {kernel['contraction']}, ONNX {', '.join(kernel['onnx_nodes'][:3])})")
+        for error in r.get("schedule_rule_errors", []):
+            found.append(f"{r['model']}: schedule rule {error['rule']} raised on {error['kernel']}: {error['error']}")
+        if r.get("compile_rss_within_budget") is False:
+            found.append(f"{r['model']}: compile peak RSS {r['compile_peak_rss_mb']} MB over the budget of "
+                         f"{3 * r['weights_mb'] + 1024:.0f} MB (3x {r['weights_mb']} MB of weights + 1 GiB)")
+    return found
 
 
 def markdown(rows: list[dict]) -> str:
@@ -130,7 +159,8 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these models (default: all)")
-    parser.add_argument("--repeat", type=int, default=20, help="interleaved rounds per model (default 20)")
+    parser.add_argument("--repeat", type=int, default=20, help="interleaved rounds per model (default 20; 0 skips the timings: compile, "
+                        "memory and coverage only)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per model (default 900)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "zoo.json"))
     args = parser.parse_args(argv)
@@ -150,14 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = {"cpu": host_cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()}
     write_json(args.json, {"date": time.strftime("%Y-%m-%d"), "machine": machine, "models": rows})
     print(markdown(rows))
-    # A kernel that only a generic schedule rule took, holding a contraction or much of the
-    # FLOPs, fails the report (commands/generic_kernels.py): no such kernel may hide.
-    failing = {r["model"]: r["generic_kernels"] for r in rows if r.get("generic_kernels")}
-    for model, kernels in failing.items():
-        for kernel in kernels:
-            print(f"[zoo] FAIL {model}: {kernel['kernel']} ({kernel['rule']}, {kernel['flops']:,} FLOPs, "
-                  f"contraction: {kernel['contraction']}, ONNX {', '.join(kernel['onnx_nodes'][:3])})", file=sys.stderr)
-    return 1 if failing else 0
+    problems = failures(rows)
+    for line in problems:
+        print(f"[zoo] FAIL {line}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

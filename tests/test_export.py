@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import textwrap
 
 import pytest
 
@@ -141,10 +142,11 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
     assert set(meta) == {"model", "model_sha256", "inputs", "outputs", "target", "config", "pipeline",
                          "schedule", "fusions", "fusion_variants", "kernels", "threads", "versions", "verification",
                          "library", "library_sha256", "platform", "toolchain", "tuning", "fusion_gate", "dims",
-                         "built_from", "schedule_rules", "generic_kernels"}
+                         "built_from", "schedule_rules", "generic_kernels", "schedule_rule_errors"}
     assert pathlib.Path(meta["built_from"]["model_path"]).resolve() == mlp_path.resolve()
     assert meta["dims"] == {}  # static shapes: no ranges
     assert meta["generic_kernels"] == []  # every kernel has a rule of its own
+    assert meta["schedule_rule_errors"] == []  # and no rule raised on one
     assert meta["fusion_gate"]["checked"] >= 2 and meta["fusion_gate"]["undone"] == []
     assert artifact.name == f"mlp.{cfg.name}"
     assert meta["model"] == "mlp"
@@ -166,3 +168,31 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
     assert verification["outputs"][0]["within_tolerance"] is True
     assert meta["library"] == LIBRARY_NAME
     assert meta["library_sha256"] == hashlib.sha256((artifact / LIBRARY_NAME).read_bytes()).hexdigest()
+
+
+def test_the_export_child_does_not_carry_the_parents_freed_heap(tmp_path):
+    """The forked export child maps every page resident in the parent: heap the pipeline freed
+    but malloc kept would count in the child's RSS, and set the compile's memory peak."""
+    code = textwrap.dedent("""
+        import pathlib, sys
+        from tvm_fusion import export
+
+        def rss_mb():
+            return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) / 1024
+
+        class ReportsRss:
+            def export_library(self, path):
+                pathlib.Path(path).write_text(str(rss_mb()))
+
+        chunks = [bytes(1024) for _ in range(300_000)]  # ~300 MB of malloc'd heap
+        kept = chunks[::64]  # one in 64 stays: the heap cannot shrink from its top
+        del chunks
+        parent = rss_mb()
+        library = pathlib.Path(sys.argv[1])
+        export._export_in_child(ReportsRss(), library, {}, {})
+        print(parent, library.read_text())
+    """)
+    done = helpers.run_python(code, str(tmp_path / "lib.so"))
+    assert done.returncode == 0, done.stderr
+    parent, child = map(float, done.stdout.split())
+    assert parent - child > 200, (parent, child)

@@ -43,3 +43,18 @@ def test_inspect_fires_what_compile_fires_on_a_converter_we_own(tmp_path, config
     (instance,) = [i for i in api.fused_nodes(inspected.report, onnx.load(path))
                    if i.pattern.startswith("eye_like_add")]
     assert sorted(instance.nodes) == ["add", "eye_like"]
+
+
+def test_unnamed_and_repeated_node_names_still_lead_to_their_nodes():
+    """Exporters and hand edits leave node names empty or repeated: each binding is named after
+    its own node (by its output), not after the last node that shares the name."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["a"], ["b"]),
+         helper.make_node("Tanh", ["b"], ["c"], name="same"), helper.make_node("Neg", ["c"], ["y"], name="same")],
+        "unnamed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    module = import_with_node_names(model, {"x": [4]}, {"x": "float32"})
+    ops = {node_index(binding.var.name, model): binding.value.op.name
+           for block in module["main"].body.blocks for binding in block.bindings}
+    assert ops == {0: "relax.nn.relu", 1: "relax.sigmoid", 2: "relax.tanh", 3: "relax.negative"}

@@ -201,10 +201,25 @@ REQUIRED_CATEGORIES = {"cnn-classifier", "detector-yolo", "text-detector-dbnet",
                        "seq2seq-decoder", "audio"}
 
 
+QUANTIZED_FAMILY = {"dynamic": "dynamic-quant", "qdq": "qdq", "qoperator": "qoperator"}
+
+
 def test_committed_manifest_covers_the_zoo():
     models = zoo.load_manifest()
-    assert len(models) >= 12
-    assert len({m.exporter for m in models.values()}) >= 5
+    assert len(models) >= 30
+    assert len({m.exporter for m in models.values()}) >= 8
+    assert {"tf2onnx", "jax2tf", "torch-dynamo"} <= {m.exporter for m in models.values()}
+    quantized = [m for m in models.values() if m.quantized]
+    assert len(quantized) >= 6
+    assert {"dynamic", "qdq"} <= {m.quantization for m in quantized}
+    for model in models.values():
+        assert model.op_families and model.license, model.name
+        families = set(model.op_families)
+        assert families & set(QUANTIZED_FAMILY.values()) == (
+            {QUANTIZED_FAMILY[model.quantization]} if model.quantized else set()), model.name
+        assert bool(model.float_exporter) <= model.quantized, model.name
+    everything = {f for m in models.values() for f in m.op_families}
+    assert {"conv1d", "nhwc", "attention", "rnn", "loop", "if", "int-input", "bool-input"} <= everything
     assert REQUIRED_CATEGORIES <= {m.category for m in models.values()}
     small = [m for m in models.values() if m.size < 30_000_000]
     assert len(small) >= 12, "CI runs a subset of models under 30 MB"
@@ -212,3 +227,19 @@ def test_committed_manifest_covers_the_zoo():
         assert re.fullmatch(r"[0-9a-f]{64}", model.sha256), model.name
         assert model.member.endswith(".onnx"), model.name
         assert model.input_shapes and len(parse_input_shapes(list(model.input_shapes))) == len(model.input_shapes)
+
+
+@pytest.mark.parametrize("field, value, complaint", [
+    ("op_families", '["conv2d", "warp-drive"]', "unknown op_families ['warp-drive']"),
+    ("quantization", '"int4"', "quantization 'int4'"),
+])
+def test_manifest_rejects_unknown_words(tmp_path, field, value, complaint):
+    path = write_manifest(tmp_path / "manifest.toml", "0" * 64)
+    path.write_text(path.read_text() + f"{field} = {value}\n")
+    with pytest.raises(ValueError, match=re.escape(complaint)):
+        zoo.load_manifest(path)
+
+
+def test_manifest_optional_fields_default_to_a_float_model(tmp_path):
+    (model,) = zoo.load_manifest(write_manifest(tmp_path / "manifest.toml", "0" * 64)).values()
+    assert not model.quantized and model.op_families == () and model.license == ""

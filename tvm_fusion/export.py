@@ -94,6 +94,7 @@ def _export_in_child(executable, library: Path, options: dict, state: dict) -> N
     """
     log_read, log_write = os.pipe()
     result_read, result_write = os.pipe()
+    _return_freed_heap()
     pid = os.fork()
     if pid == 0:
         os.close(log_read)
@@ -156,6 +157,15 @@ def _export_and_exit(executable, library: Path, options: dict, state: dict, log_
         with contextlib.suppress(OSError), os.fdopen(result_fd, "wb") as stream:
             stream.write(message)
         os._exit(1 if failure else 0)
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap's free pages back to the OS before forking. The child maps every page
+    resident in the parent, so the pipeline's freed temporaries, still held by malloc, would
+    count in its RSS: the export child's RSS set the compile's peak."""
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "malloc_trim"):  # glibc
+        libc.malloc_trim(0)
 
 
 _PR_SET_PDEATHSIG = 1

@@ -27,18 +27,27 @@ def import_with_node_names(model: onnx.ModelProto, shapes: dict[str, list[int]],
     """``model`` imported as ``frontend.onnx.import_model`` does (the same importer, with our
     converters, so inspect sees what compile builds), bindings named after nodes."""
     class RecordingImporter(Importer):
+        """Notes each converted node by its first output: node names may be empty or repeated
+        (exporters and hand edits leave them so), output names are unique."""
+
         converted: list[tuple[str, relax.Expr]] = []
+        current = ""
+
+        def _parse_value_proto(self, value_proto):
+            if isinstance(value_proto, onnx.NodeProto):  # called once per node, just before its conversion
+                self.current = _first_output(value_proto)
+            return super()._parse_value_proto(value_proto)
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             expr = super()._convert_operator(op_name, inputs, attrs, opset)
-            self.converted.append((attrs["tvm_custom"]["name"], expr))
+            self.converted.append((self.current, expr))
             return expr
 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     importer = RecordingImporter(shapes, dtypes)
     importer.converted = []
     module = importer.from_onnx(model.graph, opset)
-    index = {node.name: i for i, node in enumerate(model.graph.node)}
+    index = {_first_output(node): i for i, node in enumerate(model.graph.node)}
     names = _binding_names(module["main"], [(index.get(n, -1), e) for n, e in importer.converted])
     module["main"] = _Rename(names, module).visit_expr(module["main"])
     return module
@@ -51,6 +60,10 @@ def node_index(var_name: str, model: onnx.ModelProto) -> int | None:
     if not match or int(match.group(1)) >= len(model.graph.node):
         return None
     return int(match.group(1))
+
+
+def _first_output(node: onnx.NodeProto) -> str:
+    return next((name for name in node.output if name), "")
 
 
 def _binding_names(func: relax.Function, converted: list[tuple[int, relax.Expr]]) -> dict:

@@ -34,6 +34,7 @@ from .passes.pipeline import graph_phases_key, lowering_passes, weight_passes
 from .patterns import PatternReport
 from .preparation import PreparedModel, Progress, ShapeArg, prepare, prepare_at, quiet, resolve_config
 from .provenance import onnx_nodes_of
+from .schedules import RuleError
 
 
 @dataclasses.dataclass
@@ -70,6 +71,8 @@ class Scheduled:
     dynamic_module: object = None  # ``module`` without the buckets' dispatch
     lowered: Lowered | None = None  # before schedules (of the dynamic module)
     buckets: list[Bucket] = dataclasses.field(default_factory=list)
+    # schedule rules that raised on a kernel (it went on to the next rule), buckets' included
+    schedule_rule_errors: list[RuleError] = dataclasses.field(default_factory=list)
 
 
 class ModelSession:
@@ -198,9 +201,10 @@ class ModelSession:
         prepared = self.prepared(cfg)
         records = load_tuning(cfg, tuning_log, say)
         rules: dict[str, str] = {}
+        rule_errors: list[RuleError] = []
         fused = self.fused(prepared, excluded, gate_config, say)
         lowered = self.lowered(fused, cfg)
-        dynamic = callable_module(self._schedule(lowered.module, cfg, records, rules), prepared)
+        dynamic = callable_module(self._schedule(lowered.module, cfg, records, rules, rule_errors), prepared)
         buckets = []
         for point in bucket_points(cfg.buckets, _ranges(prepared)):
             say(f"bucket {bucket_text(point)}: a static build for that exact size")
@@ -210,9 +214,11 @@ class ModelSession:
             suffix = bucket_suffix(point)
             before = dict(records.applied) if records else {}
             log: dict[str, str] = {}
+            errors: list[RuleError] = []
             module = callable_module(self._schedule(self.lowered(bucket_fused, static.config).module,
-                                                    static.config, records, log), static)
+                                                    static.config, records, log, errors), static)
             rules.update({name + suffix: rule for name, rule in log.items()})
+            rule_errors += [dataclasses.replace(error, kernel=error.kernel + suffix) for error in errors]
             if records:  # a bucket's tuned kernels, under their names in the artifact
                 tuned = {name: kernel for name, kernel in records.applied.items() if before.get(name) is not kernel}
                 records.applied = {**before, **{name + suffix: kernel for name, kernel in tuned.items()}}
@@ -221,13 +227,14 @@ class ModelSession:
         if records and records.applied:
             say(f"tuned schedules from {records.directory} for {len(records.applied)} kernel(s)")
         result = Scheduled(module, fused.report, rules, dict(records.applied) if records else {}, records,
-                           fused.gate, dynamic, lowered, buckets)
+                           fused.gate, dynamic, lowered, buckets, rule_errors)
         self._scheduled[key] = result
         return result
 
     @staticmethod
-    def _schedule(lowered, cfg: PipelineConfig, records, log: dict[str, str]):
-        return fusion_pipeline(cfg, PatternReport(), phases=("schedule",), tuning=records, schedule_log=log)(lowered)
+    def _schedule(lowered, cfg: PipelineConfig, records, log: dict[str, str], rule_errors: list[RuleError]):
+        return fusion_pipeline(cfg, PatternReport(), phases=("schedule",), tuning=records, schedule_log=log,
+                               rule_errors=rule_errors)(lowered)
 
     @staticmethod
     def _lower_and_schedule(module, cfg: PipelineConfig):

@@ -5,6 +5,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from tvm_fusion import api
 from tvm_fusion.frontend.onnx import bind_input_shapes, simplify
 from tvm_fusion.frontend.shape_values import ancestors, evaluate, freeze_shape_tensors, shape_tensors
 
@@ -83,3 +84,54 @@ def test_the_nodes_a_value_needs_include_what_an_if_branch_reads():
     assert [n.name for n in ancestors(model, ["shape"])] == ["double", "pick", "shape"]
     (run,) = evaluate(model, ["shape"], [{"x": np.ones((2, 3), np.float32), "flag": np.array(True)}])
     assert run[0].tolist() == [2, 3]
+
+
+def dequantized_weight_model(prefolded: bool) -> onnx.ModelProto:
+    """y = Reshape(x @ (Cast(W_int8) * scale), [Shape(x)[0], -1]): a weight stored as int8 and
+    rewritten to float32 at load, as weight-compressed exports write it; with ``prefolded``
+    the same float32 weight as one initializer."""
+    rng = np.random.default_rng(0)
+    quantized = rng.integers(-127, 128, size=(256, 512), dtype=np.int8)
+    scale = rng.uniform(0.001, 0.01, size=512).astype(np.float32)
+    node = helper.make_node
+    if prefolded:
+        weight_nodes = []
+        initializers = [numpy_helper.from_array(quantized.astype(np.float32) * scale, "weight")]
+    else:
+        weight_nodes = [node("Cast", ["weight_q"], ["weight_f"], name="cast", to=TensorProto.FLOAT),
+                        node("Mul", ["weight_f", "scale"], ["weight"], name="scale_weight")]
+        initializers = [numpy_helper.from_array(quantized, "weight_q"), numpy_helper.from_array(scale, "scale")]
+    initializers.append(numpy_helper.from_array(np.array([0], np.int64), "first"))
+    initializers.append(numpy_helper.from_array(np.array([-1], np.int64), "rest"))
+    graph = helper.make_graph(
+        [*weight_nodes,
+         node("MatMul", ["x", "weight"], ["product"], name="matmul"),
+         node("Shape", ["x"], ["shape"], name="shape"),
+         node("Gather", ["shape", "first"], ["rows"], name="rows", axis=0),
+         node("Concat", ["rows", "rest"], ["target"], name="target", axis=0),
+         node("Reshape", ["product", "target"], ["y"], name="reshape")],
+        "dequantized_weight", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 512])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_weight_rewritten_at_load_is_left_to_relax_and_the_shape_computation_still_folds():
+    """onnxslim folds what a shape computation yields, not a weight's float32 rewrite: that
+    copy, carried through onnxslim's loop, set the compile's memory peak."""
+    model = dequantized_weight_model(prefolded=False)
+    simplified = simplify(model, bind_input_shapes(model, None))
+    ops = [n.op_type for n in simplified.graph.node]
+    assert "Cast" in ops and "Mul" in ops
+    assert "Shape" not in ops and "Gather" not in ops
+
+
+def test_a_weight_rewritten_at_load_compiles_like_its_float_twin(tmp_path, config_path):
+    """The canonicalize phase folds the Cast and Mul in Relax: the same kernels as a model
+    that stores the float32 weight, and the same outputs as ONNX Runtime (compile verifies)."""
+    kernels = []
+    for prefolded in (False, True):
+        path = tmp_path / f"weight_{prefolded}.onnx"
+        onnx.save(dequantized_weight_model(prefolded), path)
+        compiled = api.compile_model(path, config_path(), output_dir=tmp_path / f"out_{prefolded}")
+        kernels.append(compiled.metadata["kernels"])
+    assert kernels[0] == kernels[1]

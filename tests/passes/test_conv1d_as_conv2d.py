@@ -48,6 +48,32 @@ def test_conv1d_becomes_a_one_row_conv2d():
     tvm.ir.assert_structural_equal(Conv1dAsConv2d()(Before), Expected)
 
 
+def test_conv1d_transpose_becomes_a_one_row_conv2d_transpose():
+    """A ConvTranspose1d head (IOW weight) with stride, padding and output padding."""
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 2, 10), "float32")):
+            with R.dataflow():
+                gv = R.nn.conv1d_transpose(x, R.const(WEIGHT), strides=[2], padding=[1, 1], output_padding=[1])
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 2, 10), "float32")):
+            with R.dataflow():
+                row = R.expand_dims(x, [2])
+                conv = R.nn.conv2d_transpose(row, R.const(WEIGHT.reshape(2, 3, 1, 3)), strides=[1, 2],
+                                             padding=[0, 1, 0, 1], output_padding=[0, 1], dilation=[1, 1])
+                gv = R.squeeze(conv, [2])
+                R.output(gv)
+            return gv
+
+    tvm.ir.assert_structural_equal(Conv1dAsConv2d()(Before), Expected)
+
+
 def test_must_not_rewrite_a_channels_last_conv1d():
     @I.ir_module
     class Before:
@@ -93,4 +119,54 @@ def test_conv1d_stack_fuses_its_epilogues_and_matches_onnxruntime(tmp_path, widt
     conv_rules = {k: v for k, v in optimized.schedule_rules.items() if "conv" in k}
     assert conv_rules and "Fallback" not in conv_rules.values(), conv_rules
     inputs = {"x": np.random.default_rng(1).standard_normal((1, 4, width)).astype(np.float32)}
+    helpers.assert_fused_matches_references(model, prepared, optimized, inputs, RTOL, ATOL)
+
+
+def _dilated_circular_stack(width: int, channels: int = 8, layers: int = 4) -> onnx.ModelProto:
+    """An EEG/TCN-style stack: per layer a circular pad written as Slice + Concat, a Conv1d
+    at dilation 2, 4, 8, ... (+bias), Relu and a residual add; a ConvTranspose1d upsampling head."""
+    rng = np.random.default_rng(0)
+    inits, nodes, x = [], [], "x"
+    for i in range(layers):
+        dilation = 2 ** (i + 1)
+        pad = dilation  # kernel 3: one dilation each side
+        inits += [numpy_helper.from_array(np.array(v, np.int64), f"{name}{i}") for name, v in
+                  (("tail_start", [width - pad]), ("tail_end", [width]), ("head_start", [0]), ("head_end", [pad]),
+                   ("axis", [2]))]
+        inits += [numpy_helper.from_array(rng.standard_normal((channels, channels, 3)).astype(np.float32) * 0.2, f"w{i}"),
+                  numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32) * 0.1, f"b{i}")]
+        nodes += [helper.make_node("Slice", [x, f"tail_start{i}", f"tail_end{i}", f"axis{i}"], [f"tail{i}"]),
+                  helper.make_node("Slice", [x, f"head_start{i}", f"head_end{i}", f"axis{i}"], [f"head{i}"]),
+                  helper.make_node("Concat", [f"tail{i}", x, f"head{i}"], [f"padded{i}"], axis=2),
+                  helper.make_node("Conv", [f"padded{i}", f"w{i}", f"b{i}"], [f"conv{i}"], dilations=[dilation]),
+                  helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"]),
+                  helper.make_node("Add", [f"relu{i}", x], [f"res{i}"])]
+        x = f"res{i}"
+    inits.append(numpy_helper.from_array(rng.standard_normal((channels, 2, 4)).astype(np.float32) * 0.2, "head_w"))
+    nodes.append(helper.make_node("ConvTranspose", [x, "head_w"], ["y"], strides=[2], pads=[1, 1]))
+    graph = helper.make_graph(nodes, "dilated_circular", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2 * width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("width", [17, 64])
+def test_dilated_circular_stack_runs_in_rows_and_matches_onnxruntime(tmp_path, width):
+    """The slices, concats and residuals follow the convs into the one-row layout: every conv
+    gets its epilogue, the head is a transposed conv2d kernel, and no generic rule takes a conv."""
+    model = _dilated_circular_stack(width)
+    path = tmp_path / "dilated_circular.onnx"
+    onnx.save(model, str(path))
+    prepared = api.prepare(path, load_config())
+    canonical = fusion_pipeline(prepared.config, PatternReport(), phases=("canonicalize",))(prepared.relax_module)
+    # The input as a row twice (the first pad and the first residual read it) and the output's
+    # squeeze: none between the layers.
+    assert view_count(canonical["main"]) == 3
+    optimized = api.optimize(prepared)
+    assert optimized.report.fired["conv_epilogue"] == 4
+    conv_rules = {k: v for k, v in optimized.schedule_rules.items() if "conv" in k}
+    assert "Conv2dTranspose" in conv_rules.values(), conv_rules
+    assert not {"Fallback", "Reduction"} & set(conv_rules.values()), conv_rules
+    inputs = {"x": np.random.default_rng(1).standard_normal((1, 8, width)).astype(np.float32)}
     helpers.assert_fused_matches_references(model, prepared, optimized, inputs, RTOL, ATOL)

@@ -126,3 +126,54 @@ def test_a_broadcast_across_channels_keeps_its_transform():
             return gv
 
     tvm.ir.assert_structural_equal(sink_transforms_to_nchw(AcrossChannels), AcrossChannels)
+
+
+@I.ir_module
+class CircularPadBetweenConvs:
+    """A circular pad of a blocked map's columns (Slice + Concat), as layout inference leaves it:
+    back to NCHW for the slices, the padded map blocked again for the next conv."""
+
+    @R.function
+    def main(x: R.Tensor((1, 2, 1, 10, 16), "float32")):
+        with R.dataflow():
+            a = R.layout_transform(x, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+            tail = R.strided_slice(a, [3], [8], [10])
+            head = R.strided_slice(a, [-1], [0], [2])
+            padded = R.concat((tail, a, head), axis=3)
+            gv = R.layout_transform(padded, index_map=T.index_map(lambda n, c, h, w: (n, c // 16, h, w, c % 16), index_dtype="int32"))
+            R.output(gv)
+        return gv
+
+
+def test_a_circular_pad_of_columns_runs_blocked():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 2, 1, 10, 16), "float32")):
+            with R.dataflow():
+                tail = R.strided_slice(x, [3], [8], [10])
+                head = R.strided_slice(x, [3], [0], [2])
+                padded = R.concat((tail, x, head), axis=3)
+                gv = padded
+                R.output(gv)
+            return gv
+
+    after = sink_transforms_to_nchw(CircularPadBetweenConvs)
+    tvm.ir.assert_structural_equal(after, Expected)
+    x = np.random.default_rng(0).standard_normal((1, 2, 1, 10, 16)).astype("float32")
+    np.testing.assert_array_equal(run_lowered(after, x), run_lowered(CircularPadBetweenConvs, x))
+
+
+def test_must_not_sink_a_slice_of_some_channels_of_a_block():
+    """Channels 0..8 of a 16-channel block are not a slice of whole blocks: kept in NCHW."""
+    @I.ir_module
+    class PartBlock:
+        @R.function
+        def main(x: R.Tensor((1, 2, 1, 10, 16), "float32")):
+            with R.dataflow():
+                a = R.layout_transform(x, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+                gv = R.strided_slice(a, [1], [0], [8])
+                R.output(gv)
+            return gv
+
+    tvm.ir.assert_structural_equal(sink_transforms_to_nchw(PartBlock), PartBlock)

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from helpers import assert_fused_matches_references
 from tvm_fusion import api
@@ -115,3 +115,50 @@ def test_a_conv_chain_matches_onnx_runtime_and_the_direct_conv(tmp_path, shape, 
         (outputs[winograd],) = assert_fused_matches_references(model, prepared, optimized, inputs,
                                                                rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-4, atol=1e-4)
+
+
+def quantized_conv_model(op: str, channels: int = 16, seed: int = 1) -> onnx.ModelProto:
+    """One 3x3 stride-1 conv as ``op``: QLinearConv (uint8 out) or ConvInteger (int32 out), or
+    the float Conv of the same weights; a conv Winograd takes by its shape."""
+    rng = np.random.default_rng(seed)
+    weights = rng.integers(-128, 128, (16, channels, 3, 3)).astype(np.int8)
+    inits = {"QLinearConv": [("sx", np.float32(0.021)), ("zx", np.uint8(117)), ("w", weights),
+                             ("sw", np.float32(0.003)), ("zw", np.int8(0)),
+                             ("sy", np.float32(0.063)), ("zy", np.uint8(101))],
+             "ConvInteger": [("w", weights), ("zx", np.uint8(117))],
+             "Conv": [("w", weights.astype(np.float32) / 128)]}[op]
+    names = {"QLinearConv": ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy"], "ConvInteger": ["x", "w", "zx"],
+             "Conv": ["x", "w"]}[op]
+    in_type, out_type = {"QLinearConv": (TensorProto.UINT8, TensorProto.UINT8),
+                         "ConvInteger": (TensorProto.UINT8, TensorProto.INT32),
+                         "Conv": (TensorProto.FLOAT, TensorProto.FLOAT)}[op]
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], pads=[1, 1, 1, 1])], "conv3x3",
+        [helper.make_tensor_value_info("x", in_type, [1, channels, 20, 28])],
+        [helper.make_tensor_value_info("y", out_type, [1, 16, 20, 28])],
+        [numpy_helper.from_array(np.asarray(value), name) for name, value in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op", ["QLinearConv", "ConvInteger", "Conv"])
+def test_an_integer_conv_stays_direct_and_equals_onnx_runtime(tmp_path, op):
+    """A quantized conv is an integer sum in float32 (frontend/qoperator.py): exact on the
+    direct conv, not through Winograd's transforms (which flip a requantized value by a step,
+    or leave ConvInteger's int32 a fraction off). So with the default config it stays direct
+    and equals ONNX Runtime; a float conv of the same shape still takes Winograd."""
+    model = quantized_conv_model(op)
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(model, str(path))
+    prepared = api.prepare(path, load_config(None), input_shapes="x:1x16x20x28")
+    optimized = api.optimize(prepared, tuning_log=False)
+    rules = list(optimized.schedule_rules.values())
+    assert rules.count("WinogradConv2dNCHWc") == (1 if op == "Conv" else 0)
+    rng = np.random.default_rng(0)
+    if op == "Conv":
+        inputs = {"x": rng.standard_normal((1, 16, 20, 28)).astype(np.float32)}
+        assert_fused_matches_references(model, prepared, optimized, inputs, rtol=1e-4, atol=1e-4)
+        return
+    assert rules.count("Conv2dNCHWc") == 1
+    inputs = {"x": rng.integers(0, 256, (1, 16, 20, 28)).astype(np.uint8)}
+    (fused,) = assert_fused_matches_references(model, prepared, optimized, inputs, rtol=0, atol=0)
+    assert len(np.unique(fused)) > 10

@@ -79,7 +79,7 @@ def test_registry_refuses_a_plugin_that_breaks_the_order(monkeypatch, plugin, me
 
 def test_gemm_epilogue_variants_put_longer_chains_first():
     variants = [name for name, _, _ in pattern_registry()["gemm_epilogue"].variants()]
-    assert len(variants) == len(set(variants)) == 2 * 10 * 2 - 1  # bias x (9 activations + none) x residual
+    assert len(variants) == len(set(variants)) == 2 * 11 * 2 - 1  # bias x (10 activations + none) x residual
     assert variants.index("matmul_bias_gelu_residual") < variants.index("matmul_bias_gelu")
     assert variants.index("matmul_bias_gelu") < variants.index("matmul_bias")
     assert variants.index("matmul_bias") < variants.index("matmul_residual")
@@ -96,10 +96,12 @@ def test_every_fused_onnx_spec_lives_in_a_module_named_after_its_pattern():
         for op in spec.ops:
             assert op.op_domain == DOMAIN
     assert modules - set(specs) == {"activation"}  # the one op shared alike by six rewrites
-    # Patterns whose matches keep their ONNX nodes: a Clip-only or Dropout-only rewrite, and the
-    # rewrites that only fusions read (their nodes go with the fusion that absorbs them).
+    # Patterns whose matches keep their ONNX nodes: a Clip-only or Dropout-only rewrite, a PRelu or
+    # a Max/Min of two (standard ops already), and the rewrites that only fusions read (their nodes
+    # go with the fusion that absorbs them), and the jax2tf norm and softmax (standard ops as exported).
     assert set(pattern_registry()) - set(specs) == {"conv_affine_fold", "dropout", "gather_constant_index",
-                                                    "single_head_attention", "softmax_flattened"}
+                                                    "layernorm_one_pass", "prelu", "single_head_attention",
+                                                    "softmax_decomposed", "softmax_flattened", "stacked_max_min"}
 
 
 def test_builders_and_fused_ops_are_read_from_the_specs():

@@ -123,3 +123,10 @@ def pixel_tile(columns: int, widest: int = 8, narrowest_exact: int = 4) -> int:
     if exact >= narrowest_exact or columns < narrowest_exact:
         return exact
     return min(range(min(columns, widest), narrowest_exact - 1, -1), key=lambda tile: -(-columns // tile) * tile)
+
+
+def root_loop_nests(func) -> int:
+    """How many loop nests the function's root runs one after another: 1 when every block is
+    computed in one nest (one task per row, or one task for a single row)."""
+    body = func.body.block.body
+    return len(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else 1

@@ -68,6 +68,7 @@ def test_zoo_model_compiles_verifies_and_fuses(name, zoo_models, tmp_path):
     compiled = api.compile_model(zoo_models[name], model.config(), shapes, output_dir=tmp_path, fusion_gate=False)
     assert all(o["within_tolerance"] for o in compiled.metadata["verification"]["outputs"])
     assert compiled.metadata["generic_kernels"] == []  # no contraction left to a generic rule
+    assert compiled.metadata["schedule_rule_errors"] == []  # no rule raised on a kernel
     rules = compiled.metadata["schedule_rules"]
     assert len(rules) >= 10 and not [k for k, rule in rules.items() if "conv" in k and rule == "Fallback"], rules
     inspected = api.inspect_model(zoo_models[name], None, shapes)

@@ -37,6 +37,15 @@ def print_generic_kernels(kernels: list[dict]) -> None:
                       "yes" if k["contraction"] else "no", ", ".join(k["onnx_nodes"][:3]) or "-"] for k in kernels]))
 
 
+def print_rule_errors(errors: list[dict]) -> None:
+    """Schedule rules that raised on a kernel, one line each: ``schedules.RuleError.line()``, written
+    here again because this module stays clear of TVM."""
+    for error in errors:
+        instead = f"{error['scheduled_by']} scheduled it instead" if error["scheduled_by"] else "no rule scheduled it"
+        print(f"WARNING: schedule rule {error['rule']} failed on kernel {error['kernel']} ({error['error']}); "
+              f"{instead} (report the model)")
+
+
 def print_compile(result) -> None:
     """One target: the artifact, fusions, kernels, fusion gate, tuning log and verification."""
     meta = result.metadata
@@ -46,6 +55,7 @@ def print_compile(result) -> None:
     for bucket in meta.get("buckets", []):
         print(f"bucket {bucket_text(bucket['sizes'])}: static kernels, {bucket['kernels']} per call")
     print_generic_kernels(meta.get("generic_kernels", []))
+    print_rule_errors(meta.get("schedule_rule_errors", []))
     if meta.get("fusion_gate"):
         gate = meta["fusion_gate"]
         print(f"fusion gate: {gate['checked']} fused instance(s) checked against their unfused nodes, "
@@ -113,6 +123,7 @@ def print_inspect(result, graph: str | None = None, exported=None) -> None:
                            [[i.variant, ", ".join(i.nodes) or "-"] for i in result.instances]))
     _print_coverage(result.coverage)
     print_generic_kernels([dataclasses.asdict(k) for k in result.generic_kernels])
+    print_rule_errors([dataclasses.asdict(e) for e in result.schedule_rule_errors])
     if result.report.near_misses:
         print("\nnear misses (matched, but the check declined):")
         print(table(["pattern", "where", "reason"],

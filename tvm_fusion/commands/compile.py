@@ -165,6 +165,9 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
     for kernel in generic:
         say(f"WARNING: {kernel.line()}")
     metadata["generic_kernels"] = [dataclasses.asdict(kernel) for kernel in generic]
+    for error in scheduled.schedule_rule_errors:
+        say(f"WARNING: {error.line()}")
+    metadata["schedule_rule_errors"] = [dataclasses.asdict(error) for error in scheduled.schedule_rule_errors]
     if scheduled.buckets:
         metadata["buckets"] = [{"sizes": b.sizes, "kernels": kernel_calls(b.module),
                                 "fusion_gate": b.gate.to_json() if b.gate is not None else None}

@@ -21,6 +21,7 @@ from ..patterns import PatternReport
 from ..preparation import ShapeArg
 from ..provenance import node_index
 from ..render import check_graph_path, render_fusion_graph
+from ..schedules import RuleError
 from ..session import ModelSession
 from ..verify import OutputComparison
 from .coverage import Coverage
@@ -42,6 +43,8 @@ class InspectReport:
     coverage: Coverage | None = None
     # kernels only a generic schedule rule took though they hold a contraction or much of the FLOPs
     generic_kernels: list[GenericKernel] = dataclasses.field(default_factory=list)
+    # schedule rules that raised on a kernel, which then went on to the next rule
+    schedule_rule_errors: list[RuleError] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -122,7 +125,8 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         fused = session.fused(prepared)
         kernels = kernel_calls(session.lowered(fused, prepared.config).module)
         stock_kernels = session.stock_kernel_calls(prepared.config)
-        generic = generic_kernels(session.scheduled(prepared.config), prepared)
+        scheduled = session.scheduled(prepared.config)
+        generic = generic_kernels(scheduled, prepared)
     simplified = prepared.simplified
     report = fused.report
     for miss in report.near_misses:
@@ -145,6 +149,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         instances=instances,
         coverage=measure_coverage(simplified, instances, report.near_misses),
         generic_kernels=generic,
+        schedule_rule_errors=scheduled.schedule_rule_errors,
     )
 
 

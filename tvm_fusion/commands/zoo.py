@@ -51,6 +51,14 @@ class ZooModel:
     # Verification tolerance in place of the config's, for models that quantize activations at
     # run time: a last-bit difference before a rounding to uint8 moves a value a whole step.
     atol: float | None = None
+    quantization: str = ""            # "" (float), or one of QUANTIZATION_FORMS
+    float_exporter: str = ""          # for a quantized graph: who exported the float graph it was made from
+    op_families: tuple[str, ...] = () # what the graph brings, in OP_FAMILIES' words
+    license: str = ""                 # as the wheel's metadata or licence file states it
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.quantization)
 
     def config(self):
         """The pipeline config to compile this model with: the host config, with ``atol``."""
@@ -60,6 +68,20 @@ class ZooModel:
     def wheel(self) -> str:
         return f"{self.package}=={self.version}"
 
+
+# How a quantized model computes: "dynamic" quantizes activations at run time
+# (DynamicQuantizeLinear + MatMulInteger/ConvInteger, com.microsoft DynamicQuantizeLSTM), "qdq"
+# keeps float ops between QuantizeLinear/DequantizeLinear pairs, "qoperator" uses integer ops
+# (QLinearConv, QLinearMatMul, ...).
+QUANTIZATION_FORMS = frozenset({"dynamic", "qdq", "qoperator"})
+
+# The words `op_families` may use (the manifest's header says what each means).
+OP_FAMILIES = frozenset({
+    "conv1d", "conv2d", "grouped-conv", "conv-transpose", "matmul", "attention", "pooling",
+    "batchnorm", "layernorm", "reduce", "softmax", "gelu", "hard-activation", "leaky-relu",
+    "resize", "pad", "transpose", "nhwc", "embedding", "scatter-gather", "rnn", "loop", "if",
+    "dynamic-quant", "qdq", "qoperator", "onnx-ml", "ort-contrib", "int-input", "bool-input",
+})
 
 Progress = Callable[[str], None]
 Downloader = Callable[[str, str, Path], Path]
@@ -71,10 +93,17 @@ def load_manifest(path: str | Path = MANIFEST_PATH) -> dict[str, ZooModel]:
         entries = tomllib.load(handle)["model"]
     models = {}
     for entry in entries:
-        entry = dict(entry, input_shapes=tuple(entry["input_shapes"]))
+        entry = dict(entry, input_shapes=tuple(entry["input_shapes"]),
+                     op_families=tuple(entry.get("op_families", ())))
         model = ZooModel(**entry)
         if model.name in models:
             raise ValueError(f"{path}: model {model.name!r} is listed twice")
+        unknown = sorted(set(model.op_families) - OP_FAMILIES)
+        if unknown:
+            raise ValueError(f"{path}: model {model.name!r} has unknown op_families {unknown}")
+        if model.quantization and model.quantization not in QUANTIZATION_FORMS:
+            raise ValueError(f"{path}: model {model.name!r} has quantization {model.quantization!r}, "
+                             f"not one of {sorted(QUANTIZATION_FORMS)}")
         models[model.name] = model
     return models
 

@@ -16,6 +16,12 @@
   ours compute the integer products in float32, exactly (``quantized.py``). MatMulInteger of a
   constant weight too (TVM's runs an int32 matmul no schedule of ours takes). DynamicQuantizeLinear:
   TVM's divides by zero on an all-zero tensor (ONNX Runtime then takes scale 1); ours does not.
+* QOperator ops (QLinearConv, QLinearMatMul, QLinearAdd/Mul, ``com.microsoft`` QGemm,
+  MatMulIntegerToFloat, DynamicQuantizeMatMul, QLinearGlobalAveragePool), also what
+  ``qdq_fusion.py`` makes of QDQ groups: not in TVM; ours compute them as ONNX Runtime's
+  integer kernels do, bit for bit (``qoperator.py``). ``com.microsoft`` QLinearSigmoid,
+  QLinearLeakyRelu, QLinearConcat and QLinearAveragePool as its tables and float passes
+  (``qlinear_lookup.py``).
 * Range over a symbolic size (GPT-2's position ids, ``Range(0, sequence, 1)``): TVM gives the
   result a fresh length var, so ``embeddings + positions`` loses its shape and the import
   fails. Ours is ``arange`` with the length as an expression of the input dims.
@@ -51,6 +57,7 @@ from ..kernels import CLIP_KERNELS, kernel_attrs
 from ..kernels.dropout_training import emit_dropout_training
 from ..kernels.eye_like import emit_eye_like
 from ..patterns.base import static_shape
+from . import qlinear_lookup, qoperator
 from .op_support import unsupported_ops, unsupported_ops_message
 from .quantized import DynamicQuantization, centered_constant, integer_input
 from .recurrent import convert_gru, convert_lstm
@@ -79,7 +86,18 @@ class Importer(ONNXGraphImporter):
                    "Expand": self._expand, "Resize": self._resize, "Clip": self._clip, "OneHot": self._one_hot,
                    "Scaler": self._scaler, "Einsum": self._einsum, "ConvInteger": self._conv_integer,
                    "DynamicQuantizeLinear": self._dynamic_quantize_linear, "MatMulInteger": self._matmul_integer,
-                   "DynamicQuantizeLSTM": self._recurrent(convert_lstm, quantized=True)}.get(op_name)
+                   "DynamicQuantizeLSTM": self._recurrent(convert_lstm, quantized=True),
+                   "QLinearConv": self._qlinear_conv, **{op: self._quantized(convert) for op, convert in (
+                       ("QLinearMatMul", qoperator.qlinear_matmul), ("QGemm", qoperator.qgemm),
+                       ("QLinearAdd", qoperator.qlinear_add), ("QLinearMul", qoperator.qlinear_mul),
+                       ("MatMulIntegerToFloat", qoperator.matmul_integer_to_float),
+                       ("DynamicQuantizeMatMul", qoperator.dynamic_quantize_matmul),
+                       ("QLinearGlobalAveragePool", qoperator.qlinear_global_average_pool),
+                       ("QLinearAveragePool", qlinear_lookup.qlinear_average_pool),
+                       ("QLinearSigmoid", qlinear_lookup.qlinear_sigmoid),
+                       ("QLinearLeakyRelu", qlinear_lookup.qlinear_leaky_relu),
+                       ("QLinearConcat", qlinear_lookup.qlinear_concat),
+                       ("QLinearSoftmax", qlinear_lookup.qlinear_softmax))}}.get(op_name)
         converted = convert(inputs, attrs, opset) if convert is not None else None
         if converted is None:
             return super()._convert_operator(op_name, inputs, attrs, opset)
@@ -120,6 +138,18 @@ class Importer(ONNXGraphImporter):
 
     def _constant(self, value):
         return get_constant(value, [self._nodes, self._params])
+
+    def _quantized(self, convert):
+        def run(inputs, attrs, _opset):
+            return convert(self.bb, inputs, attrs, self._constant)
+
+        return run
+
+    def _qlinear_conv(self, inputs, attrs, opset):
+        def conv(data, weights, bias):
+            return super(Importer, self)._convert_operator("Conv", [data, weights, bias], attrs, opset)
+
+        return qoperator.qlinear_conv(self.bb, inputs, attrs, self._constant, conv)
 
     def _conv_integer(self, inputs, attrs, opset):
         """ConvInteger as TVM's float32 Conv of ``x - x_zero_point`` and ``w - w_zero_point``

@@ -28,6 +28,7 @@ from .input_binding import (FLOAT_DTYPES, ONNX_DTYPES, TensorSpec, bind_input_sh
                             graph_inputs, input_tensor_type, inputs_at, parse_shape_flag, parse_value_flag)
 from .loop_unrolling import unroll_loops
 from .op_support import unsupported_ops, unsupported_ops_message
+from .qdq_fusion import fuse_qdq_groups
 from .sample_inputs import index_tables, random_inputs
 from .shape_values import freeze_shape_tensors
 from .stepped_dims import add_steps_param
@@ -80,14 +81,16 @@ def output_specs(model: onnx.ModelProto) -> list[str]:
 
 def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
     """``_slim`` of the model with its top-level Ifs inlined (``if_hoisting.py``), where the
-    branches then provably select values of one shape; else of the model as it is."""
+    branches then provably select values of one shape; else of the model as it is. QDQ groups
+    become the QOperator ops ONNX Runtime runs (``qdq_fusion.py``), so that what is imported,
+    and what provenance names nodes after, is that graph."""
     model = with_pinned_values(model, inputs)
     hoisted = hoist_ifs(model)
     if hoisted is not None:
         simplified = _slim(hoisted, inputs)
         if same_shapes(simplified):
-            return simplified
-    return _slim(model, inputs)
+            return fuse_qdq_groups(simplified)
+    return fuse_qdq_groups(_slim(model, inputs))
 
 
 def with_pinned_values(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
@@ -114,6 +117,13 @@ def with_pinned_values(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx
 
     rename(pinned.graph)
     return pinned
+
+
+# onnxslim folds a computed constant (a shape value, a mask) up to this size. Larger ones are
+# weights rewritten at load (int8 or fp16 weights cast and scaled to float32): onnxslim folds
+# them through ONNX Runtime and carries the float32 result through every copy of its loop, the
+# compile's memory peak; the canonicalize phase folds them in Relax instead, at a fraction.
+_FOLDED_BYTES = 64 << 10
 
 
 def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
@@ -146,6 +156,7 @@ def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
             input_shapes=input_shapes,
             # onnxslim's own fusions (MatMul+Add -> Gemm, Conv+BN, ...) would pre-empt ours.
             skip_fusion_patterns=[p for p in DEFAULT_FUSION_PATTERNS if p.startswith("Fusion")],
+            size_threshold=_FOLDED_BYTES,
         ))
     except Exception:  # noqa: BLE001 - any onnxslim failure: let the importer try the original
         return unroll_loops(model, feeds)
@@ -200,6 +211,7 @@ def import_model(model: onnx.ModelProto, inputs: list[TensorSpec], importer=None
     records the ranges as ``tir_var_lower_bound``/``tir_var_upper_bound``, so memory is planned
     for the largest size and the schedules know how far a dim goes.
     """
+    model = fuse_qdq_groups(model)  # ONNX Runtime's integer ops in place of its QDQ groups
     missing = unsupported_ops(model)
     if missing:
         raise ModelError(*unsupported_ops_message(missing))

@@ -12,13 +12,18 @@ import onnx
 from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
 # Ops converted only by converters.py: TVM's importer (and its unsupported-op check) does not know them.
-OWN_OPS = frozenset({"LSTM", "GRU", "ConvInteger"})
+OWN_OPS = frozenset({"LSTM", "GRU", "ConvInteger", "QLinearConv", "QLinearMatMul"})
 # Ops TVM's importer builds itself, outside its converter table: If becomes a Relax ``If`` whose
 # branches are imported from its subgraphs (checked here like the main graph).
 DIRECT_OPS = frozenset({"If"})
 # The same for ops of other domains, as "<domain>.<op>" (skl2onnx writes StandardScaler as one,
 # onnxruntime's quantize_dynamic a quantized LSTM).
-OWN_DOMAIN_OPS = frozenset({"ai.onnx.ml.Scaler", "com.microsoft.DynamicQuantizeLSTM"})
+OWN_DOMAIN_OPS = frozenset({"ai.onnx.ml.Scaler", "com.microsoft.DynamicQuantizeLSTM", "com.microsoft.QGemm",
+                            "com.microsoft.QLinearAdd", "com.microsoft.QLinearMul",
+                            "com.microsoft.MatMulIntegerToFloat", "com.microsoft.DynamicQuantizeMatMul",
+                            "com.microsoft.QLinearGlobalAveragePool", "com.microsoft.QLinearAveragePool",
+                            "com.microsoft.QLinearSigmoid", "com.microsoft.QLinearLeakyRelu",
+                            "com.microsoft.QLinearConcat", "com.microsoft.QLinearSoftmax"})
 
 
 def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, list[str]]:

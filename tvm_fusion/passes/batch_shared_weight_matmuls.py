@@ -35,6 +35,7 @@ MIN_MATMULS = 2
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.BatchSharedWeightMatmuls")
 class BatchSharedWeightMatmuls:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = mod.clone()  # the caller's module stays as it was
         changed = False
         for gvar, func in list(mod.functions_items()):
             if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):

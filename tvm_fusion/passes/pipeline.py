@@ -28,7 +28,7 @@ from tvm import relax
 
 from ..config import PipelineConfig
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
-from ..schedules import ApplySchedules
+from ..schedules import ApplySchedules, RuleError
 from ..targets.target_info import vector_lanes
 from ..tuning.apply import ApplyTuningRecords
 from .apply_rewrite_rules import ApplyRewriteRules
@@ -54,13 +54,15 @@ GRAPH_PHASES = ("canonicalize", "layout", "fuse")
 def fusion_pipeline(config: PipelineConfig, report: PatternReport,
                     phases: tuple[str, ...] = (*GRAPH_PHASES, "lower", "schedule"),
                     schedule_log: dict[str, str] | None = None, tuning=None,
-                    excluded: frozenset[str] = frozenset()) -> tvm.transform.Pass:
+                    excluded: frozenset[str] = frozenset(),
+                    rule_errors: list[RuleError] | None = None) -> tvm.transform.Pass:
     """The configured pipeline (optionally only some phases, for inspection and tests).
 
     ``report`` receives fusion counts and near misses; ``schedule_log`` (kernel -> schedule
-    rule) what the schedule phase did. ``tuning`` (tuning.apply.TuningRecords) schedules the
-    kernels it has records for before the hand-written rules take the rest. ``excluded``: binding
-    names no fusion may take (instances the numeric gate undid).
+    rule) what the schedule phase did, and ``rule_errors`` the schedule rules that raised on a
+    kernel (which then went on to the next rule). ``tuning`` (tuning.apply.TuningRecords)
+    schedules the kernels it has records for before the hand-written rules take the rest.
+    ``excluded``: binding names no fusion may take (instances the numeric gate undid).
     """
     rules = [get_pattern(name) for name in config.patterns]
     rewrites = [rule for rule in rules if isinstance(rule, RewriteRule)]
@@ -82,7 +84,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
         "layout": lambda: layout_passes(config, report),
         "fuse": lambda: [FusePatterns(fusions, report, excluded)],
         "lower": lambda: lowering_passes(config.fast_math, config.winograd),
-        "schedule": lambda: schedule_passes(config, schedule_log, tuning),
+        "schedule": lambda: schedule_passes(config, schedule_log, tuning, rule_errors),
     }
     return tvm.transform.Sequential([p for phase in phases for p in passes[phase]()],
                                     name="tvm_fusion.Pipeline")
@@ -129,7 +131,7 @@ def lowering_passes(fast_math: bool = True, winograd: bool = True) -> list[tvm.t
 
 
 def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
-                    tuning=None) -> list[tvm.transform.Pass]:
+                    tuning=None, rule_errors: list[RuleError] | None = None) -> list[tvm.transform.Pass]:
     if config.schedule == "none":
         return []
     tuned = []
@@ -137,7 +139,8 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
         tuned = [ApplyTuningRecords(tuning, config.tvm_target(), log=schedule_log)]
     # Weights are transformed before the tuning log is read: MetaSchedule tunes the kernels
     # that take them (tuning/tasks.py), so records and hand schedules see the same kernel.
-    return [*weight_passes(config), *tuned, ApplySchedules(config.tvm_target(), log=schedule_log)]
+    return [*weight_passes(config), *tuned,
+            ApplySchedules(config.tvm_target(), log=schedule_log, errors=rule_errors)]
 
 
 def weight_passes(config: PipelineConfig) -> list[tvm.transform.Pass]:

@@ -1,9 +1,10 @@
-"""Layout transforms back to NCHW sunk below resizes, channel concats, channel slices, pools
-and element-wise ops, to meet the transform that undoes them.
+"""Layout transforms back to NCHW sunk below resizes, concats, slices, pools and element-wise
+ops, to meet the transform that undoes them.
 
 TVM's layout inference carries NCHW[x]c through element-wise ops and pools but not through
-``image.resize2d`` (it falls back to NCHW for a blocked input), ``strided_slice`` on channels,
-nor then through the concat after them; a channel ``split`` it gets wrong outright (a slice
+``image.resize2d`` (it falls back to NCHW for a blocked input), ``strided_slice`` (on channels,
+or on rows and columns: a circular pad written as Slice + Concat), nor then through the concat
+after them; a channel ``split`` it gets wrong outright (a slice
 of 0 channels, and the inference fails). An FPN's top-down merge, ``concat(resize(p5), p4)``
 between blocked convs, thus costs three transforms: p5 and p4 to NCHW, the merged map back;
 a YOLOv8 C2f block (split the channels in two, convs on one half, concat) as many. ``clip`` it
@@ -142,6 +143,9 @@ class _TransformSinker(PyExprMutator):
                     and 0 <= begin[0] < end[0] <= static_shape(call.args[0])[1]):
                 return relax.op.strided_slice(source, axes=[1], begin=[begin[0] // block],
                                               end=[end[0] // block]), block
+            if axes is not None and all(axis % 4 in (2, 3) for axis in axes):  # rows, columns: the same slice
+                return relax.op.strided_slice(source, [axis % 4 for axis in axes], *call.args[2:],
+                                              assume_inbound=bool(call.attrs.assume_inbound)), block
             return None
         if call.op.name in ELEMENTWISE_OPS:
             return self._sunk_elementwise(call)
@@ -156,14 +160,16 @@ class _TransformSinker(PyExprMutator):
             return pool(source, pool_size=list(attrs.pool_size), strides=list(attrs.strides),
                         padding=list(attrs.padding), dilation=list(attrs.dilation), ceil_mode=bool(attrs.ceil_mode),
                         count_include_pad=bool(attrs.count_include_pad), layout=f"NCHW{block}c"), block
-        if call.op.name == "relax.concat" and int(call.attrs.axis) in (1, -3) and isinstance(call.args[0], relax.Tuple):
+        if call.op.name == "relax.concat" and isinstance(call.args[0], relax.Tuple) and _rank(call) == 4:
             fields = list(call.args[0].fields)
             if not fields or any(field not in self.blocked for field in fields):
                 return None
             blocks = {self.blocked[field][1] for field in fields}
             if len(blocks) != 1:
                 return None
-            return relax.op.concat([self.blocked[field][0] for field in fields], axis=1), blocks.pop()
+            # Channels: a concat of whole blocks; rows or columns (a circular pad): the same concat.
+            return relax.op.concat([self.blocked[field][0] for field in fields], axis=int(call.attrs.axis) % 4), \
+                blocks.pop()
         return None
 
     def _sunk_elementwise(self, call: relax.Call) -> tuple[relax.Call, int] | None:
@@ -179,6 +185,11 @@ class _TransformSinker(PyExprMutator):
             return None  # a broadcast across channels: left as it is (rows, columns and batch may broadcast)
         args = [self.blocked[arg][0] if any(arg.same_as(m) for m in maps) else arg for arg in call.args]
         return relax.Call(call.op, args, call.attrs), blocks.pop()
+
+
+def _rank(expr: relax.Expr) -> int | None:
+    ty = expr.ty
+    return ty.ndim if isinstance(ty, relax.TensorType) and ty.ndim >= 0 else None
 
 
 def _is_scalar(expr: relax.Expr) -> bool:

@@ -12,8 +12,10 @@ after it; where it meets the view that undoes it (the inverse transpose, the nex
 ``expand_dims``) the two cancel, and the conv, its epilogue and the next conv sit next to each
 other in one layout.
 
-The rewrite is kept for a function only when it leaves fewer views than it found: pushed
-below an op that has other users, a view can be duplicated instead of cancelled.
+The rewrite is kept for a function only when it leaves fewer views than it found, or as many
+with fewer of them right after a conv or matmul (the output of a one-row conv that is pooled,
+a channels-last model's last layer: the epilogue then fuses): pushed below an op that has other
+users, a view can be duplicated instead of cancelled.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ ELEMENTWISE_OPS = frozenset({
     "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh",
     "relax.negative", "relax.abs", "relax.exp", "relax.sqrt", "relax.rsqrt", "relax.erf",
     "relax.astype", "relax.log", "relax.floor", "relax.ceil", "relax.round",
+    "relax.less", "relax.less_equal", "relax.greater", "relax.greater_equal", "relax.equal", "relax.not_equal",
 })
 VIEW_OPS = ("relax.permute_dims", "relax.squeeze", "relax.expand_dims")
 SUFFIX = "_view"
@@ -50,6 +53,13 @@ class SinkViews:
             sunk = relax.analysis.remove_all_unused(_Sinker(mod).visit_expr(func))
             if view_count(sunk) < view_count(func):
                 updates[gvar] = sunk
+                continue
+            # Only the views of conv and matmul results, kept with as many views but fewer right
+            # after those: the epilogue fusions take the element-wise ops the views moved below.
+            sunk = relax.analysis.remove_all_unused(_Sinker(mod, anchored_only=True).visit_expr(func))
+            if view_count(sunk) <= view_count(func) and _views_of_anchors(sunk) < _views_of_anchors(func):
+                updates[gvar] = sunk
+        mod = mod.clone()  # the caller's module stays as it was
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
@@ -63,6 +73,25 @@ def view_count(func: relax.Function) -> int:
     def visit(expr):
         if isinstance(expr, relax.Call) and expr.op in wanted:
             found.append(expr)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return len(found)
+
+
+ANCHOR_OPS = ("relax.nn.conv2d", "relax.nn.conv2d_transpose", "relax.matmul")
+
+
+def _views_of_anchors(func: relax.Function) -> int:
+    """How many views read a conv's or a matmul's result directly."""
+    var2val = relax.analysis.get_var2val(func)
+    views, anchors = {tvm.ir.Op.get(name) for name in VIEW_OPS}, {tvm.ir.Op.get(name) for name in ANCHOR_OPS}
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op in views and expr.args:
+            source = var2val.get(expr.args[0]) if isinstance(expr.args[0], relax.Var) else expr.args[0]
+            if isinstance(source, relax.Call) and source.op in anchors:
+                found.append(expr)
 
     relax.analysis.post_order_visit(func.body, visit)
     return len(found)
@@ -120,19 +149,29 @@ class _Sinker(PyExprMutator):
     transpose or a unit-axis squeeze of ``source``, so an op reading only such variables (and
     constants) is re-emitted on the sources and followed by one view of its own."""
 
-    def __init__(self, mod: tvm.IRModule):
+    def __init__(self, mod: tvm.IRModule, anchored_only: bool = False):
         super().__init__(mod)
         self.viewed: dict = {}
+        # Sink only views of a conv's or matmul's result (and what they become further down).
+        self.anchored_only = anchored_only
+        self.anchors = {tvm.ir.Op.get(name) for name in ANCHOR_OPS}
+        self.values: dict = {}
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = self.builder_.normalize(self.visit_expr(binding.value))
         view = _view_of(value, _rank(value.args[0])) if isinstance(value, relax.Call) and value.args else None
+        if view is not None and self.anchored_only and value.args[0] not in self.viewed:
+            source = self.values.get(value.args[0])
+            if not (isinstance(source, relax.Call) and source.op in self.anchors):
+                view = None
         if view is not None:
             self._emit_view(binding.var, value.args[0], view)
             return
         sunk = self._sunk(value)
         if sunk is None:
-            self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value))
+            var = rebind(self.builder_, binding.var, value)
+            self.values[var] = value
+            self.set_var_remap(binding.var, var)
             return
         call, view = sunk
         source = self.builder_.emit(call, str(binding.var.name))
@@ -158,10 +197,14 @@ class _Sinker(PyExprMutator):
 
     def _sunk(self, call) -> tuple[relax.Call, tuple] | None:
         """``call`` on the sources of its viewed operands, and the view to apply after it; None
-        when some tensor operand is neither viewed the same way (at full rank), a constant,
-        nor layout-free."""
-        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
-                and call.op.name in ELEMENTWISE_OPS):
+        when it is not an op that commutes with the view, or some operand cannot follow."""
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
+            return None
+        if call.op.name == "relax.strided_slice":
+            return self._sunk_slice(call)
+        if call.op.name == "relax.concat":
+            return self._sunk_concat(call)
+        if call.op.name not in ELEMENTWISE_OPS:
             return None
         view = next((self.viewed[arg][1] for arg in call.args if arg in self.viewed), None)
         if view is None or _rank(call) is None or view[0] == "permute" and _rank(call) != len(view[1]):
@@ -178,9 +221,61 @@ class _Sinker(PyExprMutator):
                 args.append(_constant_for_source(arg, view, source_rank))
             elif not isinstance(arg.ty, relax.TensorType) or _is_all_ones(arg):
                 args.append(arg)
+            elif _rank(arg) == _rank(call):
+                # A tensor in the view's layout (a residual from before the view): laid out
+                # back with the inverse view, kept only where the function ends up with fewer.
+                args.append(self.builder_.emit(_view_call(arg, _inverse(view, source_rank))))
             else:
                 return None
         return relax.Call(call.op, args, call.attrs, call.ty_args), view
+
+    def _sunk_slice(self, call) -> tuple[relax.Call, tuple] | None:
+        """A slice of a squeezed row is the same slice of its source, on the source's axes.
+        Transposes are not carried through slices and concats: the attention patterns read a
+        head transpose where the exporter put it, before the rotary embedding's halves."""
+        data, axes = call.args[0], _ints(call.args[1])
+        if data not in self.viewed or axes is None or self.viewed[data][1][0] != "squeeze":
+            return None
+        source, view = self.viewed[data]
+        sliced = relax.op.strided_slice(source, [_source_axis(view, axis % _rank(data)) for axis in axes],
+                                        *call.args[2:], assume_inbound=bool(call.attrs.assume_inbound))
+        return sliced, view
+
+    def _sunk_concat(self, call) -> tuple[relax.Call, tuple] | None:
+        """A concat of rows squeezed alike (circular padding: a row between two of its own
+        slices) is the concat of their sources, along the source's axis."""
+        parts = call.args[0]
+        if not isinstance(parts, relax.Tuple) or not all(part in self.viewed for part in parts.fields):
+            return None
+        views = {self.viewed[part][1] for part in parts.fields}
+        if len(views) != 1 or next(iter(views))[0] != "squeeze":
+            return None
+        (view,) = views
+        axis = _source_axis(view, int(call.attrs.axis) % _rank(call))
+        return relax.op.concat([self.viewed[part][0] for part in parts.fields], axis), view
+
+
+def _ints(expr) -> list[int] | None:
+    """The values of a tuple of integer constants (a slice's axes)."""
+    fields = getattr(expr, "fields", None)
+    if fields is None or not all(isinstance(field, tvm.tirx.IntImm) for field in fields):
+        return None
+    return [int(field) for field in fields]
+
+
+def _source_axis(view: tuple, axis: int) -> int:
+    """The axis of a view's source that is ``axis`` of the view."""
+    if view[0] == "permute":
+        return view[1][axis]
+    return axis + (axis >= view[1])  # squeeze: the axes from the squeezed one on move up
+
+
+def _inverse(view: tuple, source_rank: int) -> tuple:
+    """The view that takes a tensor in the view's layout back to the source's."""
+    if view[0] == "permute":
+        return ("permute", tuple(int(a) for a in np.argsort(view[1])))
+    assert source_rank > view[1]
+    return ("expand", view[1])
 
 
 def _constant_for_source(constant: tvm.ir.GenericConst, view: tuple, source_rank: int) -> tvm.ir.GenericConst:

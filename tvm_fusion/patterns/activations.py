@@ -15,6 +15,12 @@ def hardsigmoid_pattern(x):
     return is_op("relax.clip")(is_op("relax.add")(scaled, is_const()), wildcard(), wildcard())
 
 
+def prelu_pattern(x):
+    """PRelu in its canonical form (``prelu.py``): ``max(x, 0) + min(x, 0) * slope``."""
+    return is_op("relax.add")(is_op("relax.maximum")(x, is_const()),
+                              is_op("relax.multiply")(is_op("relax.minimum")(x, is_const()), is_const()))
+
+
 ACTIVATIONS = {
     "relu": lambda x: is_op("relax.nn.relu")(x),
     "gelu": lambda x: is_op("relax.nn.gelu")(x),
@@ -25,6 +31,7 @@ ACTIVATIONS = {
     "leakyrelu": lambda x: is_op("relax.nn.leakyrelu")(x),
     "hardsigmoid": hardsigmoid_pattern,
     "hardswish": lambda x: is_op("relax.multiply")(x, hardsigmoid_pattern(x)),
+    "prelu": prelu_pattern,
 }
 
 

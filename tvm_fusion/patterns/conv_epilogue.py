@@ -29,7 +29,8 @@ from .base import (FusionRule, dims_text, dtype_of, residual_or_leak_reason, sha
 from .resize_merge import resize_reason
 
 
-CONV_ACTIVATIONS = activation_patterns(("relu", "clip", "leakyrelu", "sigmoid", "silu", "hardsigmoid", "hardswish"))
+CONV_ACTIVATIONS = activation_patterns(("relu", "clip", "leakyrelu", "prelu", "sigmoid", "silu", "hardsigmoid",
+                                        "hardswish"))
 # After a residual add, exporters only put plain activations.
 POST_RESIDUAL = ("relu", "clip", "hardswish")
 # Residual kinds: none, any tensor, or an upsampled map computed inside the kernel.
@@ -104,7 +105,7 @@ class ConvEpilogue(FusionRule):
     runs_before = ("resize_merge",)
     absorbs_elementwise_tail = True
     description = ("conv2d (strided/dilated/grouped/depthwise) + bias + activation (relu, clip, "
-                   "leakyrelu, sigmoid, silu, hardsigmoid, hardswish) + residual add + activation, "
+                   "leakyrelu, prelu, sigmoid, silu, hardsigmoid, hardswish) + residual add + activation, "
                    "with an optional per-channel input scale (SE) in front")
 
     def variants(self):

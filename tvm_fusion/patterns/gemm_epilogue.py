@@ -43,7 +43,7 @@ class GemmEpilogue(FusionRule):
     name = "gemm_epilogue"
     absorbs_elementwise_tail = True
     description = ("matmul + bias + activation (relu, gelu, gelu_tanh, sigmoid, silu, clip, leakyrelu, "
-                   "hardsigmoid, hardswish) + residual add")
+                   "prelu, hardsigmoid, hardswish) + residual add")
 
     def variants(self):
         choices = itertools.product((True, False), (*ACTIVATIONS, None), (True, False))

@@ -1,4 +1,4 @@
-"""The schedule rule registry: the rules in ``cpu/`` plus the ``tvm_fusion.schedules`` entry points
+"""The schedule rule registry: the rules in ``cpu/`` (and ``gpu/`` for CUDA) plus the ``tvm_fusion.schedules`` entry points
 of installed plugins, per target kind, in the order they declare.
 
 A rule is found by its module alone (a ``ScheduleRule`` subclass defined in a module of
@@ -19,7 +19,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 
 from ..ordering import declared_order
 from ..plugins import classes_defined_in, plugin_rules
-from . import cpu
+from . import cpu, gpu
 
 ENTRY_POINT_GROUP = "tvm_fusion.schedules"
 
@@ -35,8 +35,8 @@ def rules_for_kind(kind: str) -> tuple[ScheduleRule, ...]:
                if kind in getattr(rule, "target_kinds", ())]
     if kind == "llvm":
         return tuple(declared_order([*builtin_cpu_rules(), *plugged], "schedule rule", rule_name))
-    if kind == "cuda":  # dlight's GPU rules, after any plugin rule for CUDA
-        return (*declared_order(plugged, "schedule rule", rule_name),
+    if kind == "cuda":  # ours in gpu/ and any plugin rule for CUDA, then dlight's GPU rules
+        return (*declared_order([*builtin_gpu_rules(), *plugged], "schedule rule", rule_name),
                 dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
     return tuple(declared_order(plugged, "schedule rule", rule_name))
 
@@ -44,3 +44,8 @@ def rules_for_kind(kind: str) -> tuple[ScheduleRule, ...]:
 def builtin_cpu_rules() -> list[ScheduleRule]:
     """One instance of each ScheduleRule subclass defined in a module of ``cpu/``."""
     return [cls() for cls in classes_defined_in(cpu, (ScheduleRule,))]
+
+
+def builtin_gpu_rules() -> list[ScheduleRule]:
+    """One instance of each ScheduleRule subclass defined in a module of ``gpu/`` (CUDA)."""
+    return [cls() for cls in classes_defined_in(gpu, (ScheduleRule,))]

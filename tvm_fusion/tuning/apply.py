@@ -109,6 +109,7 @@ class ApplyTuningRecords:
             updates[gvar] = _with_attrs_of(sch.mod["main"], func)
             self.records.applied[gvar.name_hint] = self._describe(workload_mod, top[0])
             self.log[gvar.name_hint] = "tuned"
+        mod = mod.clone()  # the caller's module (a cached session stage) stays as it was
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod

@@ -5,7 +5,7 @@ import math
 import pytest
 import tvm
 import tvm_ffi
-from loop_structure import blocks_under_parallel_loop, loop_kinds
+from loop_structure import blocks_under_parallel_loop, loop_kinds, root_loop_nests
 from tvm.relax.op import nn
 
 from tvm_fusion.schedules.cpu.group_norm import GroupNorm
@@ -51,6 +51,19 @@ def test_a_group_that_is_no_whole_number_of_vectors_sums_in_scalars(assert_sched
     [func] = funcs.values()
     assert not rfactored(func)
     assert loop_kinds(func).parallel == [3]
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 4, 4), (1, 16, 32)])
+def test_one_group_of_one_sample_is_one_serial_task(assert_schedule_matches, lanes, shape):
+    """A single (sample, group) row: normalize_prim_func keeps the statistics' unit row but drops
+    it from the channels, and the rule took no such kernel before; now one serial loop nest,
+    its sums still in vectors of partial sums."""
+    funcs = assert_schedule_matches(GroupNorm(), group_norm(1, silu=True), **TOLERANCE, x=shape,
+                                    gamma=(shape[1],), beta=(shape[1],))
+    [func] = funcs.values()
+    loops = loop_kinds(func)
+    assert loops.parallel == [] and root_loop_nests(func) == 1
+    assert rfactored(func) and loops.vectorized[:2] == [lanes, lanes]
 
 
 def test_declines_other_norms(lowered, prim_funcs, target):

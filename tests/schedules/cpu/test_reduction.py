@@ -3,17 +3,18 @@
 import math
 
 import pytest
-from loop_structure import loop_kinds
+from loop_structure import loop_kinds, root_loop_nests
 from tvm.relax.op import mean, nn, sum as reduce_sum
 
 from tvm_fusion.schedules.cpu import Reduction
 
 
 def assert_rows(funcs, rows: int, vectorized: list[int]):
-    """One kernel, its rows in one parallel loop, and exactly these vectorized loops."""
+    """One kernel, its rows in one parallel loop (a single row: a serial one), and exactly these
+    vectorized loops."""
     (func,) = funcs.values()
     loops = loop_kinds(func)
-    assert loops.parallel == [rows]
+    assert loops.parallel == ([rows] if rows > 1 else [])
     assert loops.vectorized == vectorized
 
 
@@ -75,3 +76,44 @@ def test_declines_all_unit_rows(lowered, prim_funcs, target):
     mod = lowered(lambda x: nn.softmax(x, axis=-1), x=(1, 1))
     for func in prim_funcs(mod).values():
         assert Reduction().apply(func, target, False) is None
+
+
+def _layer_norm(x, gamma, beta):
+    return nn.layer_norm(x, gamma, beta, axes=[-1])
+
+
+def _rms_norm(x, gamma):
+    return nn.rms_norm(x, gamma, axes=[-1])
+
+
+def _softmax(x):
+    return nn.softmax(x, axis=-1)
+
+
+def _row_mean(x):
+    return mean(x, axis=[-1], keepdims=True)
+
+
+def _row_sum(x):
+    return reduce_sum(x, axis=[-1])
+
+
+@pytest.mark.parametrize("fn, shapes, elementwise", [
+    (_layer_norm, {"x": (1, 512), "gamma": (512,), "beta": (512,)}, 1),    # magika-v3's last norm
+    (_layer_norm, {"x": (1, 1, 256), "gamma": (256,), "beta": (256,)}, 1),  # one token of a decoder
+    (_layer_norm, {"x": (1, 33), "gamma": (33,), "beta": (33,)}, 1),       # no whole vectors
+    (_rms_norm, {"x": (1, 48), "gamma": (48,)}, 1),
+    (_softmax, {"x": (1, 100)}, 2),
+    (_softmax, {"x": (1, 1, 64)}, 2),
+    (_row_mean, {"x": (1, 64)}, 0),
+    (_row_sum, {"x": (1, 37)}, 0),
+])
+def test_a_single_row_is_one_serial_task(assert_schedule_matches, lanes, fn, shapes, elementwise):
+    """normalize_prim_func drops the unit row from the element-wise blocks (S(512)) but gives
+    the sums one back (S(1) R(512)); the rule still takes the kernel as one row (it was left to
+    Fallback): every block in one serial loop nest, its ``elementwise`` loops over the row on
+    vectors, and the unscheduled kernel's numbers."""
+    funcs = assert_schedule_matches(Reduction(), fn, rtol=1e-4, atol=1e-4, **shapes)
+    (func,) = funcs.values()
+    assert root_loop_nests(func) == 1
+    assert_rows(funcs, 1, [row_vector(shapes["x"][-1], lanes)] * elementwise)

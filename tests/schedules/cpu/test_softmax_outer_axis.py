@@ -9,10 +9,12 @@ import onnx
 import pytest
 from loop_structure import loop_kinds
 from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
 from tvm.relax.op import nn
 
 from tvm_fusion import api
 from tvm_fusion.config import load_config
+from tvm_fusion.schedules import hand_schedule, schedule_rules
 from tvm_fusion.schedules.cpu import Softmax, SoftmaxOverOuterAxis
 
 
@@ -76,3 +78,23 @@ def test_yolov8_distribution_head_matches_onnxruntime(tmp_path):
     assert "SoftmaxOverOuterAxis" in optimized.schedule_rules.values()
     inputs = {"boxes": np.random.default_rng(0).standard_normal((1, 64, anchors)).astype(np.float32) * 4}
     helpers.assert_fused_matches_references(model, prepared, optimized, inputs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scores, values", [
+    ((2, 50, 1), (2, 50, 64)),       # attention pooling: weights over time, one per step, times features
+    ((1, 16, 4, 1), (1, 16, 4, 64)),
+])
+def test_declines_a_softmax_its_epilogue_broadcasts_along_the_innermost_axis(
+        lowered, prim_funcs, target, assert_schedule_matches, scores, values):
+    """The output's innermost axis is 64 wide but the softmax's is 1: no vector of positions to
+    run the max and the sum on (this raised StopIteration, and aborted the compile)."""
+    def pooling(x, h):
+        return relax.op.multiply(nn.softmax(x, axis=1), h)
+
+    (func,) = prim_funcs(lowered(pooling, x=scores, h=values)).values()
+    assert SoftmaxOverOuterAxis().apply(func, target, False) is None
+    failures: list = []
+    rule, _ = hand_schedule(func, target, failures)
+    assert failures == [] and rule not in (None, "SoftmaxOverOuterAxis")
+    taken = next(r for r in schedule_rules(target) if type(r).__name__ == rule)
+    assert_schedule_matches(taken, pooling, x=scores, h=values)

@@ -57,6 +57,8 @@ def partial_width(keys: int, lanes: int) -> int:
     ((6, 6), (6, 6), True, True, False),                   # 6 keys: too narrow to split, scalar reductions
     ((3, 75), (3, 75), True, True, True),                  # 75 keys, odd: partials of a divisor (25 or 15)
     ((2, 6625), (1, 6625), False, True, True),             # a CTC head's 6625 classes: 25 lanes
+    ((1, 64), (1, 64), True, True, True),                  # a single row: one serial task
+    ((1, 1, 100), (1, 1, 100), False, False, True),        # one query of a decoder's head: 4-wide partials
 ])
 def test_schedule_matches_unscheduled(target, lanes, shape, mask_shape, epilogue, fast_math, split):
     mod = _fused_softmax(shape, mask_shape, epilogue, fast_math)
@@ -67,7 +69,8 @@ def test_schedule_matches_unscheduled(target, lanes, shape, mask_shape, epilogue
     scheduled[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
     loops = loop_kinds(sch.mod["main"])
-    assert loops.parallel == [math.prod(shape[:-1])]
+    rows = math.prod(shape[:-1])
+    assert loops.parallel == ([rows] if rows > 1 else [])  # a single row runs serially
     script = sch.mod["main"].script()
     partial = partial_width(shape[-1], lanes)
     assert split == (partial >= 4)

@@ -3,13 +3,13 @@
 import math
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import get_root_block, normalize_prim_func
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ...targets.target_info import vector_lanes
-from .helpers import (cpu_schedule, extent, is_row_shaped, is_spatial, leading_spatial, same_rows,
-                      vectorize_innermost, vectorized_init)
+from .helpers import (cpu_schedule, extent, is_spatial, parallel_rows, row_blocks, vectorize_innermost,
+                      vectorized_init)
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 
 # The normalized block of TOPI's group_norm, as LegalizeOps names it: (N, G, C / G, spatial...).
@@ -47,12 +47,10 @@ class GroupNorm(ScheduleRule):
                 sch.compute_inline(norm)  # its rsqrt is per element either way; the consumer writes it out
         except s_tir.ScheduleError:
             return None  # a layout this rule did not foresee: leave it to the next rule
-        blocks = normalize_prim_func(sch)
-        if blocks is None or any(not is_row_shaped(b) for b in blocks):
+        rows = row_blocks(sch)  # (N, G), or (G,) where N is 1
+        if rows is None:
             return None
-        row_axes = min(leading_spatial(block) for block in blocks)  # (N, G), or (G,) where N is 1
-        if row_axes == 0 or not same_rows(blocks, row_axes):
-            return None
+        blocks, row_axes = rows
         lanes = vector_lanes(target, sch.get(blocks[-1].block_rv).writes[0].source.dtype)
         try:
             _rows(sch, [block.block_rv for block in blocks], row_axes, lanes)
@@ -71,7 +69,7 @@ def _rows(sch: s_tir.Schedule, blocks: list, row_axes: int, lanes: int) -> None:
             partials.append(partial)
         order.append(block)
     row = sch.fuse(*sch.get_loops(order[-1])[:row_axes])
-    sch.parallel(row)
+    parallel_rows(sch, row)
     for block in reversed(order[:-1]):
         sch.compute_at(block, row, preserve_unit_loops=True)
     for block in order:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
-from tvm.s_tir.dlight.analysis import SBlockInfo, get_root_block
+from tvm.s_tir.dlight.analysis import SBlockInfo, get_root_block, get_sblock_info, normalize_prim_func
 from tvm.sym import detect_linear_equation
 from tvm.target import Target
 
@@ -286,6 +286,62 @@ def same_rows(blocks: list[SBlockInfo], row_axes: int) -> bool:
     """True if every block has the same leading row extents (ints, or symbolic row counts)."""
     rows = [[extent_of(e) for e in block.dom()[:row_axes]] for block in blocks]
     return all(same_extents(other, rows[0]) for other in rows[1:])
+
+
+def row_blocks(sch: s_tir.Schedule) -> tuple[list[SBlockInfo], int] | None:
+    """The kernel's blocks in dlight's normal form, each S..S R..R, and the number of leading
+    row axes they all share (at least one); None when they share none.
+
+    ``normalize_prim_func`` drops every unit-extent axis, but gives a reduction left without a
+    spatial axis one unit axis back. A kernel whose rows are a single row (a [1, 512] layer
+    norm, one token of a decoder) so comes out with its sums S(1) R(512) and its element-wise
+    blocks S(512): their leading extents disagree. Such a kernel gets its unit row back on every
+    block (``_with_unit_row``) and is scheduled as one row, the way many rows are.
+    """
+    blocks = normalize_prim_func(sch)
+    if blocks is None:
+        return None
+    if _single_row(blocks):
+        try:
+            blocks = [_with_unit_row(sch, block) for block in blocks]
+        except s_tir.ScheduleError:
+            return None  # a block bound to no loop (a scalar output): no row to give it
+    if any(not is_row_shaped(block) for block in blocks):
+        return None
+    row_axes = min(leading_spatial(block) for block in blocks)
+    if row_axes == 0 or not same_rows(blocks, row_axes):
+        return None  # blocks disagree on the rows: computing them per row would be wrong
+    return blocks, row_axes
+
+
+def _single_row(blocks: list[SBlockInfo]) -> bool:
+    """True if the kernel reduces and every reduction's rows are one static unit axis (its only
+    spatial axis): the whole row domain is a single point."""
+    reductions = [block for block in blocks if "R" in block.dom_kind()]
+    return bool(reductions) and all(
+        block.dom_kind().startswith("SR") and block.dom_kind().count("S") == 1 and _is_unit(block.dom()[0])
+        for block in reductions)
+
+
+def _with_unit_row(sch: s_tir.Schedule, block: SBlockInfo) -> SBlockInfo:
+    """``block`` with a leading unit spatial axis, unless it starts with one (a sum's row)."""
+    if block.dom_kind().startswith("S") and _is_unit(block.dom()[0]):
+        return block
+    unit = tirx.IntImm(block.iters[0].var.ty.dtype if block.iters else "int64", 0)
+    sch.transform_block_layout(block.block_rv, tirx.IndexMap.from_func(lambda *axes: [unit, *axes],
+                                                                       ndim=len(block.iters)))
+    return get_sblock_info(sch, block.block_rv)
+
+
+def _is_unit(extent: int | tirx.Expr) -> bool:
+    return isinstance(extent, int) and extent == 1
+
+
+def parallel_rows(sch: s_tir.Schedule, row) -> None:
+    """Run the row loop across cores, unless it is a single row: that one task stays a serial
+    loop (TVM drops a parallel loop of one iteration when it lowers it anyway)."""
+    if extent(sch, row) != 1:
+        sch.parallel(row)
 
 
 def vectorize_innermost(sch: s_tir.Schedule, block, row, lanes: int) -> None:

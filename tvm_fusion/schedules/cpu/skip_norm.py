@@ -1,14 +1,13 @@
 """Skip LayerNorm / RMSNorm: the residual sum, its row statistics and the normalized row in one task."""
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import get_root_block, normalize_prim_func
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ...kernels.blocks import is_spatial
 from ...targets.target_info import vector_lanes
-from .helpers import (cpu_schedule, has_call, is_row_shaped, leading_spatial, same_rows, vectorize_innermost,
-                      vectorized_init)
+from .helpers import cpu_schedule, has_call, parallel_rows, row_blocks, vectorize_innermost, vectorized_init
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 
 # The output blocks of TOPI's layer_norm and rms_norm, as LegalizeOps names them.
@@ -38,12 +37,10 @@ class SkipNorm(ScheduleRule):
                 sch.compute_inline(block)  # the bias add into the sum, the mean into its users
             except s_tir.ScheduleError:
                 continue
-        blocks = normalize_prim_func(sch)
-        if blocks is None or len(blocks) < 3 or any(not is_row_shaped(b) for b in blocks):
+        rows = row_blocks(sch)
+        if rows is None or len(rows[0]) < 3:
             return None
-        row_axes = min(leading_spatial(block) for block in blocks)
-        if row_axes == 0 or not same_rows(blocks, row_axes):
-            return None
+        blocks, row_axes = rows
         lanes = vector_lanes(target, sch.get(blocks[-1].block_rv).writes[0].source.dtype)
         try:
             sch = _schedule_rows(sch, [b.block_rv for b in blocks], row_axes, lanes)
@@ -72,7 +69,7 @@ def _schedule_rows(sch: s_tir.Schedule, blocks: list, row_axes: int, lanes: int)
         row = sch.fuse(*sch.get_loops(order[-1])[:row_axes])
         for block in reversed(order[:-1]):
             sch.compute_at(block, row, preserve_unit_loops=True)
-    sch.parallel(row)
+    parallel_rows(sch, row)
     for block in order:
         stmt = sch.get(block)
         if is_spatial(stmt):

@@ -24,8 +24,8 @@ from tvm.target import Target
 
 from ...kernels.blocks import is_spatial
 from ...targets.target_info import vector_lanes
-from .helpers import (cpu_schedule, extent, extent_of, inline_cheap_blocks, power_of_two_width, same_extents,
-                      vectorized_init)
+from .helpers import (cpu_schedule, extent, extent_of, inline_cheap_blocks, parallel_rows, power_of_two_width,
+                      same_extents, vectorized_init)
 from .matchers import is_softmax
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 
@@ -73,7 +73,7 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
             partials.append(sch.get(sch.rfactor(lane, len(row_domain) - 1)).name_hint)
     blocks = list(sch.get_child_blocks(get_root_block(sch)))
     row = sch.fuse(*rows)
-    sch.parallel(row)
+    parallel_rows(sch, row)
     for block in reversed(blocks[:-1]):
         sch.compute_at(block, row, preserve_unit_loops=True)
     for block in blocks:

@@ -21,7 +21,8 @@ from tvm.target import Target
 
 from ...kernels.blocks import is_spatial
 from ...targets.target_info import vector_lanes
-from .helpers import cpu_schedule, extent, inline_cheap_blocks, power_of_two_width, vectorized_init
+from .helpers import (cpu_schedule, extent, extent_of, inline_cheap_blocks, power_of_two_width,
+                      vectorized_init)
 from .matchers import is_softmax
 from .small_extent import MIN_PARALLEL_ELEMENTS
 
@@ -46,19 +47,24 @@ class SoftmaxOverOuterAxis(ScheduleRule):
         reduced = _reduced_axis(sch, blocks, len(loops))
         if reduced is None or reduced == len(loops) - 1 or not all(isinstance(e, int) for e in extents):
             return None
+        if not _vectors_along_softmax_rows(sch, blocks, extents[-1]):
+            return None
         lanes = power_of_two_width(extents[-1], vector_lanes(target, str(sch.get(output).writes[0].source.dtype)))
         if lanes < _MIN_LANES:
             return None
         try:
-            _schedule(sch, blocks, loops, reduced, lanes, parallel=math.prod(extents) >= MIN_PARALLEL_ELEMENTS)
+            scheduled = _schedule(sch, blocks, loops, reduced, lanes,
+                                  parallel=math.prod(extents) >= MIN_PARALLEL_ELEMENTS)
         except s_tir.ScheduleError:
             return None  # a prologue or epilogue that does not follow the output's positions
-        return sch
+        return sch if scheduled else None
 
 
-def _schedule(sch: s_tir.Schedule, blocks: list, loops: list, reduced: int, lanes: int, parallel: bool) -> None:
+def _schedule(sch: s_tir.Schedule, blocks: list, loops: list, reduced: int, lanes: int, parallel: bool) -> bool:
     """Tasks of ``lanes`` neighbouring positions (the output's ``loops`` but the ``reduced``
-    one); every block before the output computed per task."""
+    one); every block before the output computed per task. False (``sch`` half done, to be
+    dropped) where a reduction computed per task has no reduce loop or no vector of ``lanes``
+    positions to run on."""
     outer, lane = sch.split(loops[-1], [None, lanes])
     kept = [loop for i, loop in enumerate(loops[:-1]) if i != reduced]
     sch.reorder(*kept, outer, loops[reduced], lane)
@@ -73,13 +79,34 @@ def _schedule(sch: s_tir.Schedule, blocks: list, loops: list, reduced: int, lane
             sch.vectorize(inner[-1])
             continue
         # (positions, reduced) after compute_at: the reduced axis outside, the vector inside.
-        reduce_loop = next(loop for loop in inner if _is_reduce_loop(sch, block, loop))
-        position = next(loop for loop in reversed(inner) if not loop.same_as(reduce_loop)
-                        and extent(sch, loop) == lanes)
+        reduce_loop = next((loop for loop in inner if _is_reduce_loop(sch, block, loop)), None)
+        if reduce_loop is None:
+            return False
+        position = next((loop for loop in reversed(inner) if not loop.same_as(reduce_loop)
+                         and extent(sch, loop) == lanes), None)
+        if position is None:
+            return False
         sch.reorder(reduce_loop, position)
         sch.vectorize(position)
         vectorized_init(sch, block, reduce_loop)
     sch.vectorize(lane)
+    return True
+
+
+def _vectors_along_softmax_rows(sch: s_tir.Schedule, blocks: list, width: int) -> bool:
+    """True if the max and the sum run over as many innermost positions as the output (``width``):
+    the rule's vectors of the output's innermost axis are then vectors of the softmax's own. An
+    epilogue that broadcasts the softmax along that axis (attention pooling: weights over time
+    of [batch, time, 1] times features [batch, time, dim]) leaves one position per task there,
+    and no vector to run the reductions on."""
+    for block in blocks:
+        stmt = sch.get(block)
+        if is_spatial(stmt):
+            continue
+        positions = stmt.iter_vars[:-1]  # the reduced axis is the last (``is_softmax``)
+        if not positions or extent_of(positions[-1].dom.extent) != width:
+            return False
+    return True
 
 
 def _reduced_axis(sch: s_tir.Schedule, blocks: list, rank: int) -> int | None:
