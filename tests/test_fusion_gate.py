@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import onnx
@@ -100,3 +101,44 @@ def test_without_the_gate_the_wrong_kernel_ships_and_verification_catches_it(wro
     path, config = wrong_fusion
     with pytest.raises(VerificationError):
         api.compile_model(path, config, output_dir=tmp_path / "build", fusion_gate=False)
+
+
+@tvm.transform.module_pass(opt_level=0, name="CorruptAddReluAlways")
+def corrupt_add_relu_always(mod, _ctx):
+    """The wrong kernel, wrong for every constant: relu(x + c + 1)."""
+    for gvar, func in list(mod.functions_items()):
+        if (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs
+                and str(func.attrs["Composite"]).startswith(AddRelu.name)):
+            x, c = func.params
+            wrong = relax.op.nn.relu(relax.op.add(relax.op.add(x, c), relax.const(1.0, "float32")))
+            mod[gvar] = relax.Function(func.params, relax.SeqExpr([], wrong), func.ret_ty, attrs=func.attrs)
+    return relax.transform.Normalize()(mod)
+
+
+def test_calls_of_one_kernel_on_the_same_constants_are_checked_once_and_undone_together(monkeypatch, tmp_path):
+    """An unrolled loop's steps are thousands of calls of a few kernels: the gate builds one
+    check per kernel and constants, and a failing check undoes every call it stands for."""
+    monkeypatch.setitem(pattern_registry(), AddRelu.name, AddRelu())
+    lowering = pipeline.lowering_passes
+
+    def corrupting(fast_math=True, winograd=True):
+        return [corrupt_add_relu_always, *lowering(fast_math, winograd)]
+
+    monkeypatch.setattr(pipeline, "lowering_passes", corrupting)
+    monkeypatch.setattr(session, "lowering_passes", corrupting)
+    model = two_add_relus()
+    model.graph.node[2].input[1] = "one"  # both adds by the same constant
+    path = tmp_path / "same_constant.onnx"
+    onnx.save(model, path)
+    config = dataclasses.replace(load_config(None), patterns=(AddRelu.name,))
+
+    built = []
+    compile_ = tvm.compile
+    monkeypatch.setattr(tvm, "compile", lambda mod, *a, **k: built.append(mod) or compile_(mod, *a, **k))
+    result = api.compile_model(path, config, output_dir=tmp_path / "build")
+    gate = result.metadata["fusion_gate"]
+    assert gate["checked"] == 2
+    assert sorted(u["onnx_nodes"][0] for u in gate["undone"]) == ["add_first", "add_second"]
+    wrappers = [gv.name_hint for mod in built for gv, _ in mod.functions_items()
+                if re.fullmatch(r"fused_\d+", gv.name_hint)]
+    assert wrappers == ["fused_0"]  # one check for both calls

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from .config import PipelineConfig
@@ -87,7 +88,9 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig,
         if isinstance(func, tvm.tirx.PrimFunc):
             fused[gvar] = func
             reference[gvar] = func
-    for index, (gvar, args) in enumerate(calls):
+    groups = _alike_calls(module, calls)
+    for index in groups:
+        gvar, args = calls[index]
         composite = module[gvar]
         params = [relax.Var(p.name, p.ty) for p in composite.params]
         fused[gvar] = composite
@@ -113,7 +116,8 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig,
     failures = []
     instances = instances_in_call_order(report, len(calls))
     sizes = typical_sizes(module)
-    for index, (gvar, args) in enumerate(calls):
+    for index, members in groups.items():
+        gvar, args = calls[index]
         inputs = [_argument(arg, rng, sizes) for arg in args]
         got = _arrays(fused_vm[f"fused_{index}"](*[x for x, arg in zip(inputs, args) if not _is_constant(arg)]))
         want = _arrays(reference_vm[f"reference_{index}"](*inputs))
@@ -122,9 +126,41 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig,
             b = b.astype(np.float64)
             error = max(error, float(np.abs(a.astype(np.float64) - b).max(initial=0.0)))
             allowed = max(allowed, config.atol + config.rtol * float(np.abs(b).max(initial=0.0)))
-        if not error <= allowed:  # NaN fails too
-            failures.append((instances[index] if instances else instance_of(module[gvar], report), error, allowed))
+        if not error <= allowed:  # NaN fails too: every call of the same kernel on the same constants fails
+            failures += [(instances[member] if instances else instance_of(module[calls[member][0]], report), error,
+                          allowed) for member in members]
     return len(calls), failures
+
+
+def _alike_calls(module, calls: list) -> dict[int, list[int]]:
+    """The calls grouped by what they compute: equal composites on the same constants and inputs
+    of the same types (an unrolled decoder's steps, thousands of calls of a few kernels), each
+    group under its first call. One check stands for the group: its other calls run the same
+    code on the same weights, and the other inputs are random either way."""
+    groups: dict[int, list[int]] = {}
+    seen: dict[tuple, list[int]] = {}  # structural hashes -> the groups' first calls
+    for index, (gvar, args) in enumerate(calls):
+        key = (tvm_ffi.structural_hash(module[gvar]),
+               *(tvm_ffi.structural_hash(arg if _is_constant(arg) else arg.ty) for arg in args))
+        first = next((other for other in seen.get(key, []) if _alike(module, calls[other], (gvar, args))), None)
+        if first is None:
+            seen.setdefault(key, []).append(index)
+            groups[index] = [index]
+        else:
+            groups[first].append(index)
+    return groups
+
+
+def _alike(module, first: tuple, second: tuple) -> bool:
+    (gvar_a, args_a), (gvar_b, args_b) = first, second
+    if len(args_a) != len(args_b) or not tvm_ffi.structural_equal(module[gvar_a], module[gvar_b]):
+        return False
+    for a, b in zip(args_a, args_b):
+        if _is_constant(a) != _is_constant(b):
+            return False
+        if not tvm_ffi.structural_equal(a if _is_constant(a) else a.ty, b if _is_constant(b) else b.ty):
+            return False
+    return True
 
 
 def _is_constant(arg) -> bool:
