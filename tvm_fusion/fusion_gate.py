@@ -139,9 +139,16 @@ def _alike_calls(module, calls: list) -> dict[int, list[int]]:
     code on the same weights, and the other inputs are random either way."""
     groups: dict[int, list[int]] = {}
     seen: dict[tuple, list[int]] = {}  # structural hashes -> the groups' first calls
+    hashes: dict = {}  # each composite and weight hashed once, however many calls share it
+
+    def hash_of(node) -> int:
+        if node not in hashes:
+            hashes[node] = tvm_ffi.structural_hash(node)
+        return hashes[node]
+
     for index, (gvar, args) in enumerate(calls):
-        key = (tvm_ffi.structural_hash(module[gvar]),
-               *(tvm_ffi.structural_hash(arg if _is_constant(arg) else arg.ty) for arg in args))
+        key = (hash_of(module[gvar]),
+               *(hash_of(arg) if _is_constant(arg) else tvm_ffi.structural_hash(arg.ty) for arg in args))
         first = next((other for other in seen.get(key, []) if _alike(module, calls[other], (gvar, args))), None)
         if first is None:
             seen.setdefault(key, []).append(index)

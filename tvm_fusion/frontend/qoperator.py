@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax, te, topi
+from tvm import relax, te
 from tvm.relax import op as R
 
 from ..errors import ModelError
 from ..patterns.base import static_shape
-from .quantized import DynamicQuantization, centered_constant, integer_input
+from .quantized import DynamicQuantization, centered_constant, constant_array, integer_input
 
 _F32 = np.float32
 
@@ -48,11 +48,8 @@ def constant_value(constant, value: relax.Expr | None, node: str, what: str) -> 
     """The numpy value of a scale or zero point (None for an absent optional input)."""
     if value is None:
         return None
-    folded = constant(value)
-    if not isinstance(folded, tvm.ir.GenericConst):
-        raise ModelError(f"{node}: its {what} is computed at run time",
-                         "quantize the model with constant scales and zero points (ONNX Runtime's tools do)")
-    return folded.value.numpy()
+    return constant_array(value, constant, node, what,
+                          "quantize the model with constant scales and zero points (ONNX Runtime's tools do)")
 
 
 def dtype_range(dtype: str) -> tuple[int, int]:

@@ -54,12 +54,13 @@ def centered_constant(values: np.ndarray, zero_point: np.ndarray | None, channel
     return result - zero_point.reshape(shape)
 
 
-def constant_array(value, constant, node: str, what: str) -> np.ndarray:
+def constant_array(value, constant, node: str, what: str,
+                   hint: str = "quantize the model with constant weights (quantize_dynamic writes them as "
+                               "initializers)") -> np.ndarray:
     """The numpy value of a converter input that must be an initializer (quantized weights are)."""
     folded = constant(value)
     if not isinstance(folded, tvm.ir.GenericConst):
-        raise ModelError(f"{node}: its {what} is computed at run time",
-                         "quantize the model with constant weights (quantize_dynamic writes them as initializers)")
+        raise ModelError(f"{node}: its {what} is computed at run time", hint)
     return folded.value.numpy()
 
 

@@ -28,7 +28,7 @@ from tvm.sym.analyzer import Analyzer
 from ..patterns.base import static_shape
 from .pad_conv_channels import global_pool
 from .rebinding import rebind
-from .sink_views import ELEMENTWISE_OPS
+from .sink_views import ELEMENTWISE_OPS, int_tuple, tensor_rank
 
 
 def sink_transforms_to_nchw(mod: tvm.IRModule) -> tvm.IRModule:
@@ -137,8 +137,8 @@ class _TransformSinker(PyExprMutator):
                 out_dtype=None if str(attrs.out_dtype) in ("", "void") else attrs.out_dtype), block
         if call.op.name == "relax.strided_slice" and call.args[0] in self.blocked:
             source, block = self.blocked[call.args[0]]
-            axes, begin, end = (_ints(arg) for arg in call.args[1:4])
-            strides = _ints(call.args[4]) if len(call.args) > 4 else [1]
+            axes, begin, end = (int_tuple(arg) for arg in call.args[1:4])
+            strides = int_tuple(call.args[4]) if len(call.args) > 4 else [1]
             if (axes in ([1], [-3]) and strides == [1] and begin[0] % block == 0 and end[0] % block == 0
                     and 0 <= begin[0] < end[0] <= static_shape(call.args[0])[1]):
                 return relax.op.strided_slice(source, axes=[1], begin=[begin[0] // block],
@@ -160,7 +160,7 @@ class _TransformSinker(PyExprMutator):
             return pool(source, pool_size=list(attrs.pool_size), strides=list(attrs.strides),
                         padding=list(attrs.padding), dilation=list(attrs.dilation), ceil_mode=bool(attrs.ceil_mode),
                         count_include_pad=bool(attrs.count_include_pad), layout=f"NCHW{block}c"), block
-        if call.op.name == "relax.concat" and isinstance(call.args[0], relax.Tuple) and _rank(call) == 4:
+        if call.op.name == "relax.concat" and isinstance(call.args[0], relax.Tuple) and tensor_rank(call) == 4:
             fields = list(call.args[0].fields)
             if not fields or any(field not in self.blocked for field in fields):
                 return None
@@ -187,22 +187,9 @@ class _TransformSinker(PyExprMutator):
         return relax.Call(call.op, args, call.attrs), blocks.pop()
 
 
-def _rank(expr: relax.Expr) -> int | None:
-    ty = expr.ty
-    return ty.ndim if isinstance(ty, relax.TensorType) and ty.ndim >= 0 else None
-
-
 def _is_scalar(expr: relax.Expr) -> bool:
     shape = static_shape(expr)
     return shape is not None and all(dim == 1 for dim in shape)
-
-
-def _ints(values: relax.Expr) -> list[int] | None:
-    """The ints of a slice's axes/begin/end tuple; None when one is not a constant."""
-    try:
-        return [int(field.value) for field in values.fields]
-    except (AttributeError, TypeError):
-        return None
 
 
 @mutator

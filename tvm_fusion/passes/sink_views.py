@@ -97,7 +97,7 @@ def _views_of_anchors(func: relax.Function) -> int:
     return len(found)
 
 
-def _rank(expr) -> int | None:
+def tensor_rank(expr) -> int | None:
     ty = expr.ty
     return ty.ndim if isinstance(ty, relax.TensorType) and ty.ndim >= 0 else None
 
@@ -106,7 +106,7 @@ def _is_all_ones(expr) -> bool:
     """A tensor that broadcasts the same way in any layout: a scalar or all dims 1."""
     shape = expr.ty.shape if isinstance(expr.ty, relax.TensorType) else None
     if shape is None or not isinstance(shape, relax.ShapeExpr):
-        return _rank(expr) == 0
+        return tensor_rank(expr) == 0
     return all(isinstance(dim, tvm.tirx.IntImm) and int(dim) == 1 for dim in shape.values)
 
 
@@ -159,7 +159,7 @@ class _Sinker(PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = self.builder_.normalize(self.visit_expr(binding.value))
-        view = _view_of(value, _rank(value.args[0])) if isinstance(value, relax.Call) and value.args else None
+        view = _view_of(value, tensor_rank(value.args[0])) if isinstance(value, relax.Call) and value.args else None
         if view is not None and self.anchored_only and value.args[0] not in self.viewed:
             source = self.values.get(value.args[0])
             if not (isinstance(source, relax.Call) and source.op in self.anchors):
@@ -207,21 +207,21 @@ class _Sinker(PyExprMutator):
         if call.op.name not in ELEMENTWISE_OPS:
             return None
         view = next((self.viewed[arg][1] for arg in call.args if arg in self.viewed), None)
-        if view is None or _rank(call) is None or view[0] == "permute" and _rank(call) != len(view[1]):
+        if view is None or tensor_rank(call) is None or view[0] == "permute" and tensor_rank(call) != len(view[1]):
             return None
-        source_rank = _rank(call) + (view[0] == "squeeze")
+        source_rank = tensor_rank(call) + (view[0] == "squeeze")
         args = []
         for arg in call.args:
             if arg in self.viewed:
                 source, arg_view = self.viewed[arg]
-                if arg_view != view or _rank(arg) != _rank(call):
+                if arg_view != view or tensor_rank(arg) != tensor_rank(call):
                     return None
                 args.append(source)
             elif isinstance(arg, tvm.ir.GenericConst):
                 args.append(_constant_for_source(arg, view, source_rank))
             elif not isinstance(arg.ty, relax.TensorType) or _is_all_ones(arg):
                 args.append(arg)
-            elif _rank(arg) == _rank(call):
+            elif tensor_rank(arg) == tensor_rank(call):
                 # A tensor in the view's layout (a residual from before the view): laid out
                 # back with the inverse view, kept only where the function ends up with fewer.
                 args.append(self.builder_.emit(_view_call(arg, _inverse(view, source_rank))))
@@ -233,11 +233,11 @@ class _Sinker(PyExprMutator):
         """A slice of a squeezed row is the same slice of its source, on the source's axes.
         Transposes are not carried through slices and concats: the attention patterns read a
         head transpose where the exporter put it, before the rotary embedding's halves."""
-        data, axes = call.args[0], _ints(call.args[1])
+        data, axes = call.args[0], int_tuple(call.args[1])
         if data not in self.viewed or axes is None or self.viewed[data][1][0] != "squeeze":
             return None
         source, view = self.viewed[data]
-        sliced = relax.op.strided_slice(source, [_source_axis(view, axis % _rank(data)) for axis in axes],
+        sliced = relax.op.strided_slice(source, [_source_axis(view, axis % tensor_rank(data)) for axis in axes],
                                         *call.args[2:], assume_inbound=bool(call.attrs.assume_inbound))
         return sliced, view
 
@@ -251,16 +251,16 @@ class _Sinker(PyExprMutator):
         if len(views) != 1 or next(iter(views))[0] != "squeeze":
             return None
         (view,) = views
-        axis = _source_axis(view, int(call.attrs.axis) % _rank(call))
+        axis = _source_axis(view, int(call.attrs.axis) % tensor_rank(call))
         return relax.op.concat([self.viewed[part][0] for part in parts.fields], axis), view
 
 
-def _ints(expr) -> list[int] | None:
-    """The values of a tuple of integer constants (a slice's axes)."""
-    fields = getattr(expr, "fields", None)
-    if fields is None or not all(isinstance(field, tvm.tirx.IntImm) for field in fields):
+def int_tuple(values: relax.Expr) -> list[int] | None:
+    """The ints of a tuple of constants (a slice's axes, begin or end); None when one is not."""
+    try:
+        return [int(field.value) for field in values.fields]
+    except (AttributeError, TypeError):
         return None
-    return [int(field) for field in fields]
 
 
 def _source_axis(view: tuple, axis: int) -> int:

@@ -17,11 +17,17 @@ from .base import (RewriteRule, close_to, dims_text, non_float_reason, same_dim,
 AFFINE = ("gamma_beta", "gamma", "none")
 
 
+def reduction_axes(call: relax.Call, rank: int) -> list[int]:
+    """The axes a ``sum``/``mean``/``max`` reduces, non-negative and sorted (all of them when unset)."""
+    axes = call.attrs.axis
+    return list(range(rank)) if axes is None else sorted(int(axis) % rank for axis in axes)
+
+
 def reduced_axes(mean: relax.Call, rank: int) -> list[int] | None:
     """The axes a ``keepdims`` mean reduces, normalized to non-negative, or None without keepdims."""
     if not mean.attrs.keepdims or mean.attrs.axis is None:
         return None
-    return sorted(int(axis) % rank for axis in mean.attrs.axis)
+    return reduction_axes(mean, rank)
 
 
 def trailing_axes_reason(axes: list[int] | None, rank: int, what: str) -> str | None:

@@ -34,7 +34,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from .base import RewriteRule, close_to, dims_text, non_float_reason, same_dims, scalar_constant, shape_dims
-from .layernorm_decomposed import affine_param, row_reason
+from .layernorm_decomposed import affine_param, reduction_axes, row_reason
 
 # (gamma placement, beta): gamma into the inverse std (flax), after the normalized row (torch), or none.
 AFFINE = (("inner", True), ("inner", False), ("outer", True), ("outer", False), (None, True), (None, False))
@@ -61,12 +61,6 @@ def reduction_of(matched, name: str) -> relax.Call:
     """The reducing call of a ``mean_pattern`` match: the ``mean``, or the ``sum`` it scales."""
     mean = matched[name]
     return mean if mean.op.name == "relax.mean" else matched[f"{name}_sum"]
-
-
-def reduction_axes(call: relax.Call, rank: int) -> list[int]:
-    """The axes a ``sum``/``mean``/``max`` reduces, non-negative and sorted (all of them when unset)."""
-    axes = call.attrs.axis
-    return list(range(rank)) if axes is None else sorted(int(axis) % rank for axis in axes)
 
 
 def mean_scale_reason(matched, name: str, shape: tuple, axes: list[int]) -> str | None:

@@ -22,7 +22,8 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from .base import RewriteRule, non_float_reason, scalar_constant, shape_dims, symbolic_dim_reason
-from .layernorm_one_pass import kept_shape, kept_shape_reason, reduction_axes, restored
+from .layernorm_decomposed import reduction_axes
+from .layernorm_one_pass import kept_shape, kept_shape_reason, restored
 
 
 class SoftmaxDecomposed(RewriteRule):
