@@ -327,6 +327,16 @@ def render_subnormals(data) -> str:
                   "max abs difference"], rows)
 
 
+def render_int8(data) -> str:
+    rows = [[model, _ms(r["median_ms"]["float"]), _ms(r["median_ms"]["vnni"]), _ms(r["median_ms"].get("amx")),
+             _ms(r["median_ms"]["ort"]), _ratio(r["int8_over_float"]), _ratio(r["int8_over_ort"])]
+            for model, r in data["models"].items()]
+    return (f"{data['threads']} thread(s), {data['repeat']} interleaved rounds, medians; int8 is tvm_fusion's "
+            "default (AMX where the CPU has it, M=1 on VNNI):\n\n"
+            + table(["QLinearMatMul chain", "float32 path ms", "int8 VNNI ms", "int8 AMX ms", "ONNX Runtime ms",
+                     "int8 / float32", "int8 / ONNX Runtime"], rows))
+
+
 def render_ablate(data) -> str:
     rows = []
     for model, r in data["models"].items():
@@ -374,8 +384,8 @@ RENDERERS: list[tuple[str, Callable]] = [  # (file name prefix, renderer), first
     ("zoo", render_zoo), ("cnn", render_cnn), ("examples", render_examples), ("dynamic", render_dynamic),
     ("targets", render_targets), ("tuning", render_tuning), ("concurrency", render_concurrency),
     ("serve", render_serve), ("winograd", render_winograd), ("conv_transpose", render_conv_transpose),
-    ("subnormals", render_subnormals), ("ablate", render_ablate), ("conformance", render_conformance),
-    ("fused_onnx", render_fused_onnx), ("gpu_kernels", render_gpu_kernels),
+    ("subnormals", render_subnormals), ("int8", render_int8), ("ablate", render_ablate),
+    ("conformance", render_conformance), ("fused_onnx", render_fused_onnx), ("gpu_kernels", render_gpu_kernels),
 ]
 
 

@@ -62,6 +62,8 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
         outputs = compiled.metadata["verification"]["outputs"]
         row["compiles"] = True
         row["max_abs_error"] = max(o["max_abs"] for o in outputs)
+        # Outputs that passed only as ill-conditioned (verify.judge_conditioning): said in the table.
+        row["ill_conditioned"] = [o["name"] for o in outputs if not o["within_tolerance"] and o.get("passed")]
         inspected = api.inspect_model(path, None, list(model.input_shapes))
         coverage = inspected.coverage
         row.update(kernels=inspected.kernels, stock_kernels=inspected.stock_kernels,
@@ -151,8 +153,9 @@ def markdown(rows: list[dict]) -> str:
         openvino = (f"{r['openvino_ms']} ({r['ratio_to_openvino']:.2f}x)" if "openvino_ms" in r else
                     "cannot compile it" if "openvino_error" in r else "")
         memory = f"{r.get('compile_s', '')} s, {r.get('compile_peak_rss_mb', '')} MB"
-        lines.append(f"| {r['model']} | {r['exporter']} | yes | {r['max_abs_error']:.1e} | {coverage} | {kernels} "
-                     f"| {timing} | {openvino} | {memory} |")
+        shaky = f" (ill-conditioned: {', '.join(r['ill_conditioned'])})" if r.get("ill_conditioned") else ""
+        lines.append(f"| {r['model']} | {r['exporter']} | yes | {r['max_abs_error']:.1e}{shaky} | {coverage} "
+                     f"| {kernels} | {timing} | {openvino} | {memory} |")
     return "\n".join(lines)
 
 

@@ -42,3 +42,29 @@ def test_each_finding_fails_the_report_with_its_culprit(zoo_report):
     assert "fused_einsum (Reduction, 1,000,000 FLOPs" in found[1]
     assert "schedule rule Softmax raised on softmax: StopIteration" in found[2]
     assert "heavy: compile peak RSS 1200.0 MB over the budget of 1054 MB" in found[3]
+
+
+def test_the_table_names_outputs_that_passed_as_ill_conditioned(zoo_report):
+    rows = [row(model="t5", exporter="ort-quantization", max_abs_error=7.2e-3, ill_conditioned=["last_hidden_state"]),
+            row(model="mlp", exporter="torch", max_abs_error=1e-6, ill_conditioned=[])]
+    lines = zoo_report.markdown(rows).splitlines()
+    assert "| t5 | ort-quantization | yes | 7.2e-03 (ill-conditioned: last_hidden_state) |" in lines[2]
+    assert "ill-conditioned" not in lines[3]
+
+
+def _large_result(size: int, queue) -> None:
+    queue.put({"payload": "x" * size})
+
+
+def _no_result(queue) -> None:
+    raise SystemExit(3)
+
+
+def test_a_result_larger_than_a_pipe_comes_back_from_its_worker(zoo_report):
+    """The worker cannot exit until its result is read (a multiprocessing queue's feeder thread
+    blocks on the full pipe): reading only after its exit hung until the timeout."""
+    import isolated
+
+    result, failure = isolated.run_in_worker(_large_result, (1 << 20,), timeout=60)
+    assert failure is None and len(result["payload"]) == 1 << 20
+    assert isolated.run_in_worker(_no_result, (), timeout=60) == (None, "worker died (exit code 3)")

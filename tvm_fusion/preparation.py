@@ -178,7 +178,8 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
     progress("simplifying shape subgraphs at " + shapes_text(specs))
     simplified = onnx_frontend.simplify(model, specs)
     progress(f"importing {len(simplified.graph.node)} ONNX nodes into Relax")
-    module = onnx_frontend.import_model(simplified, specs, importer=import_with_node_names)
+    with cfg.tvm_target():  # the target decides the integer matmul's kernel (frontend/integer_matmul.py)
+        module = onnx_frontend.import_model(simplified, specs, importer=import_with_node_names)
     check_memory(specs, module)
     return PreparedModel(cfg, Path(model_path).stem, model, specs, onnx_frontend.output_specs(model), module,
                          Path(model_path).resolve(), simplified)

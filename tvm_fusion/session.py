@@ -28,6 +28,7 @@ from .buckets import bucket_points, bucket_suffix, bucket_text, with_buckets
 from .build import build, callable_module, kernel_calls, load_tuning
 from .config import PipelineConfig
 from .frontend.dims import ranges_of
+from .frontend.integer_matmul import integer_kernels_enabled
 from .fusion_gate import GateReport
 from .passes import GRAPH_PHASES, fusion_pipeline, stock_fusion_pipeline
 from .passes.pipeline import graph_phases_key, lowering_passes, weight_passes
@@ -293,7 +294,11 @@ def kernel_groups(grouped) -> tuple[dict[str, str], dict[str, list[str]]]:
 
 
 def _inputs_key(cfg: PipelineConfig):
-    return repr(sorted(cfg.dim_defaults.items()))
+    """What an import depends on: the dims' defaults, and whether the target takes the int8
+    matmul kernel (``frontend/integer_matmul.py``)."""
+    with cfg.tvm_target():
+        int8 = integer_kernels_enabled()
+    return repr((sorted(cfg.dim_defaults.items()), int8))
 
 
 

@@ -1,9 +1,19 @@
-"""Compare a compiled module with ONNX Runtime on the same seeded inputs."""
+"""Compare a compiled module with ONNX Runtime on the same seeded inputs.
+
+An output is ok when every element is within ``atol + rtol * |reference|``. One that is not is
+checked once more against ONNX Runtime's own spread: the reference rerun in configurations that
+compute the same function with its float operations in another order (``REFERENCE_VARIANTS``).
+Where that spread alone exceeds the tolerance, the output is ill-conditioned at these inputs (a
+last-bit difference before a run-time quantization moves a value across a rounding step, and the
+model amplifies it): it passes when our error is at most ``SPREAD_MULTIPLE`` times that spread,
+and the table and metadata say so, with both numbers. Elsewhere the tolerance is all there is.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -14,9 +24,42 @@ from .errors import VerificationError
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
+# Our error may be this many times ONNX Runtime's own spread on an ill-conditioned output: one
+# configuration's spread can understate what 1-ulp noise before its quantizations does by about
+# this much (the measurements are in docs/commands.md).
+SPREAD_MULTIPLE = 2.0
+
 
 class ReferenceUnavailable(VerificationError):
     """ONNX Runtime cannot run the model (no CPU kernel for an op at its dtype, say): no reference."""
+
+
+@dataclasses.dataclass
+class ReferenceSpread:
+    """ONNX Runtime against itself on one output, in multiples of the tolerance: the worst
+    ``|d| / (atol + rtol * |reference|)`` over the elements, d between the two runs."""
+
+    configuration: str  # the variant that differed most from the reference
+    max_abs: float  # its max abs difference from the reference
+    multiple: float  # ONNX Runtime's own difference, in multiples of the tolerance
+    outside: int  # ONNX Runtime's own elements outside the tolerance
+    ours: float  # our difference, in the same multiples
+    allowed: float  # SPREAD_MULTIPLE * multiple where that is over 1 (ill-conditioned), else 1
+
+    @property
+    def ill_conditioned(self) -> bool:
+        return self.multiple > 1.0
+
+    @property
+    def accepted(self) -> bool:
+        return self.ill_conditioned and self.ours <= self.allowed
+
+    def summary(self) -> str:
+        """Our multiple, ONNX Runtime's own (its configuration, max abs, elements outside), the bound."""
+        elements = f"{self.outside} element{'' if self.outside == 1 else 's'}"
+        return (f"{self.ours:.3g}x the tolerance, ONNX Runtime against itself ({self.configuration}) "
+                f"{self.multiple:.3g}x (max abs {self.max_abs:.3e}, {elements} outside)"
+                + (f", allowed {self.allowed:.3g}x" if self.ill_conditioned else ", within the tolerance"))
 
 
 @dataclasses.dataclass
@@ -26,16 +69,43 @@ class OutputComparison:
     max_rel: float
     within_tolerance: bool
     note: str = ""
+    # Measured only for an output outside the tolerance (judge_conditioning).
+    reference_spread: ReferenceSpread | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Within the tolerance, or ill-conditioned and within SPREAD_MULTIPLE x ONNX Runtime's own spread."""
+        return self.within_tolerance or (self.reference_spread is not None and self.reference_spread.accepted)
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if self.reference_spread is not None:
+            data["reference_spread"].update(ill_conditioned=self.reference_spread.ill_conditioned,
+                                            accepted=self.reference_spread.accepted)
+        data["passed"] = self.passed
+        return data
 
 
-def onnxruntime_session(model: onnx.ModelProto, threads: int, exact_integer_products: bool = False):
+def _other_thread_count(threads: int) -> int:
+    return 1 if threads > 1 else 2
+
+
+# Configurations that compute the same function as the reference, with its float operations in
+# another order: the reference's own rounding noise. Name -> (graph optimization level, threads).
+REFERENCE_VARIANTS = {
+    "graph optimizations off": (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, lambda threads: threads),
+    "another intra-op thread count": (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, _other_thread_count),
+}
+
+
+def onnxruntime_session(model: onnx.ModelProto, threads: int, exact_integer_products: bool = False,
+                        optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
     """``exact_integer_products``: for a reference. On x86 without VNNI, ONNX Runtime's fast
     uint8 x int8 products (quantize_dynamic's LSTM and MatMul) saturate pairs of terms at int16,
-    so its outputs depend on the CPU; this makes it use exact (slower) uint8 x uint8 products."""
+    so its outputs depend on the CPU; this makes it use exact (slower) uint8 x uint8 products.
+    ``optimization``: ONNX Runtime's graph optimization level (its default: all)."""
     options = ort.SessionOptions()
+    options.graph_optimization_level = optimization
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     # Spinning intra-op threads would keep both cores busy between ORT runs and starve the TVM
@@ -73,6 +143,20 @@ def run_onnxruntime(session, feeds: dict) -> dict[str, np.ndarray]:
 def reference_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray], threads: int = 1):
     return run_onnxruntime(onnxruntime_session(model, threads, exact_integer_products=True),
                            onnxruntime_feeds(inputs))
+
+
+def reference_variants(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
+                       threads: int = 1) -> dict[str, dict[str, np.ndarray]]:
+    """The reference's outputs under each of REFERENCE_VARIANTS, by variant name: what ONNX
+    Runtime itself gives when only the order of its float operations changes."""
+    feeds, runs = onnxruntime_feeds(inputs), {}
+    for name, (level, count) in REFERENCE_VARIANTS.items():
+        try:
+            runs[name] = run_onnxruntime(onnxruntime_session(model, count(threads), exact_integer_products=True,
+                                                             optimization=level), feeds)
+        except ReferenceUnavailable:  # no spread from a configuration ONNX Runtime cannot run
+            continue
+    return runs
 
 
 def _to_numpy(value) -> np.ndarray:
@@ -129,21 +213,92 @@ def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarra
     return results
 
 
+def _multiples(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> np.ndarray | None:
+    """Per finite element, ``|actual - expected| / (atol + rtol * |expected|)`` (over 1: outside
+    the tolerance); None where the shapes or the non-finite values differ."""
+    if actual.shape != expected.shape:
+        return None
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    both = np.isfinite(a) & np.isfinite(e)
+    if not np.array_equal(a[~both], e[~both], equal_nan=True):
+        return None
+    diff, allowed = np.abs(a[both] - e[both]), atol + rtol * np.abs(e[both])
+    with np.errstate(divide="ignore", invalid="ignore"):  # allowed 0 (atol 0, e 0) and diff > 0: inf
+        return np.where(diff > 0, diff / allowed, 0.0)
+
+
+def tolerance_multiple(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> float:
+    """The worst ``|actual - expected| / (atol + rtol * |expected|)``: at most 1 is within the
+    tolerance. Infinite where the shapes or the non-finite values differ."""
+    multiples = _multiples(actual, expected, rtol, atol)
+    return float("inf") if multiples is None else float(multiples.max()) if multiples.size else 0.0
+
+
+def judge_conditioning(results: list[OutputComparison], actual: dict[str, np.ndarray],
+                       expected: dict[str, np.ndarray], variants: Callable[[], dict[str, dict[str, np.ndarray]]],
+                       rtol: float, atol: float) -> list[OutputComparison]:
+    """Each output outside the tolerance gets ONNX Runtime's own spread on it (``variants()``:
+    the reference's outputs under REFERENCE_VARIANTS, run only when some output needs them).
+    Where the spread exceeds the tolerance the output is ill-conditioned and passes within
+    SPREAD_MULTIPLE times it; an output missing, of another shape or with other non-finite
+    values never does."""
+    judged, runs = [], None
+    for r in results:
+        ours = tolerance_multiple(actual[r.name], expected[r.name], rtol, atol) if r.name in actual else float("inf")
+        if r.within_tolerance or ours == float("inf"):
+            judged.append(r)
+            continue
+        runs = variants() if runs is None else runs
+        spreads = []
+        for name, outputs in runs.items():
+            multiples = _multiples(outputs[r.name], expected[r.name], rtol, atol) if r.name in outputs else None
+            if multiples is not None:
+                spreads.append((float(multiples.max()) if multiples.size else 0.0, int((multiples > 1).sum()), name))
+        if not spreads:
+            judged.append(r)
+            continue
+        multiple, outside, name = max(spreads)
+        diff = np.abs(runs[name][r.name].astype(np.float64) - expected[r.name].astype(np.float64))
+        max_abs = float(diff[np.isfinite(diff)].max()) if np.isfinite(diff).any() else 0.0
+        allowed = SPREAD_MULTIPLE * multiple if multiple > 1.0 else 1.0
+        judged.append(dataclasses.replace(r, reference_spread=ReferenceSpread(name, max_abs, multiple, outside,
+                                                                              ours, allowed)))
+    return judged
+
+
+def _verdict(r: OutputComparison) -> str:
+    spread = r.reference_spread
+    if spread is None:
+        return f"{'ok' if r.within_tolerance else 'MISMATCH'} {r.note}"
+    if spread.accepted:
+        return f"ok, ILL-CONDITIONED: {r.note}; {spread.summary()}"
+    return f"MISMATCH {r.note}; {spread.summary()}"
+
+
 def format_comparisons(results: list[OutputComparison], rtol: float, atol: float) -> str:
     """The table, then the rule: an output is ok when every element is within atol + rtol * |reference|
-    (so a max rel err above rtol is fine where the reference is near zero)."""
+    (so a max rel err above rtol is fine where the reference is near zero); where ONNX Runtime's
+    own spread was measured, the rule for ill-conditioned outputs too."""
     lines = [f"{'output':<24} {'max abs err':>12} {'max rel err':>12}  result (rtol={rtol:g}, atol={atol:g})"]
     for r in results:
-        verdict = "ok" if r.within_tolerance else "MISMATCH"
-        lines.append(f"{r.name:<24} {r.max_abs:>12.3e} {r.max_rel:>12.3e}  {verdict} {r.note}".rstrip())
+        lines.append(f"{r.name:<24} {r.max_abs:>12.3e} {r.max_rel:>12.3e}  {_verdict(r)}".rstrip())
     lines.append(f"ok: every element has |tvm_fusion - ONNX Runtime| <= atol + rtol * |ONNX Runtime| "
                  f"(= {atol:g} + {rtol:g} * |ONNX Runtime|)")
+    if any(r.reference_spread is not None for r in results):
+        lines.append(f"ill-conditioned: ONNX Runtime rerun with {' / '.join(REFERENCE_VARIANTS)} is itself "
+                     f"outside that tolerance; then ok within {SPREAD_MULTIPLE:g}x its own worst difference "
+                     f"(in multiples of atol + rtol * |ONNX Runtime|)")
     return "\n".join(lines)
+
+
+def ill_conditioned(results: list[OutputComparison]) -> list[OutputComparison]:
+    """The outputs that passed only as ill-conditioned."""
+    return [r for r in results if not r.within_tolerance and r.passed]
 
 
 def check_outputs(results: list[OutputComparison], rtol: float, atol: float, at: str = "") -> None:
     """``at``: where a range was run (`` at sequence=512``), for the message."""
-    if not all(r.within_tolerance for r in results):
+    if not all(r.passed for r in results):
         raise VerificationError(
             f"the compiled module disagrees with ONNX Runtime{at}:\n" + format_comparisons(results, rtol, atol),
             "no artifact was written; report the model, or loosen [verify] rtol/atol in the config "

@@ -127,3 +127,13 @@ def test_duplicate_target_names_are_refused(tmp_path, mlp_path):
         api.compile_targets(mlp_path, [config("x86_64-avx2")] * 2, [MLP_SHAPE], tmp_path)
     assert list(tmp_path.iterdir()) == []
 
+
+
+def test_a_vnni_target_requires_vnni_of_the_machine_that_runs_it():
+    """Its int8 matmul kernels run vpdpbusd: on an AVX-512 CPU without VNNI (Skylake) the
+    artifact is refused by name instead of dying of an illegal instruction."""
+    from tvm_fusion.targets import platform_of
+
+    assert "avx512_vnni" in platform_of({"kind": "llvm", "mcpu": "sapphirerapids"}).cpu_flags
+    assert "avx512_vnni" not in platform_of({"kind": "llvm", "mcpu": "skylake-avx512"}).cpu_flags
+    assert "avx512_vnni" not in platform_of({"kind": "llvm", "mcpu": "znver1"}).cpu_flags

@@ -164,16 +164,18 @@ class Importer(ONNXGraphImporter):
         return self._as_int32(super()._convert_operator("Conv", [data, weights, None], attrs, opset))
 
     def _matmul_integer(self, inputs, _attrs, _opset):
-        """MatMulInteger of a constant B as a float32 MatMul of whole numbers (exact, like
-        ``_conv_integer``), cast to int32: the weight is then packed for our matmul kernel.
-        A zero point per row of A, or a B computed at run time, goes to TVM's int32 converter."""
+        """MatMulInteger of a constant B as the int8 kernel on a VNNI target, else a float32
+        MatMul of whole numbers (exact, like ``_conv_integer``) cast to int32, whose weight is
+        then packed for our matmul kernel (``qoperator.integer_sum``). A zero point per row of A,
+        or a B computed at run time, goes to TVM's int32 converter."""
         data_zero_point, weight_zero_point = (inputs[i] if len(inputs) > i else None for i in (2, 3))
-        weights = self._centered_weights(inputs[1], weight_zero_point, channel_axis=1)
+        weights = qoperator.constant_centered_weights(self._constant, inputs[1], weight_zero_point, channel_axis=1)
         zero_point_shape = None if data_zero_point is None else static_shape(data_zero_point)
-        if weights is None or weights.ty.ndim != 2 or (
+        if weights is None or weights.ndim != 2 or (
                 data_zero_point is not None and (zero_point_shape is None or math.prod(zero_point_shape) != 1)):
             return None
-        return self._as_int32(relax.op.matmul(integer_input(self.bb, inputs[0], data_zero_point), weights))
+        return qoperator.integer_sum(self.bb, self._constant, inputs[0], data_zero_point, inputs[1],
+                                     weight_zero_point, channel_axis=1, dtype="int32")
 
     def _as_int32(self, product: relax.Expr) -> relax.Expr:
         """An integer op's int32 result from its float32 product of whole numbers."""

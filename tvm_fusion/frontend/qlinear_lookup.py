@@ -32,15 +32,12 @@ from tvm.script import tirx as T
 
 from ..errors import ModelError
 from ..patterns.base import static_shape
+from . import ort_arithmetic
 from .qoperator import constant_value, dtype_range, node_name
 
 _F32 = np.float32
-# MLAS's logistic (MlasLogisticConstants): input range, then p's and q's coefficients, highest first.
-_LOGISTIC_RANGE = (_F32(-18.0), _F32(18.0))
-_LOGISTIC_P = [_F32(v) for v in (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
-                                 8.51377133304701e-03, 2.48287947061529e-01)]
-_LOGISTIC_Q = [_F32(v) for v in (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
-                                 1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)]
+# MLAS's logistic in float32: input range, then p's and q's coefficients, highest first.
+_LOGISTIC_RANGE, _LOGISTIC_P, _LOGISTIC_Q = ([_F32(v) for v in part] for part in ort_arithmetic.LOGISTIC)
 
 
 def _rounded_f32(value: Fraction) -> np.float32:

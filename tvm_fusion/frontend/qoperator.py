@@ -9,7 +9,8 @@ whole scale step of error after it. So each is written here in ONNX Runtime's or
 operations:
 
 * Conv, MatMul, Gemm: the int32 sum of ``(x - x_zp) * (w - w_zp)`` (plus an int32 bias),
-  computed in float32 on those whole numbers (exact below 2^24), times
+  computed in float32 on those whole numbers (exact below 2^24), or, for a matmul with a
+  constant weight on a VNNI target, by the int8 kernel (``integer_matmul.py``, exact), times
   ``float32(x_scale * w_scale / y_scale)`` (one per output channel with per-channel weights),
   rounded half to even, plus ``y_zp``, saturated (MLAS ``MlasRequantizeOutput``).
 * QLinearAdd: ``fma(a, ratio_a, fma(b, ratio_b, fixed))`` rounded half to even and saturated,
@@ -39,6 +40,7 @@ from tvm.relax import op as R
 
 from ..errors import ModelError
 from ..patterns.base import static_shape
+from .integer_matmul import emit_integer_matmul, integer_kernels_enabled, integer_matmul_applies
 from .quantized import DynamicQuantization, centered_constant, constant_array, integer_input
 
 _F32 = np.float32
@@ -99,14 +101,58 @@ def centered_weights(bb: relax.BlockBuilder, constant, weights: relax.Expr, zero
                      channel_axis: int) -> relax.Expr:
     """``w - w_zp`` as float32: a constant when ``w`` is one (per-channel zero points along
     ``channel_axis``), else computed (one zero point, or one per channel along the last axis)."""
-    folded = constant(weights)
-    zp = None if zero_point is None else constant(zero_point)
-    if isinstance(folded, tvm.ir.GenericConst) and (zp is None or isinstance(zp, tvm.ir.GenericConst)):
-        return relax.const(centered_constant(folded.value.numpy(), None if zp is None else zp.value.numpy(),
-                                             channel_axis))
+    centered = constant_centered_weights(constant, weights, zero_point, channel_axis)
+    if centered is not None:
+        return relax.const(centered)
     if zero_point is not None and zero_point.ty.ndim == 1 and channel_axis % weights.ty.ndim == 0:
         zero_point = bb.emit(R.reshape(zero_point, [-1] + [1] * (weights.ty.ndim - 1)))
     return integer_input(bb, weights, zero_point)
+
+
+def constant_centered_weights(constant, weights: relax.Expr, zero_point: relax.Expr | None,
+                              channel_axis: int) -> np.ndarray | None:
+    """``w - w_zp`` as a numpy array of whole numbers when both are constants, else None."""
+    folded = constant(weights)
+    zp = None if zero_point is None else constant(zero_point)
+    if not isinstance(folded, tvm.ir.GenericConst) or not (zp is None or isinstance(zp, tvm.ir.GenericConst)):
+        return None
+    return centered_constant(folded.value.numpy(), None if zp is None else zp.value.numpy(), channel_axis)
+
+
+def integer_sum(bb, constant, data: relax.Expr, data_zero_point: relax.Expr | None, weights: relax.Expr,
+                weights_zero_point: relax.Expr | None, channel_axis: int = -1, transpose_weights: bool = False,
+                dtype: str = "float32") -> relax.Expr:
+    """``sum_k (data - data_zp) * (w - w_zp)`` of a matmul (``data @ w``, or ``data @ w.T``), as
+    ``dtype`` whole numbers: the int8 kernel (``integer_matmul.py``) for a constant weight and one
+    zero point of the data (a constant, or a scalar computed at run time), on a target with
+    AVX512-VNNI; else float32 products of the centered values (``centered_weights``)."""
+    centered = constant_centered_weights(constant, weights, weights_zero_point, channel_axis)
+    if centered is not None and transpose_weights and centered.ndim == 2:
+        centered = centered.T
+    zero = _one_zero_point(constant, data_zero_point)
+    if integer_kernels_enabled() and integer_matmul_applies(data, centered) and zero is not _PER_ROW:
+        return emit_integer_matmul(bb, data, zero, centered, dtype)
+    rhs = centered_weights(bb, constant, weights, weights_zero_point, channel_axis)
+    if transpose_weights:
+        rhs = bb.emit(R.permute_dims(rhs))
+    product = bb.emit(R.matmul(integer_input(bb, data, data_zero_point), rhs))
+    return product if dtype == "float32" else bb.emit(R.astype(product, dtype))
+
+
+_PER_ROW = object()
+
+
+def _one_zero_point(constant, zero_point: relax.Expr | None):
+    """The data's one zero point: an int (None when absent), a one-element Relax expression
+    computed at run time, or ``_PER_ROW`` (a zero point per row, or of unknown size)."""
+    if zero_point is None:
+        return None
+    folded = constant(zero_point)
+    if isinstance(folded, tvm.ir.GenericConst):
+        values = folded.value.numpy()
+        return int(values.reshape(-1)[0]) if values.size == 1 else _PER_ROW
+    shape = static_shape(zero_point)
+    return zero_point if shape is not None and int(np.prod(shape)) == 1 else _PER_ROW
 
 
 def qlinear_matmul(bb, inputs, attrs, constant) -> relax.Expr:
@@ -115,7 +161,7 @@ def qlinear_matmul(bb, inputs, attrs, constant) -> relax.Expr:
     a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = inputs
     multiplier = output_multiplier(*(constant_value(constant, v, node, w) for v, w in
                                      ((a_scale, "a_scale"), (b_scale, "b_scale"), (y_scale, "y_scale"))))
-    acc = bb.emit(R.matmul(integer_input(bb, a, a_zp), centered_weights(bb, constant, b, b_zp, channel_axis=-1)))
+    acc = integer_sum(bb, constant, a, a_zp, b, b_zp, channel_axis=-1)
     return emit_requantize(bb, acc, multiplier, constant_value(constant, y_zp, node, "y_zero_point"),
                            _quantized_dtype(y_zp), channel_axis=-1)
 
@@ -145,13 +191,10 @@ def qgemm(bb, inputs, attrs, constant) -> relax.Expr:
     bias = inputs[6] if len(inputs) > 6 else None
     y_scale = inputs[7] if len(inputs) > 7 else None
     y_zp = inputs[8] if len(inputs) > 8 else None
-    data = integer_input(bb, a, a_zp)
     if attrs.get("transA", 0):
-        data = bb.emit(R.permute_dims(data))
-    weights = centered_weights(bb, constant, b, b_zp, channel_axis=0 if attrs.get("transB", 0) else 1)
-    if attrs.get("transB", 0):
-        weights = bb.emit(R.permute_dims(weights))
-    acc = bb.emit(R.matmul(data, weights))
+        a = bb.emit(R.permute_dims(a))
+    acc = integer_sum(bb, constant, a, a_zp, b, b_zp, channel_axis=0 if attrs.get("transB", 0) else 1,
+                      transpose_weights=bool(attrs.get("transB", 0)))
     alpha = _F32(attrs.get("alpha", 1.0))
     scales = [constant_value(constant, a_scale, node, "a_scale"), constant_value(constant, b_scale, node, "b_scale")]
     if bias is not None:
@@ -169,7 +212,7 @@ def matmul_integer_to_float(bb, inputs, attrs, constant) -> relax.Expr:
     node = node_name(attrs, "MatMulIntegerToFloat")
     a, b, a_scale, b_scale = inputs[:4]
     a_zp, b_zp, bias = (inputs[i] if len(inputs) > i else None for i in (4, 5, 6))
-    acc = bb.emit(R.matmul(integer_input(bb, a, a_zp), centered_weights(bb, constant, b, b_zp, channel_axis=-1)))
+    acc = integer_sum(bb, constant, a, a_zp, b, b_zp, channel_axis=-1)
     scale = _scale_product(constant_value(constant, a_scale, node, "a_scale"),
                            constant_value(constant, b_scale, node, "b_scale"))
     out = bb.emit(R.multiply(acc, relax.const(scale if scale.size > 1 else scale.reshape(()))))
@@ -184,7 +227,7 @@ def dynamic_quantize_matmul(bb, inputs, attrs, constant) -> relax.Expr:
     a, b, b_scale = inputs[:3]
     b_zp, bias = (inputs[i] if len(inputs) > i else None for i in (3, 4))
     quantized = DynamicQuantization(bb, a)
-    acc = bb.emit(R.matmul(quantized.centered(bb), centered_weights(bb, constant, b, b_zp, channel_axis=-1)))
+    acc = integer_sum(bb, constant, quantized.values, quantized.zero_point, b, b_zp, channel_axis=-1)
     weight_scale = np.asarray(constant_value(constant, b_scale, node, "b_scale"), _F32).reshape(-1)
     scale = bb.emit(R.multiply(quantized.scale, relax.const(weight_scale if weight_scale.size > 1
                                                              else weight_scale.reshape(()))))

@@ -65,8 +65,10 @@ def constant_array(value, constant, node: str, what: str,
 
 
 def integer_input(bb: relax.BlockBuilder, data: relax.Expr, zero_point: relax.Expr | None) -> relax.Expr:
-    """``data - zero_point`` of an integer tensor computed at run time, as float32."""
-    centered = R.astype(data, "float32")
+    """``data - zero_point`` of an integer tensor computed at run time (or of whole numbers in
+    float32, a DynamicQuantizeLinear's), as float32."""
+    as_float = (lambda value: value if str(value.ty.dtype) == "float32" else R.astype(value, "float32"))
+    centered = as_float(data)
     if zero_point is not None:
-        centered = R.subtract(centered, R.astype(zero_point, "float32"))
+        centered = R.subtract(centered, as_float(zero_point))
     return bb.emit(centered)

@@ -1,7 +1,7 @@
 """ONNX LSTM and GRU as Relax (TVM's importer has no converter for either; CRNN OCR models use them).
 
 The recurrence is unrolled over the (static) sequence length. The input projection of every
-time step is one matmul up front (``X·Wᵀ + biases`` for all steps at once), so each step only
+time step is one matmul up front (``X·Wᵀ`` for all steps at once), so each step only
 multiplies the hidden state by ``Rᵀ`` and applies the gate math, which TVM's FuseOps and our
 ``gemm_epilogue`` turn into a few kernels per step. Directions are forward, reverse and
 bidirectional; layouts 0 (time-major) and 1 (batch-major); biases, initial states and LSTM
@@ -11,6 +11,14 @@ left operand quantized to uint8 at run time) is the LSTM with those products com
 ONNX Runtime computes them (``quantized.py``).
 ``sequence_lens`` is taken only when it is absent or a constant equal to the sequence length
 for every batch entry; ``input_forget`` is refused. Both name the node when they refuse.
+
+The float arithmetic is ONNX Runtime's CPU kernels' (``uni_directional_lstm.cc``,
+``deep_cpu_gru.cc``, ``rnn_helpers.cc``), operation for operation, because a quantized LSTM
+quantizes each step's hidden state and a last-bit difference there moves whole quantization
+steps: the gate sums in its order (``X·Wᵀ + H·Rᵀ``, then a peephole term, then ``Wb + Rb``
+summed once), its sigmoid and tanh (MLAS's rational functions, or its GRU's own), and each
+product that it rounds before a sum rounded here too (``_rounded``). On x86 with fma the
+outputs equal ONNX Runtime's bit for bit (``tests/frontend/test_recurrent.py``).
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ from typing import Callable
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, te
 from tvm.relax import op as R
 
 from ..errors import ModelError
+from . import ort_arithmetic
 from .quantized import DynamicQuantization, centered_constant, constant_array
 
 # ONNX's default activations: LSTM (f, g, h), GRU (f, g); repeated per direction.
@@ -30,17 +39,38 @@ _DEFAULTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "DynamicQuantizeLSTM": ("Sigmo
              "GRU": ("Sigmoid", "Tanh")}
 
 
-def _activation(name: str, alpha: float | None, beta: float | None, dtype: str) -> Callable[[relax.Expr], relax.Expr]:
+def _activation(bb: relax.BlockBuilder, name: str, alpha: float | None, beta: float | None, dtype: str,
+                kernels: str = "mlas") -> Callable[[relax.Expr], relax.Expr]:
+    """Sigmoid and Tanh (float32) as ONNX Runtime computes them where it uses them: ``kernels``
+    "mlas" (MlasComputeLogistic/MlasComputeTanh: LSTM gates, GRU's update gate) or "gru" (its
+    GRU reset and output gates' own rational functions, ``rnn_helpers.cc``)."""
+    exact = dtype == "float32"
     if name == "Sigmoid":
-        return R.sigmoid
+        kernel = ort_arithmetic.mlas_logistic if kernels == "mlas" else ort_arithmetic.gru_logistic
+        return (lambda x: _emit_te(bb, kernel, x)) if exact else R.sigmoid
     if name == "Tanh":
-        return R.tanh
+        kernel = ort_arithmetic.mlas_tanh if kernels == "mlas" else ort_arithmetic.gru_tanh
+        return (lambda x: _emit_te(bb, kernel, x)) if exact else R.tanh
     if name == "Relu":
         return R.nn.relu
-    if name == "HardSigmoid":  # ONNX defaults alpha 0.2, beta 0.5
+    if name == "HardSigmoid":  # ONNX defaults alpha 0.2, beta 0.5; ONNX Runtime rounds alpha·x
         a, b = (0.2 if alpha is None else alpha), (0.5 if beta is None else beta)
-        return lambda x: R.clip(R.add(R.multiply(x, relax.const(a, dtype)), relax.const(b, dtype)), 0.0, 1.0)
+        return lambda x: R.clip(R.add(_rounded(bb, R.multiply(x, relax.const(a, dtype))), relax.const(b, dtype)),
+                                0.0, 1.0)
     raise KeyError(name)
+
+
+def _rounded(bb: relax.BlockBuilder, product: relax.Expr) -> relax.Expr:
+    """``product`` rounded to its dtype on its own, as ONNX Runtime rounds it before adding it
+    to a sum: an LLVM arithmetic fence, across which no fma contraction can merge the multiply
+    into the add (TVM lets LLVM contract ``a·b + c`` on targets with fma)."""
+    return _emit_te(bb, ort_arithmetic.fence, product)
+
+
+def _emit_te(bb: relax.BlockBuilder, function: Callable[[te.Tensor], te.Tensor], value: relax.Expr) -> relax.Expr:
+    """An element-wise TE ``function`` of ``value`` (bound first: ``emit_te`` takes variables)."""
+    value = value if isinstance(value, relax.Var) else bb.emit(value)
+    return bb.emit_te(function, value, primfunc_name_hint=function.__name__)
 
 
 class _FloatProducts:
@@ -85,7 +115,8 @@ class _QuantizedProducts:
 
         def product(left: relax.Expr) -> relax.Expr:
             quantized = DynamicQuantization(bb, bb.normalize(left))
-            return R.multiply(R.matmul(quantized.centered(bb), centered), R.multiply(quantized.scale, scale))
+            whole = R.matmul(quantized.centered(bb), centered)
+            return _rounded(bb, R.multiply(whole, R.multiply(quantized.scale, scale)))
 
         return product
 
@@ -124,7 +155,7 @@ class _Recurrence:
         self.hidden = int(attrs.get("hidden_size", int(self.recurrent.ty.shape[1 if quantized else -1])))
         self.products = (_QuantizedProducts(self, inputs, constant) if quantized
                          else _FloatProducts(self, self.weights, self.recurrent))
-        self.bias = self._optional(inputs, 3)
+        self.biases = self._optional(inputs, 3)
         self._check_sequence_lens(self._optional(inputs, 4), constant)
         self.initial_h = self._state(self._optional(inputs, 5))
 
@@ -132,6 +163,7 @@ class _Recurrence:
         raise ModelError(f"{self.kind} node {self.name!r}: {what} is not supported", fix)
 
     def _activations(self, attrs: dict) -> list:
+        """Per direction, one ``kernels -> [relax.Expr -> relax.Expr]`` per ONNX activation (f, g[, h])."""
         names = [n.decode() if isinstance(n, bytes) else str(n) for n in attrs.get("activations", ())]
         count = len(_DEFAULTS[self.kind])
         names = names or list(_DEFAULTS[self.kind]) * self.directions
@@ -139,11 +171,14 @@ class _Recurrence:
         betas = list(attrs.get("activation_beta", ()))
         functions = []
         for index, name in enumerate(names):
+            alpha = alphas[index] if index < len(alphas) else None
+            beta = betas[index] if index < len(betas) else None
             try:
-                functions.append(_activation(name, alphas[index] if index < len(alphas) else None,
-                                             betas[index] if index < len(betas) else None, self.dtype))
+                _activation(self.bb, name, alpha, beta, self.dtype)
             except KeyError:
                 self.refuse(f"activation {name!r}", "use Sigmoid, Tanh, Relu or HardSigmoid")
+            functions.append(lambda kernels="mlas", name=name, alpha=alpha, beta=beta:
+                             _activation(self.bb, name, alpha, beta, self.dtype, kernels))
         return [functions[d * count:(d + 1) * count] for d in range(self.directions)]
 
     @staticmethod
@@ -169,31 +204,27 @@ class _Recurrence:
         """``tensor[direction]`` of a per-direction weight, bias or state."""
         return self.bb.emit(R.squeeze(R.strided_slice(tensor, [0], [direction], [direction + 1]), [0]))
 
-    def gate_input(self, gates: int, direction: int, recurrent_bias_gates: int):
-        """``X·Wᵀ + Wb (+ Rb for the first ``recurrent_bias_gates`` gates)`` for all steps: [seq, batch, gates*hidden];
-        [batch, gates*hidden] for one step (a streaming model's frame), which needs no slicing per step."""
-        bb, h = self.bb, self.hidden
-        x = self.x if self.steps > 1 else bb.emit(R.squeeze(self.x, [0]))
-        projected = bb.emit(self.products.input(direction)(x))
-        if self.bias is None:
-            return projected
-        bias = self.direction_slice(self.bias, direction)
-        input_bias = R.strided_slice(bias, [0], [0], [gates * h])
-        total = bb.emit(R.add(projected, input_bias))
-        if recurrent_bias_gates:
-            recurrent_bias = R.strided_slice(bias, [0], [gates * h], [(gates + recurrent_bias_gates) * h])
-            if recurrent_bias_gates < gates:
-                recurrent_bias = R.concat([recurrent_bias, R.zeros(((gates - recurrent_bias_gates) * h,), self.dtype)])
-            total = bb.emit(R.add(total, recurrent_bias))
-        return total
+    def gate_input(self, direction: int):
+        """``X·Wᵀ`` for all steps: [seq, batch, gates*hidden]; [batch, gates*hidden] for one step
+        (a streaming model's frame), which needs no slicing per step. The biases are added per
+        step, after the recurrent product (``bias``), as ONNX Runtime adds them."""
+        x = self.x if self.steps > 1 else self.bb.emit(R.squeeze(self.x, [0]))
+        return self.bb.emit(self.products.input(direction)(x))
 
-    def recurrent_bias(self, gates: int, direction: int, gate: int):
-        """One gate's recurrent bias ``Rb`` (a [hidden] vector), or None without biases."""
-        if self.bias is None:
+    def bias(self, gates: int, direction: int, gate: int, recurrent: bool | None):
+        """One gate's bias (a [hidden] vector), or None without biases: ``Wb + Rb`` summed once in
+        float32 (``recurrent=None``, ONNX Runtime's fused bias), or only ``Wb`` or only ``Rb``."""
+        if self.biases is None:
             return None
-        h = self.hidden
-        start = (gates + gate) * h
-        return self.bb.emit(R.strided_slice(self.direction_slice(self.bias, direction), [0], [start], [start + h]))
+        h, bias = self.hidden, self.direction_slice(self.biases, direction)
+
+        def part(offset: int):
+            start = offset + gate * h
+            return R.strided_slice(bias, [0], [start], [start + h])
+
+        if recurrent is None:
+            return self.bb.emit(R.add(part(0), part(gates * h)))
+        return self.bb.emit(part(gates * h if recurrent else 0))
 
     def pre_activation(self, value):
         return R.clip(value, -float(self.clip), float(self.clip)) if self.clip is not None else value
@@ -223,19 +254,23 @@ class _Recurrence:
 
 
 def convert_lstm(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant, quantized: bool = False) -> relax.Tuple:
-    """ONNX LSTM (gate order i, o, f, c) -> (Y, Y_h, Y_c); ``quantized``: DynamicQuantizeLSTM's inputs."""
+    """ONNX LSTM (gate order i, o, f, c) -> (Y, Y_h, Y_c); ``quantized``: DynamicQuantizeLSTM's inputs.
+
+    Each step in ONNX Runtime's order (``uni_directional_lstm.cc``): ``X·Wᵀ + H·Rᵀ``, then the
+    peephole term, then ``Wb + Rb``; ``C = C·f + i·g``; ``H = h(C)·o``."""
     rnn = _Recurrence(bb, "DynamicQuantizeLSTM" if quantized else "LSTM", inputs, attrs, constant, quantized)
     initial_c = rnn._state(rnn._optional(inputs, 6))
     peepholes = rnn._optional(inputs, 7)
     h = rnn.hidden
     sequences, last_h, last_c = [], [], []
     for direction in range(rnn.directions):
-        f, g, act_h = rnn.activations[direction]
-        projected = rnn.gate_input(4, direction, recurrent_bias_gates=4)
+        f, g, act_h = (activation() for activation in rnn.activations[direction])
+        projected = rnn.gate_input(direction)
         recurrent_product = rnn.products.recurrent(direction)
+        bias_i, bias_o, bias_f, bias_c = (rnn.bias(4, direction, k, recurrent=None) for k in range(4))
         hidden = rnn.direction_slice(rnn.initial_h, direction) if rnn.initial_h is not None else rnn.zeros_state()
         cell = rnn.direction_slice(initial_c, direction) if initial_c is not None else rnn.zeros_state()
-        peep = None
+        peep = [None] * 3
         if peepholes is not None:
             p = rnn.direction_slice(peepholes, direction)
             peep = [bb.emit(R.strided_slice(p, [0], [k * h], [(k + 1) * h])) for k in range(3)]  # i, o, f
@@ -243,17 +278,12 @@ def convert_lstm(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant, qu
         for step in rnn.time_order(direction):
             gates = bb.emit(R.add(rnn.step_input(projected, step), recurrent_product(hidden)))
             i, o, fg, c = (bb.emit(R.strided_slice(gates, [1], [k * h], [(k + 1) * h])) for k in range(4))
-            if peep is not None:
-                i = R.add(i, R.multiply(peep[0], cell))
-                fg = R.add(fg, R.multiply(peep[2], cell))
-            i = f(rnn.pre_activation(i))
-            fg = f(rnn.pre_activation(fg))
-            c = g(rnn.pre_activation(c))
-            cell = bb.emit(R.add(R.multiply(fg, cell), R.multiply(i, c)))
-            if peep is not None:
-                o = R.add(o, R.multiply(peep[1], cell))
-            o = f(rnn.pre_activation(o))
-            hidden = bb.emit(R.multiply(o, act_h(cell)))
+            i = f(rnn.pre_activation(_plus(_plus(i, _product(bb, peep[0], cell)), bias_i)))
+            fg = f(rnn.pre_activation(_plus(_plus(fg, _product(bb, peep[2], cell)), bias_f)))
+            c = g(rnn.pre_activation(_plus(c, bias_c)))
+            cell = bb.emit(R.add(_rounded(bb, R.multiply(cell, fg)), _rounded(bb, R.multiply(i, c))))
+            o = f(rnn.pre_activation(_plus(_plus(o, _product(bb, peep[1], cell)), bias_o)))
+            hidden = bb.emit(R.multiply(act_h(cell), o))
             outputs[step] = hidden
         sequences.append([outputs[t] for t in range(rnn.steps)])
         last_h.append(hidden)
@@ -262,16 +292,24 @@ def convert_lstm(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant, qu
 
 
 def convert_gru(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant) -> relax.Tuple:
-    """ONNX GRU (gate order z, r, h; ``linear_before_reset`` either way) -> (Y, Y_h)."""
+    """ONNX GRU (gate order z, r, h; ``linear_before_reset`` either way) -> (Y, Y_h).
+
+    Each step in ONNX Runtime's order (``deep_cpu_gru.cc``): z and r from ``X·Wᵀ + H·Rᵀ`` then
+    ``Wb + Rb``; the candidate from ``X·Whᵀ + (r·H)·Rhᵀ`` then ``Wbh + Rbh``, or with
+    ``linear_before_reset`` from ``X·Whᵀ + r·(H·Rhᵀ + Rbh)`` then ``Wbh``; ``H = (1 - z)·h + z·H``."""
     rnn = _Recurrence(bb, "GRU", inputs, attrs, constant)
     linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
     h = rnn.hidden
     sequences, last_h = [], []
     for direction in range(rnn.directions):
-        f, g = rnn.activations[direction]
-        # Rb of z and r add to the input projection; Rb of h does too unless it must be scaled by r.
-        projected = rnn.gate_input(3, direction, recurrent_bias_gates=2 if linear_before_reset else 3)
-        recurrent_bias_h = rnn.recurrent_bias(3, direction, 2) if linear_before_reset else None
+        make_f, make_g = rnn.activations[direction]
+        update, reset, g = make_f(), make_f("gru"), make_g("gru")  # ONNX Runtime's GRU computes f two ways
+        projected = rnn.gate_input(direction)
+        bias_z, bias_r = (rnn.bias(3, direction, k, recurrent=None) for k in range(2))
+        if linear_before_reset:
+            bias_h, recurrent_bias_h = (rnn.bias(3, direction, 2, recurrent=r) for r in (False, True))
+        else:
+            bias_h, recurrent_bias_h = rnn.bias(3, direction, 2, recurrent=None), None
         recurrent = rnn.direction_slice(rnn.recurrent, direction)
         recurrent_zr_t = bb.emit(R.permute_dims(R.strided_slice(recurrent, [0], [0], [2 * h]), [1, 0]))
         recurrent_h_t = bb.emit(R.permute_dims(R.strided_slice(recurrent, [0], [2 * h], [3 * h]), [1, 0]))
@@ -281,20 +319,29 @@ def convert_gru(bb: relax.BlockBuilder, inputs: list, attrs: dict, constant) -> 
             x_gates = rnn.step_input(projected, step)
             x_z, x_r, x_h = (bb.emit(R.strided_slice(x_gates, [1], [k * h], [(k + 1) * h])) for k in range(3))
             zr = bb.emit(R.matmul(hidden, recurrent_zr_t))
-            z = f(rnn.pre_activation(R.add(x_z, R.strided_slice(zr, [1], [0], [h]))))
-            r = bb.emit(f(rnn.pre_activation(R.add(x_r, R.strided_slice(zr, [1], [h], [2 * h])))))
+            z = update(rnn.pre_activation(_plus(R.add(x_z, R.strided_slice(zr, [1], [0], [h])), bias_z)))
+            r = bb.emit(reset(rnn.pre_activation(_plus(R.add(x_r, R.strided_slice(zr, [1], [h], [2 * h])), bias_r))))
             if linear_before_reset:
-                h_part = R.matmul(hidden, recurrent_h_t)
-                if recurrent_bias_h is not None:
-                    h_part = R.add(h_part, recurrent_bias_h)
-                candidate = R.add(x_h, R.multiply(r, h_part))
+                h_part = _plus(R.matmul(hidden, recurrent_h_t), recurrent_bias_h)
+                candidate = R.add(x_h, _rounded(bb, R.multiply(h_part, r)))
             else:
-                candidate = R.add(x_h, R.matmul(R.multiply(r, hidden), recurrent_h_t))
-            candidate = bb.emit(g(rnn.pre_activation(candidate)))
+                candidate = R.add(x_h, R.matmul(R.multiply(hidden, r), recurrent_h_t))
+            candidate = bb.emit(g(rnn.pre_activation(_plus(candidate, bias_h))))
             z = bb.emit(z)
             one = relax.const(1.0, rnn.dtype)
-            hidden = bb.emit(R.add(R.multiply(R.subtract(one, z), candidate), R.multiply(z, hidden)))
+            hidden = bb.emit(R.add(_rounded(bb, R.multiply(R.subtract(one, z), candidate)),
+                                   _rounded(bb, R.multiply(z, hidden))))
             outputs[step] = hidden
         sequences.append([outputs[t] for t in range(rnn.steps)])
         last_h.append(hidden)
     return rnn.outputs(sequences, [last_h])
+
+
+def _plus(value: relax.Expr, term: relax.Expr | None) -> relax.Expr:
+    """``value + term``, or ``value`` where the term is absent (no bias, no peepholes)."""
+    return value if term is None else R.add(value, term)
+
+
+def _product(bb: relax.BlockBuilder, left: relax.Expr | None, right: relax.Expr) -> relax.Expr | None:
+    """A peephole term ``P·C``, rounded before it is added (or None without peepholes)."""
+    return None if left is None else _rounded(bb, R.multiply(left, right))

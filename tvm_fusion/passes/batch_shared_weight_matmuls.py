@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 from ..patterns.base import static_shape
-from .rebinding import vars_in
+from .rebinding import rewrite_blocks, vars_in
 
 MATMUL = "relax.matmul"
 MIN_MATMULS = 2
@@ -35,16 +35,7 @@ MIN_MATMULS = 2
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.BatchSharedWeightMatmuls")
 class BatchSharedWeightMatmuls:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod = mod.clone()  # the caller's module stays as it was
-        changed = False
-        for gvar, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
-                blocks = [_batch_block(block) for block in func.body.blocks]
-                if not all(new.same_as(old) for new, old in zip(blocks, func.body.blocks)):
-                    mod[gvar] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
-                                               func.is_pure, func.attrs)
-                    changed = True
-        return relax.transform.Normalize()(mod) if changed else mod
+        return rewrite_blocks(mod, _batch_block)
 
 
 def _batch_block(block):

@@ -3,12 +3,15 @@
     canonicalize  recognize exporter-decomposed activations (one op instead of five), compute
                   Einsum contractions as matmuls and Conv1d as one-row Conv2d, and cancel the
                   transposes channels-last converters wrap around each conv, so that fusion
-                  patterns see the graph the model author wrote; stack the rows of independent matmuls by one constant weight (an
+                  patterns see the graph the model author wrote; merge convs of one input
+                  (an STFT's real and imaginary filters) into one, compute a strided
+                  one-row conv as a matmul of its input's frames; stack the rows of independent matmuls by one constant weight (an
                   unrolled RNN's input projections) into one matmul
     layout        (``conv_layout = "NCHWc"``, CPU) dense convs in the blocked channel layout,
                   transforms only where the blocked chain starts and ends
     fuse          our fusion patterns: each match becomes one composite = one kernel
-    lower         LegalizeOps (blocked 3x3 convs by Winograd when winograd is on; vectorizable
+    lower         concats of many tensors split in chunks (no kernel of hundreds of buffers),
+                  LegalizeOps (blocked 3x3 convs by Winograd when winograd is on; vectorizable
                   exp/erf/tanh when fast_math is on) + TVM's own
                   FuseOps/FuseTIR for everything our patterns left
     schedule      constant weights in the form their kernels read (Winograd convs' transformed
@@ -42,9 +45,12 @@ from .flush_subnormal_constants import FlushSubnormalConstants
 from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
 from .conv1d_as_conv2d import Conv1dAsConv2d
+from .merge_sibling_convs import MergeSiblingConvs
 from .pack_matmul_weights import PackMatmulWeights
 from .precompute_winograd_weights import PrecomputeWinogradWeights
 from .sink_views import SinkViews
+from .split_wide_concats import SplitWideConcats
+from .strided_row_conv_as_matmul import StridedRowConvAsMatmul
 
 
 # The graph-level phases: what inspect and a multi-target compile share before lowering.
@@ -78,6 +84,10 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             SinkViews(),
             ApplyRewriteRules(rewrites, report),
             relax.transform.DeadCodeElimination(),
+            # After the rewrites: batch norms are folded and channels-last views sunk, so a
+            # conv's bias and activation read it directly and keep the conv out of both.
+            MergeSiblingConvs(report),
+            StridedRowConvAsMatmul(report),
             BatchSharedWeightMatmuls(),
             relax.transform.ConvertToDataflow(),
         ],
@@ -121,6 +131,7 @@ def legalize_map(fast_math: bool = True, winograd: bool = True) -> dict:
 
 def lowering_passes(fast_math: bool = True, winograd: bool = True) -> list[tvm.transform.Pass]:
     return [
+        SplitWideConcats(),
         relax.transform.LegalizeOps(legalize_map(fast_math, winograd)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -1,6 +1,6 @@
 """Relax bindings: re-emitting one under a mutator (the new variable keeps the old one's kind),
-running a mutator over a module's functions (or replacing single bound values), and the
-variables an expression reads."""
+running a mutator over a module's functions (or a rewrite over their blocks, or replacing single
+bound values), and the variables an expression reads."""
 
 from __future__ import annotations
 
@@ -28,6 +28,22 @@ def mutate_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
         if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
             mod[gvar] = mutator(mod).visit_expr(func)
     return mod
+
+
+def rewrite_blocks(mod: tvm.IRModule, rewrite_block: Callable[[relax.BindingBlock], relax.BindingBlock]) -> tvm.IRModule:
+    """A copy of ``mod`` with each binding block of its Relax functions but the fused composites
+    put through ``rewrite_block`` (which returns the block itself to keep it), normalized where
+    one changed; ``mod`` itself is left as it was."""
+    mod = mod.clone()
+    changed = False
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+            blocks = [rewrite_block(block) for block in func.body.blocks]
+            if not all(new.same_as(old) for new, old in zip(blocks, func.body.blocks)):
+                mod[gvar] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
+                                           func.is_pure, func.attrs)
+                changed = True
+    return relax.transform.Normalize()(mod) if changed else mod
 
 
 def replace_values(mod: tvm.IRModule, replace: Callable[[relax.Expr], relax.Expr | None]) -> tvm.IRModule:

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from tvm.support import cc
 from tvm.target import Target
 
+from ..kernels.cpu_features import has_amx_int8, has_vnni
+from .amx import PERMISSION_SOURCE
 from .cuda import cuda_fatbin_packer
 from .target_info import simd_bits
 from .toolchain import AARCH64_GCC, GCC, NVCC, Tool, tool_version
@@ -48,8 +50,12 @@ def platform_of(target: Mapping) -> Platform:
     if cpu == "aarch64":
         linker = GCC if platform.machine() == "aarch64" else AARCH64_GCC
         return Platform(cpu, arch, (), None, linker, None)
-    bits = simd_bits(Target({k: v for k, v in target.items() if k != "host"}))
-    return Platform(cpu, arch, X86_REQUIRED_FLAGS[bits], None, GCC, None)
+    host_target = Target({k: v for k, v in target.items() if k != "host"})
+    # The int8 matmul kernels of a VNNI target (frontend/integer_matmul.py) run vpdpbusd.
+    vnni = ("avx512_vnni",) if has_vnni(host_target) else ()
+    # ... and those of an AMX target AMX tiles (schedules/cpu/int8_matmul_amx.py).
+    amx = ("amx_int8", "amx_tile") if has_amx_int8(host_target) else ()
+    return Platform(cpu, arch, X86_REQUIRED_FLAGS[simd_bits(host_target)] + vnni + amx, None, GCC, None)
 
 
 def check_toolchain(target_name: str, target: Mapping) -> dict[str, str]:
@@ -63,10 +69,14 @@ def export_options(target_name: str, target: Mapping, device_code: dict | None =
     """Keyword arguments for ``export_library`` that link (and device-compile) for ``target``.
 
     ``device_code``, when given, receives what was embedded for a CUDA target (see
-    ``cuda_fatbin_packer``).
+    ``cuda_fatbin_packer``). For a CPU with AMX tiles, the library gets a constructor that asks
+    Linux for the tile state when it is loaded (``amx.PERMISSION_SOURCE``): any runtime that
+    loads it, plain TVM included, may then run its AMX kernels.
     """
     plat = platform_of(target)
     options: dict = {}
+    if "amx_tile" in plat.cpu_flags:
+        options["addons"] = [str(PERMISSION_SOURCE)]  # a new list: export_library appends to it
     if plat.linker.command != "gcc":
         options["fcompile"] = cc.cross_compiler(plat.linker.require(target_name))
     if plat.device == "cuda":

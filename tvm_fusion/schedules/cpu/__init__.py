@@ -13,6 +13,8 @@ from .depthwise_conv2d import DepthwiseConv2d
 from .depthwise_conv2d_nchwc import DepthwiseConv2dNCHWc
 from .fallback import Fallback
 from .injective import Injective
+from .int8_matmul_amx import Int8MatmulAmx
+from .int8_matmul_vnni import Int8MatmulVnni
 from .matmul_epilogue import MatmulEpilogue
 from .matmul_multi_output import MatmulMultiOutput
 from .pooling import Pooling
@@ -25,6 +27,6 @@ from .squeeze_excitation import SqueezeExcitation
 from .winograd_conv2d_nchwc import WinogradConv2dNCHWc
 
 __all__ = ["Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
-           "DepthwiseConv2dNCHWc", "Fallback", "Injective", "MatmulEpilogue", "MatmulMultiOutput", "Pooling",
-           "Reduction", "Resize", "SkipNorm", "Softmax", "SoftmaxOverOuterAxis",
+           "DepthwiseConv2dNCHWc", "Fallback", "Injective", "Int8MatmulAmx", "Int8MatmulVnni", "MatmulEpilogue", "MatmulMultiOutput",
+           "Pooling", "Reduction", "Resize", "SkipNorm", "Softmax", "SoftmaxOverOuterAxis",
            "SqueezeExcitation", "WinogradConv2dNCHWc"]

@@ -1,0 +1,124 @@
+"""Int8MatmulVnni: the int8 matmul kernel (frontend/integer_matmul.py) on ``vpdpbusd`` register
+tiles, built for named targets (assembly read, never run), run on the host where it has VNNI."""
+
+import numpy as np
+import pytest
+import tvm
+from loop_structure import loop_kinds
+from machine import host_target
+from tvm import relax, te
+
+from tvm_fusion.frontend.integer_matmul import (activation_te, emit_integer_matmul, int8_weight,
+                                                pack_weight, sum_te)
+from tvm_fusion.passes.pipeline import lowering_passes
+from tvm_fusion.schedules.cpu import Int8MatmulVnni
+from tvm_fusion.kernels.cpu_features import has_vnni
+
+VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
+AVX512_NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+HOST = tvm.target.Target(host_target())
+
+
+def int8_module(m, k: int, n: int, dtype: str = "uint8", seed: int = 0):
+    """main(a[m, k]) = float32(sum_k (a - 3) * centered[k, n]) through the int8 kernel (``m`` a
+    tuple: the leading axes), lowered (one fused kernel: the sum, its corrections, the
+    conversion); and ``centered``."""
+    rng = np.random.default_rng(seed)
+    centered = rng.integers(-140, 116, (k, n))  # some columns past int8: shifted
+    a = relax.Var("a", relax.TensorType((*(m if isinstance(m, tuple) else (m,)), k), dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_integer_matmul(bb, a, 3, centered))
+        bb.emit_func_output(out)
+    return tvm.transform.Sequential(lowering_passes())(bb.get()), centered
+
+
+def scheduled(mod: tvm.IRModule, target) -> tvm.IRModule:
+    out = mod.clone()
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and "int8_matmul" in gvar.name_hint:
+            sch = Int8MatmulVnni().apply(func, target, False)
+            assert sch is not None
+            out[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return out
+
+
+def kernel_assembly(mod: tvm.IRModule, target) -> str:
+    (kernels,) = tvm.compile(mod, target=target).mod.imports
+    return kernels.inspect_source("s")
+
+
+def test_vnni_target_tiles_and_uses_vpdpbusd():
+    mod, _ = int8_module(33, 100, 64)
+    done = scheduled(mod, VNNI)
+    (func,) = [f for gv, f in done.functions_items() if "int8_matmul" in gv.name_hint]
+    loops = loop_kinds(func)
+    assert loops.parallel == [11 * 1]  # 33 rows in tiles of 3, 64 columns in one tile of 4 blocks
+    assert sorted(loops.unrolled) == [3, 4]
+    assembly = kernel_assembly(done, VNNI)
+    assert "vpdpbusd" in assembly and "%zmm" in assembly
+
+
+@pytest.mark.parametrize("target", [NO_VNNI, AVX512_NO_VNNI], ids=["znver1", "skylake-avx512"])
+def test_must_not_apply_without_vnni(target):
+    mod, _ = int8_module(7, 64, 17)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            assert Int8MatmulVnni().apply(func, target, False) is None, gvar.name_hint
+    assert "vpdpbusd" not in kernel_assembly(mod, target)
+
+
+def test_must_not_take_a_float_matmul():
+    a = te.placeholder((8, 32), name="A")
+    b = te.placeholder((32, 16), name="B")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((8, 16), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="int8_matmul")
+    assert Int8MatmulVnni().apply(te.create_prim_func([a, b, c]), VNNI, False) is None
+
+
+@pytest.mark.skipif(not has_vnni(HOST), reason="the host CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("m, k, n", [(1, 13, 3), (7, 64, 17), (33, 100, 64), (128, 256, 1024), (16, 1100, 1030),
+                                     ((), 13, 20), ((2, 3), 13, 20)])
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_scheduled_kernel_is_exact_on_the_host(m, k, n, dtype):
+    mod, centered = int8_module(m, k, n, dtype)
+    info = np.iinfo(dtype)
+    a = np.random.default_rng(1).integers(info.min, int(info.max) + 1, (*(m if isinstance(m, tuple) else (m,)), k))
+    a = a.astype(dtype)
+    vm = relax.VirtualMachine(tvm.compile(scheduled(mod, HOST), target=HOST), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(a)).numpy()
+    expected = (a.astype(np.int64) - 3) @ centered
+    np.testing.assert_array_equal(got, expected.astype(np.float32))
+
+
+def test_a_large_weight_is_swept_once_per_column_tile():
+    """1100 x 1040 int8 (over 1 MiB): the column tiles outermost, all row tiles under each."""
+    mod, _ = int8_module(16, 1100, 1030)
+    done = scheduled(mod, VNNI)
+    (func,) = [f for gv, f in done.functions_items() if "int8_matmul" in gv.name_hint]
+    assert loop_kinds(func).parallel == [65 * 4]  # 65 column blocks of 16 (1 per tile) x 4 row tiles
+    # the fused tile index: the row tile varies fastest (index % 4 row tiles), the column tile outside
+    assert "_fused % T.int64(4) * T.int64(4)" in func.script()
+
+
+@pytest.mark.skipif(not has_vnni(HOST), reason="the host CPU has no AVX512-VNNI")
+def test_an_activation_prologue_in_the_kernel_runs_as_its_own_pass():
+    """int8 data offset to uint8 and padded (13 -> 16) inside the kernel: the prologue is not
+    inlined into the tensorized sum (it would break it), and the result is exact."""
+    rng = np.random.default_rng(2)
+    centered = rng.integers(-128, 128, (13, 32))
+    weight, shift = int8_weight(centered)
+    assert not shift.any()
+    data = te.placeholder((5, 13), "int8", name="data")
+    packed = te.placeholder((2, 4, 16, 4), "int8", name="packed")
+    total = sum_te(activation_te(data, 128, 16), packed)
+    func = te.create_prim_func([data, packed, total])
+    sch = Int8MatmulVnni().apply(func, HOST, False)
+    assert sch is not None
+    built = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=HOST)
+    x = rng.integers(-128, 128, (5, 13)).astype("int8")
+    out = tvm.runtime.empty((5, 32), "int32", tvm.cpu())
+    built["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(pack_weight(weight)), out)
+    np.testing.assert_array_equal(out.numpy(), (x.astype(np.int64) + 128) @ centered)

@@ -1,0 +1,17 @@
+"""The x86 instructions an int8 kernel may use on a target's CPU (its ``mcpu``/``mattr``, not
+the compiling host's): the import picks the int8 matmul kernel by them, the schedule rules
+tensorize with them, and ``targets/platforms`` requires them of the machine that runs it."""
+
+import tvm
+from tvm.target import Target
+
+
+def has_vnni(target: Target) -> bool:
+    """AVX512-VNNI (``vpdpbusd``)."""
+    return target.kind.name == "llvm" and bool(tvm.target.codegen.llvm_cpu_has_features(["avx512vnni"], target))
+
+
+def has_amx_int8(target: Target) -> bool:
+    """AMX tiles with int8 products (Sapphire and Emerald Rapids on)."""
+    return target.kind.name == "llvm" and bool(
+        tvm.target.codegen.llvm_cpu_has_features(["amx-int8", "amx-tile"], target))

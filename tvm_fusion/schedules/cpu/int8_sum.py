@@ -1,0 +1,64 @@
+"""The int8 matmul kernel (``frontend/integer_matmul.py``) as its schedule rules read it: the sum
+block, and the blocks FuseOps put before it. Shared by ``Int8MatmulAmx`` (AMX tiles) and
+``Int8MatmulVnni`` (``vpdpbusd`` registers)."""
+
+from tvm import s_tir, tirx
+
+from ...frontend.integer_matmul import COLUMN_BLOCK, DEPTH_BLOCK, KERNEL_NAME
+from ...kernels.blocks import among
+from .helpers import extent_of
+
+
+def is_int8_sum(block: s_tir.SBlock) -> bool:
+    """The kernel of ``integer_matmul.py``: its block name, (batch.., m, n, k) axes, an int32
+    output, a uint8 [batch.., M, K] and an int8 [N/16, K/4, 16, 4] operand."""
+    if not block.name_hint.startswith(KERNEL_NAME) or len(block.iter_vars) < 3 or len(block.reads) != 2:
+        return False
+    if "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)[-2:] != "SR":
+        return False
+    data, weight = (region.source for region in block.reads)
+    if str(block.writes[0].source.dtype) != "int32" or str(data.dtype) != "uint8" or str(weight.dtype) != "int8":
+        return False
+    shape = [extent_of(d) for d in weight.shape]
+    return len(data.shape) == len(block.iter_vars) - 1 and len(shape) == 4 and shape[2:] == [COLUMN_BLOCK, DEPTH_BLOCK]
+
+
+def place_prologue(sch: s_tir.Schedule, kernel) -> None:
+    """Blocks FuseOps put before the sum: one that feeds it (an activation's offset and padding)
+    runs as a pass of its own, as inlined into the sum it would break its tensorization; one
+    only the epilogue reads (a run-time zero point's cast) is inlined into its readers, so the
+    epilogue can follow each tile (``reverse_compute_at`` wants every producer under the tile)."""
+    operands = [region.source for region in kernel.stmt.reads]
+    for block in kernel.prologue:
+        if not any(among(region.source, operands) for region in sch.get(block).writes):
+            try:
+                sch.compute_inline(block)
+                continue
+            except s_tir.ScheduleError:
+                pass  # left as it is: the epilogue then runs after the sum
+        loops = sch.get_loops(block)
+        if loops:
+            sch.parallel(loops[0])
+
+
+def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epilogue: list, per_tile: bool) -> None:
+    """The sum's tiles (``outer``, under the ``batch`` loops) across cores, each written back from
+    a local buffer; with ``per_tile`` the epilogue follows each tile (the write-back and all but
+    the last epilogue block inlined into the last), else it runs after the whole sum, across cores."""
+    writeback = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(writeback, outer[1])
+    tile = sch.fuse(*batch, *outer)
+    sch.parallel(tile)
+    if per_tile:
+        *inlined, output = [writeback, *epilogue]
+        for block_rv in inlined:
+            sch.compute_inline(block_rv)
+        sch.reverse_compute_at(output, tile)
+    else:
+        output = writeback
+        for later in epilogue:
+            loops = sch.get_loops(later)
+            if loops:  # a scalar (a zero point) has none
+                sch.parallel(loops[0])
+                sch.vectorize(loops[-1])
+    sch.vectorize(sch.get_loops(output)[-1])
