@@ -192,37 +192,43 @@ def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarra
             results.append(OutputComparison(name, float("inf"), float("inf"), False,
                                             f"shape {value.shape} != {reference.shape}"))
             continue
-        a, e = value.astype(np.float64), reference.astype(np.float64)
-        both = np.isfinite(a) & np.isfinite(e)
-        # Where either side is inf or nan, both must hold the same value (+inf != -inf, nan == nan).
-        finite = bool(np.array_equal(a[~both], e[~both], equal_nan=True))
-        diff, e = np.abs(a[both] - e[both]), e[both]
+        finite = _finite_differences(value, reference)
+        if finite is None:
+            results.append(OutputComparison(name, float("inf"), float("inf"), False, "non-finite values differ"))
+            continue
+        diff, a, e = finite
         max_abs = float(diff.max()) if diff.size else 0.0
         max_rel = float((diff / np.maximum(np.abs(e), 1e-12)).max()) if diff.size else 0.0
-        if not finite:
-            max_abs = max_rel = float("inf")
         allowed = atol + rtol * np.abs(e)
         outside = diff > allowed
-        ok = finite and not bool(outside.any())
-        note = "" if finite else "non-finite values differ"
-        if finite and not ok:
+        ok = not bool(outside.any())
+        note = ""
+        if not ok:
             worst = int(np.argmax(diff - allowed))
             note = (f"{int(outside.sum())} of {diff.size} elements outside; worst: tvm_fusion "
-                    f"{a[both][worst]:.6g}, ONNX Runtime {e[worst]:.6g}")
+                    f"{a[worst]:.6g}, ONNX Runtime {e[worst]:.6g}")
         results.append(OutputComparison(name, max_abs, max_rel, ok, note))
     return results
+
+
+def _finite_differences(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(|a - e|, a, e) in float64 over the elements finite on both sides; None where the others
+    differ (where either side is inf or nan, both must hold the same value: +inf != -inf, nan == nan)."""
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    both = np.isfinite(a) & np.isfinite(e)
+    if not np.array_equal(a[~both], e[~both], equal_nan=True):
+        return None
+    return np.abs(a[both] - e[both]), a[both], e[both]
 
 
 def _multiples(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> np.ndarray | None:
     """Per finite element, ``|actual - expected| / (atol + rtol * |expected|)`` (over 1: outside
     the tolerance); None where the shapes or the non-finite values differ."""
-    if actual.shape != expected.shape:
+    finite = _finite_differences(actual, expected) if actual.shape == expected.shape else None
+    if finite is None:
         return None
-    a, e = actual.astype(np.float64), expected.astype(np.float64)
-    both = np.isfinite(a) & np.isfinite(e)
-    if not np.array_equal(a[~both], e[~both], equal_nan=True):
-        return None
-    diff, allowed = np.abs(a[both] - e[both]), atol + rtol * np.abs(e[both])
+    diff, _, e = finite
+    allowed = atol + rtol * np.abs(e)
     with np.errstate(divide="ignore", invalid="ignore"):  # allowed 0 (atol 0, e 0) and diff > 0: inf
         return np.where(diff > 0, diff / allowed, 0.0)
 
@@ -258,8 +264,8 @@ def judge_conditioning(results: list[OutputComparison], actual: dict[str, np.nda
             judged.append(r)
             continue
         multiple, outside, name = max(spreads)
-        diff = np.abs(runs[name][r.name].astype(np.float64) - expected[r.name].astype(np.float64))
-        max_abs = float(diff[np.isfinite(diff)].max()) if np.isfinite(diff).any() else 0.0
+        diff, _, _ = _finite_differences(runs[name][r.name], expected[r.name])  # not None: _multiples took it
+        max_abs = float(diff.max()) if diff.size else 0.0
         allowed = SPREAD_MULTIPLE * multiple if multiple > 1.0 else 1.0
         judged.append(dataclasses.replace(r, reference_spread=ReferenceSpread(name, max_abs, multiple, outside,
                                                                               ours, allowed)))

@@ -12,19 +12,18 @@ import onnx
 import pytest
 import tvm
 from helpers import run_python, write_config
+from int8_kernels import int8_kernel, int8_module, kernel_assembly, scheduled
 from loop_structure import loop_kinds
 from machine import host_target
 from onnx import helper, numpy_helper
 from tvm import relax, te
 
 from tvm_fusion.api import compile_model
-from tvm_fusion.frontend.integer_matmul import emit_integer_matmul
-from tvm_fusion.passes.pipeline import lowering_passes
+from tvm_fusion.kernels.cpu_features import has_amx_int8
 from tvm_fusion.schedules.cpu import Int8MatmulAmx, Int8MatmulVnni
 from tvm_fusion.schedules.registry import rules_for_kind
 from tvm_fusion.targets import export_options, host_cpu_flags
 from tvm_fusion.targets.amx import request_amx_permission
-from tvm_fusion.kernels.cpu_features import has_amx_int8
 from tvm_fusion.verify import reference_outputs
 
 AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
@@ -34,40 +33,6 @@ host_amx = pytest.mark.skipif(not {"amx_int8", "amx_tile"} <= host_cpu_flags() o
                               reason="the host CPU has no AMX-INT8 (the VNNI and float paths are tested elsewhere)")
 
 
-def int8_module(m, k: int, n: int, dtype: str = "uint8", seed: int = 0):
-    """main(a[m, k]) = float32(sum_k (a - 3) * centered[k, n]) through the int8 kernel (``m`` a
-    tuple: the leading axes), lowered (one fused kernel: the sum, its corrections, the
-    conversion); and ``centered``."""
-    rng = np.random.default_rng(seed)
-    centered = rng.integers(-140, 116, (k, n))  # some columns past int8: shifted
-    a = relax.Var("a", relax.TensorType((*(m if isinstance(m, tuple) else (m,)), k), dtype))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [a]):
-        with bb.dataflow():
-            out = bb.emit_output(emit_integer_matmul(bb, a, 3, centered))
-        bb.emit_func_output(out)
-    return tvm.transform.Sequential(lowering_passes())(bb.get()), centered
-
-
-def int8_kernel(mod: tvm.IRModule) -> tuple[tvm.ir.GlobalVar, tvm.tirx.PrimFunc]:
-    (found,) = [(gv, f) for gv, f in mod.functions_items() if "int8_matmul" in gv.name_hint]
-    return found
-
-
-def scheduled(mod: tvm.IRModule, target) -> tvm.IRModule:
-    out = mod.clone()
-    gvar, func = int8_kernel(mod)
-    sch = Int8MatmulAmx().apply(func, target, False)
-    assert sch is not None
-    out[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    return out
-
-
-def kernel_assembly(mod: tvm.IRModule, target) -> str:
-    (kernels,) = tvm.compile(mod, target=target).mod.imports
-    return kernels.inspect_source("s")
-
-
 def test_runs_before_the_vnni_rule():
     names = [type(rule).__name__ for rule in rules_for_kind("llvm")]
     assert names.index("Int8MatmulAmx") < names.index("Int8MatmulVnni")
@@ -75,7 +40,7 @@ def test_runs_before_the_vnni_rule():
 
 def test_amx_target_uses_tile_instructions():
     mod, _ = int8_module(32, 100, 64)
-    done = scheduled(mod, AMX)
+    done = scheduled(mod, Int8MatmulAmx(), AMX)
     # 2 row tiles of 16 x 1 column tile of 64 (4 C tiles), one AMX call each, across cores
     assert loop_kinds(int8_kernel(done)[1]).parallel == [2]
     assembly = kernel_assembly(done, AMX)
@@ -115,9 +80,9 @@ def test_a_prime_row_count_runs_tiles_of_16_and_a_tail():
     """197 rows (no divisor from 5 to 16): 12 tiles of 16 rows x 1 of 64 columns, then one tile
     of 5 rows, then the epilogue in one pass across cores."""
     mod, _ = int8_module(197, 64, 64)
-    func = int8_kernel(scheduled(mod, AMX))[1]
+    func = int8_kernel(scheduled(mod, Int8MatmulAmx(), AMX))[1]
     assert loop_kinds(func).parallel == [12, 1, 197]
-    assembly = kernel_assembly(scheduled(mod, AMX), AMX)
+    assembly = kernel_assembly(scheduled(mod, Int8MatmulAmx(), AMX), AMX)
     assert assembly.count("ldtilecfg") >= 2  # one per copy's tile shape
 
 
@@ -134,7 +99,7 @@ def test_scheduled_kernel_is_exact_on_the_host(m, k, n, dtype):
     info = np.iinfo(dtype)
     a = np.random.default_rng(1).integers(info.min, int(info.max) + 1, (*(m if isinstance(m, tuple) else (m,)), k))
     a = a.astype(dtype)
-    vm = relax.VirtualMachine(tvm.compile(scheduled(mod, HOST), target=HOST), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(scheduled(mod, Int8MatmulAmx(), HOST), target=HOST), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(a)).numpy()
     expected = (a.astype(np.int64) - 3) @ centered
     np.testing.assert_array_equal(got, expected.astype(np.float32))
@@ -189,7 +154,7 @@ def test_only_the_constructor_lets_a_fresh_process_run_the_tiles(tmp_path):
     Linux has not granted the tile state: the grant is cleared on exec) dies of SIGILL at the
     first tile instruction; with it (export_options' addons), it runs."""
     mod, centered = int8_module(32, 64, 32)
-    executable = tvm.compile(scheduled(mod, HOST), target=HOST)
+    executable = tvm.compile(scheduled(mod, Int8MatmulAmx(), HOST), target=HOST)
     bare, granted = tmp_path / "bare.so", tmp_path / "granted.so"
     executable.export_library(str(bare))
     executable.export_library(str(granted), **export_options("host", host_target()))

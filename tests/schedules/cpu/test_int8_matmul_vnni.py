@@ -4,15 +4,14 @@ tiles, built for named targets (assembly read, never run), run on the host where
 import numpy as np
 import pytest
 import tvm
+from int8_kernels import int8_kernel, int8_module, kernel_assembly, scheduled
 from loop_structure import loop_kinds
 from machine import host_target
 from tvm import relax, te
 
-from tvm_fusion.frontend.integer_matmul import (activation_te, emit_integer_matmul, int8_weight,
-                                                pack_weight, sum_te)
-from tvm_fusion.passes.pipeline import lowering_passes
-from tvm_fusion.schedules.cpu import Int8MatmulVnni
+from tvm_fusion.frontend.integer_matmul import activation_te, int8_weight, pack_weight, sum_te
 from tvm_fusion.kernels.cpu_features import has_vnni
+from tvm_fusion.schedules.cpu import Int8MatmulVnni
 
 VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
 NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
@@ -20,40 +19,10 @@ AVX512_NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "n
 HOST = tvm.target.Target(host_target())
 
 
-def int8_module(m, k: int, n: int, dtype: str = "uint8", seed: int = 0):
-    """main(a[m, k]) = float32(sum_k (a - 3) * centered[k, n]) through the int8 kernel (``m`` a
-    tuple: the leading axes), lowered (one fused kernel: the sum, its corrections, the
-    conversion); and ``centered``."""
-    rng = np.random.default_rng(seed)
-    centered = rng.integers(-140, 116, (k, n))  # some columns past int8: shifted
-    a = relax.Var("a", relax.TensorType((*(m if isinstance(m, tuple) else (m,)), k), dtype))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [a]):
-        with bb.dataflow():
-            out = bb.emit_output(emit_integer_matmul(bb, a, 3, centered))
-        bb.emit_func_output(out)
-    return tvm.transform.Sequential(lowering_passes())(bb.get()), centered
-
-
-def scheduled(mod: tvm.IRModule, target) -> tvm.IRModule:
-    out = mod.clone()
-    for gvar, func in mod.functions_items():
-        if isinstance(func, tvm.tirx.PrimFunc) and "int8_matmul" in gvar.name_hint:
-            sch = Int8MatmulVnni().apply(func, target, False)
-            assert sch is not None
-            out[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    return out
-
-
-def kernel_assembly(mod: tvm.IRModule, target) -> str:
-    (kernels,) = tvm.compile(mod, target=target).mod.imports
-    return kernels.inspect_source("s")
-
-
 def test_vnni_target_tiles_and_uses_vpdpbusd():
     mod, _ = int8_module(33, 100, 64)
-    done = scheduled(mod, VNNI)
-    (func,) = [f for gv, f in done.functions_items() if "int8_matmul" in gv.name_hint]
+    done = scheduled(mod, Int8MatmulVnni(), VNNI)
+    func = int8_kernel(done)[1]
     loops = loop_kinds(func)
     assert loops.parallel == [11 * 1]  # 33 rows in tiles of 3, 64 columns in one tile of 4 blocks
     assert sorted(loops.unrolled) == [3, 4]
@@ -87,7 +56,7 @@ def test_scheduled_kernel_is_exact_on_the_host(m, k, n, dtype):
     info = np.iinfo(dtype)
     a = np.random.default_rng(1).integers(info.min, int(info.max) + 1, (*(m if isinstance(m, tuple) else (m,)), k))
     a = a.astype(dtype)
-    vm = relax.VirtualMachine(tvm.compile(scheduled(mod, HOST), target=HOST), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(scheduled(mod, Int8MatmulVnni(), HOST), target=HOST), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(a)).numpy()
     expected = (a.astype(np.int64) - 3) @ centered
     np.testing.assert_array_equal(got, expected.astype(np.float32))
@@ -96,8 +65,8 @@ def test_scheduled_kernel_is_exact_on_the_host(m, k, n, dtype):
 def test_a_large_weight_is_swept_once_per_column_tile():
     """1100 x 1040 int8 (over 1 MiB): the column tiles outermost, all row tiles under each."""
     mod, _ = int8_module(16, 1100, 1030)
-    done = scheduled(mod, VNNI)
-    (func,) = [f for gv, f in done.functions_items() if "int8_matmul" in gv.name_hint]
+    done = scheduled(mod, Int8MatmulVnni(), VNNI)
+    func = int8_kernel(done)[1]
     assert loop_kinds(func).parallel == [65 * 4]  # 65 column blocks of 16 (1 per tile) x 4 row tiles
     # the fused tile index: the row tile varies fastest (index % 4 row tiles), the column tile outside
     assert "_fused % T.int64(4) * T.int64(4)" in func.script()

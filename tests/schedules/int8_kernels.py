@@ -1,0 +1,46 @@
+"""The int8 matmul kernel (frontend/integer_matmul.py) as the int8 rules' tests build it: one
+lowered module around it, the kernel found by name, scheduled by a rule, read as assembly."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvm_fusion.frontend.integer_matmul import emit_integer_matmul
+from tvm_fusion.passes.pipeline import lowering_passes
+
+
+def int8_module(m, k: int, n: int, dtype: str = "uint8", seed: int = 0):
+    """main(a[m, k]) = float32(sum_k (a - 3) * centered[k, n]) through the int8 kernel (``m`` a
+    tuple: the leading axes), lowered (one fused kernel: the sum, its corrections, the
+    conversion); and ``centered``."""
+    rng = np.random.default_rng(seed)
+    centered = rng.integers(-140, 116, (k, n))  # some columns past int8: shifted
+    a = relax.Var("a", relax.TensorType((*(m if isinstance(m, tuple) else (m,)), k), dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_integer_matmul(bb, a, 3, centered))
+        bb.emit_func_output(out)
+    return tvm.transform.Sequential(lowering_passes())(bb.get()), centered
+
+
+def int8_kernel(mod: tvm.IRModule) -> tuple[tvm.ir.GlobalVar, tvm.tirx.PrimFunc]:
+    (found,) = [(gv, f) for gv, f in mod.functions_items() if "int8_matmul" in gv.name_hint]
+    return found
+
+
+def scheduled(mod: tvm.IRModule, rule, target) -> tvm.IRModule:
+    """``mod`` with its int8 kernel scheduled by ``rule`` (which must take it)."""
+    out = mod.clone()
+    gvar, func = int8_kernel(mod)
+    sch = rule.apply(func, target, False)
+    assert sch is not None
+    out[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return out
+
+
+def kernel_assembly(mod: tvm.IRModule, target) -> str:
+    (kernels,) = tvm.compile(mod, target=target).mod.imports
+    return kernels.inspect_source("s")
