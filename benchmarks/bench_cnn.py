@@ -2,10 +2,12 @@
 
 Each (model, input shape) is timed in one process with the runtimes interleaved round by round
 (tvm_fusion.api.bench_model), untuned (hand schedules only, no tuning log), at the config's
-thread count (2 on the reference machine); OpenVINO (f32) joins the rounds when the peers extra
-is installed. Then every tvm_fusion kernel of the model is timed on its own (random inputs,
-median of samples of back-to-back calls), in a worker process of its own: the peers' thread
-pools outlive their sessions, and on 2 cores their spinning threads slowed kernels timed after
+thread count (2 on the reference machine); OpenVINO joins the rounds when the peers extra is
+installed, at f32 and at its default precision (bf16 on CPUs with AVX512_BF16 or AMX), each
+with its errors against ONNX Runtime float32 in the JSON (the table shows the default's max abs
+error). Then every tvm_fusion kernel of the model is timed on its own (random inputs, median of
+samples of back-to-back calls), in a worker process of its own: the peers' thread pools
+outlive their sessions, and on 2 cores their spinning threads slowed kernels timed after
 them by up to 13x (resnet_tiny's 96-channel 7x7 conv on Zen 1: 2.40 ms beside them, 0.18 ms
 alone). Each conv kernel is reported with its achieved GFLOP/s and its share of this
 machine's measured FMA peak (tvm_fusion.machine_peak, recorded with every result), and so are
@@ -165,10 +167,13 @@ def main() -> None:
         results[key] = {**report.to_json(), "slowest_kernels": kernels[:SLOWEST], "conv_kernels": convs}
         ratios = report.ratios()
         medians = report.medians_ms
-        rows.append([key, report.threads, medians["onnxruntime"], *([medians["openvino"]] if openvino else []),
+        rows.append([key, report.threads, medians["onnxruntime"],
+                     *([medians["openvino"], f"{medians['openvino_default']:.3f} "
+                        f"({report.peer_precision['openvino_default']})"] if openvino else []),
                      medians["stock_tvm"], medians["tvm_fusion"], ratios["tvm_fusion"],
                      *([medians["tvm_fusion"] / medians["openvino"]] if openvino else []),
-                     medians["stock_tvm"] / medians["tvm_fusion"], report.max_abs_error["tvm_fusion"]])
+                     medians["stock_tvm"] / medians["tvm_fusion"], report.max_abs_error["tvm_fusion"],
+                     *([report.max_abs_error["openvino_default"]] if openvino else [])])
         for kernel in kernels[:SLOWEST]:
             kernel_rows.append([key, kernel["kernel"][:60], kernel["rule"], kernel["calls"], kernel["ms"],
                                 *_rate(kernel)])
@@ -179,9 +184,9 @@ def main() -> None:
                 depthwise_rows.append([key, kernel["kernel"][:60], kernel["ms"], round(kernel["gbytes_per_s"], 1),
                                        round(kernel["percent_of_l2_bandwidth"], 1), round(kernel["gflops"], 1),
                                        round(kernel["percent_of_l2_roof"], 1)])
-    print(table(["model input", "threads", "ORT ms", *(["OpenVINO ms"] if openvino else []), "stock TVM ms",
-                 "tvm_fusion ms", "tvm_fusion/ORT", *(["tvm_fusion/OpenVINO"] if openvino else []),
-                 "speed-up vs stock", "max abs err"], rows))
+    print(table(["model input", "threads", "ORT ms", *(["OpenVINO f32 ms", "OpenVINO default ms"] if openvino else []),
+                 "stock TVM ms", "tvm_fusion ms", "tvm_fusion/ORT", *(["tvm_fusion/OpenVINO f32"] if openvino else []),
+                 "speed-up vs stock", "max abs err", *(["OpenVINO default max abs err"] if openvino else [])], rows))
     if results:
         peak = report.peak
         print(f"\nthis machine ({peak.target_key}, {peak.threads} threads): {peak.gflops:.0f} GFLOP/s FMA peak, "

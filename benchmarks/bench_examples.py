@@ -1,9 +1,10 @@
 """tvm_fusion vs ONNX Runtime (and OpenVINO) vs stock TVM on the bundled transformer examples.
 
 Each model is timed in one process with the runtimes interleaved round by round
-(tvm_fusion.api.bench_model), at the config's thread count; OpenVINO (f32) joins the rounds when
-the peers extra is installed. Writes a table to stdout and the raw numbers, with this machine's
-probed peaks, to benchmarks/results/examples.json.
+(tvm_fusion.api.bench_model), at the config's thread count; OpenVINO joins the rounds when the
+peers extra is installed, at f32 and at its default precision (bf16 on CPUs with AVX512_BF16 or
+AMX), the latter with its max abs error against ONNX Runtime float32. Writes a table to stdout
+and the raw numbers, with this machine's probed peaks, to benchmarks/results/examples.json.
 
     .venv/bin/python benchmarks/bench_examples.py [--repeat 30] [--config configs/x86_64-host.toml]
 """
@@ -45,11 +46,14 @@ def main() -> None:
                          "stock_fusion_kernels": inspect.stock_kernels}
         ms = report.medians_ms
         untuned = ms.get("tvm_fusion_untuned", ms["tvm_fusion"])  # no records: the same build
-        rows.append([name, report.threads, ms["onnxruntime"], *([ms["openvino"]] if openvino else []),
+        rows.append([name, report.threads, ms["onnxruntime"],
+                     *([ms["openvino"], f"{ms['openvino_default']:.3f} ({report.peer_precision['openvino_default']})",
+                        report.max_abs_error["openvino_default"]] if openvino else []),
                      ms["stock_tvm"], untuned, ms["tvm_fusion"], untuned / ms["onnxruntime"],
                      ms["tvm_fusion"] / ms["onnxruntime"], *([ms["tvm_fusion"] / ms["openvino"]] if openvino else []),
                      ms["stock_tvm"] / untuned, inspect.kernels, inspect.stock_kernels])
-    print(table(["model", "threads", "ORT ms", *(["OpenVINO ms"] if openvino else []), "stock TVM ms",
+    print(table(["model", "threads", "ORT ms",
+                 *(["OpenVINO f32 ms", "OpenVINO default ms", "its max abs err"] if openvino else []), "stock TVM ms",
                  "ours untuned ms", "ours tuned ms", "untuned/ORT", "tuned/ORT",
                  *(["tuned/OpenVINO"] if openvino else []), "untuned speed-up vs stock", "kernels",
                  "stock FuseOps kernels"], rows))

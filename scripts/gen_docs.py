@@ -186,6 +186,9 @@ def _shape(shape) -> str:
 # --- benchmark tables, one renderer per kind of results file ----------------------------------------
 
 def render_zoo(data) -> str:
+    # OpenVINO at its default precision (and both rows' errors) where the file has them: runs before
+    # zoo_report.py timed it have no such columns.
+    default = any("openvino_default_ms" in m for m in data["models"])
     rows, own = [], []
     for m in data["models"]:
         name = m["model"] + (" *" if "machine" in m else "")
@@ -199,12 +202,26 @@ def render_zoo(data) -> str:
                      "yes" if m.get("compiles") else "no", _err(m.get("max_abs_error")), coverage,
                      f"{m.get('kernels', '-')} / {m.get('stock_kernels', '-')}", _ms(m.get("ort_ms")),
                      _ms(m.get("ours_ms")), _ratio(m.get("ratio_to_ort")), openvino,
-                     _ratio(m.get("ratio_to_openvino")), _compile_cost(m)])
+                     _ratio(m.get("ratio_to_openvino")),
+                     *([_openvino_default_ms(m), _ratio(m.get("ratio_to_openvino_default")),
+                        f"{_err(m.get('openvino_max_abs_error'))} / {_err(m.get('openvino_default_max_abs_error'))}"]
+                       if default else []),
+                     _compile_cost(m)])
     text = table(["model", "exporter", "inputs", "compiles", "max abs err vs ORT",
                   "coverage (targeted chains / compute nodes)", "kernels (ours / stock)", "ORT ms", "ours ms",
-                  "ours / ORT", "OpenVINO f32 ms", "ours / OpenVINO", "compile s, peak RSS MB (budget)"], rows)
+                  "ours / ORT", "OpenVINO f32 ms", "ours / OpenVINO",
+                  *(["OpenVINO default ms (precision)", "ours / OpenVINO default",
+                     "OpenVINO max abs err vs ORT (f32 / default)"] if default else []),
+                  "compile s, peak RSS MB (budget)"], rows)
     notes = [data["note"]] if isinstance(data, dict) and data.get("note") else []
     return text + ("\n\n" + " ".join(own) if own else "") + ("\n\n" + " ".join(notes) if notes else "")
+
+
+def _openvino_default_ms(m: dict) -> str:
+    """OpenVINO's time at its default precision, with the precision it chose."""
+    if "openvino_default_ms" not in m:
+        return "-"
+    return f"{_ms(m['openvino_default_ms'])} ({m['openvino_default_precision']})"
 
 
 def _compile_cost(m: dict) -> str:
@@ -218,15 +235,23 @@ def _compile_cost(m: dict) -> str:
 
 
 def render_cnn(data) -> str:
+    default = any("openvino_default" in r["medians_ms"] for r in data.values())  # runs since bench had it
     rows = []
     for case, r in data.items():
         med, ratio = r["medians_ms"], r["ratio_to_onnxruntime"]
         slowest = "; ".join(f"{k['rule']} {k['ms']:.3f} ms x{k['calls']}, {k['gflops']:.0f} GFLOP/s"
                             for k in r.get("slowest_kernels", []))
         vs_openvino = med["tvm_fusion"] / med["openvino"] if med.get("openvino") else None
-        rows.append([case, _ms(med.get("onnxruntime")), _ms(med.get("openvino")), _ms(med.get("stock_tvm")),
-                     _ms(med.get("tvm_fusion")), _ratio(ratio.get("tvm_fusion")), _ratio(vs_openvino), slowest])
-    return table(["model, input", "ORT ms", "OpenVINO f32 ms", "stock TVM ms", "tvm_fusion ms", "ours / ORT",
+        errors, chose = r["max_abs_error"], r.get("peer_precision", {}).get("openvino_default", "-")
+        rows.append([case, _ms(med.get("onnxruntime")), _ms(med.get("openvino")),
+                     *([f"{_ms(med.get('openvino_default'))} ({chose})",
+                        f"{_err(errors.get('openvino'))} / {_err(errors.get('openvino_default'))}"] if default else []),
+                     _ms(med.get("stock_tvm")), _ms(med.get("tvm_fusion")), _ratio(ratio.get("tvm_fusion")),
+                     _ratio(vs_openvino), slowest])
+    return table(["model, input", "ORT ms", "OpenVINO f32 ms",
+                  *(["OpenVINO default ms (precision)", "OpenVINO max abs err vs ORT (f32 / default)"]
+                    if default else []),
+                  "stock TVM ms", "tvm_fusion ms", "ours / ORT",
                   "ours / OpenVINO", "slowest kernels (rule, ms per call x calls, GFLOP/s)"], rows)
 
 
@@ -337,6 +362,28 @@ def render_int8(data) -> str:
                      "int8 / float32", "int8 / ONNX Runtime"], rows))
 
 
+def render_bf16(data) -> str:
+    rows = [[shape, _ms(r["median_ms"]["float32"]), _ms(r["median_ms"].get("bf16 amx")),
+             _ms(r["median_ms"].get("bf16 generic")),
+             _ratio(r["median_ms"]["float32"] / r["median_ms"]["bf16 amx"]) if "bf16 amx" in r["median_ms"] else "-",
+             _err(r["max_abs_error_vs_numpy"].get("bf16 amx"))]
+            for shape, r in data["shapes"].items()]
+    return (f"{data['threads']} thread(s), {data['repeat']} interleaved rounds, medians; a dense layer with bias and "
+            "GELU (rows x K -> N); \"bf16 generic\" is the same bf16 kernel without AMX (bf16 weights, float32 "
+            "FMAs); the error is against numpy on the bf16-rounded operands:\n\n"
+            + table(["rows x K -> N", "float32 ms", "bf16 AMX ms", "bf16 generic ms", "float32 / bf16 AMX",
+                     "bf16 AMX max abs error"], rows))
+
+
+def render_compile_memory(data) -> str:
+    rows = [[r["source"], r.get("compile_s", "-"), r.get("peak_rss_mb", r.get("failure", "-")),
+             "yes" if r.get("within_budget") else "no"] for r in data["rows"]]
+    return (f"`{data['model']}` at {', '.join(data['input_shapes'])}: {data['weights_mb']} MB of weights, a budget of "
+            f"{data['budget_mb']} MB (3x the weights + 1 GiB); compile with verification, in a worker process of its "
+            "own, peak RSS of it and its children:\n\n"
+            + table(["tvm_fusion", "compile s", "peak RSS MB", "within budget"], rows))
+
+
 def render_ablate(data) -> str:
     rows = []
     for model, r in data["models"].items():
@@ -384,7 +431,8 @@ RENDERERS: list[tuple[str, Callable]] = [  # (file name prefix, renderer), first
     ("zoo", render_zoo), ("cnn", render_cnn), ("examples", render_examples), ("dynamic", render_dynamic),
     ("targets", render_targets), ("tuning", render_tuning), ("concurrency", render_concurrency),
     ("serve", render_serve), ("winograd", render_winograd), ("conv_transpose", render_conv_transpose),
-    ("subnormals", render_subnormals), ("int8", render_int8), ("ablate", render_ablate),
+    ("subnormals", render_subnormals), ("int8", render_int8), ("bf16", render_bf16),
+    ("compile_memory", render_compile_memory), ("ablate", render_ablate),
     ("conformance", render_conformance), ("fused_onnx", render_fused_onnx), ("gpu_kernels", render_gpu_kernels),
 ]
 

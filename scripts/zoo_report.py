@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Run the real-model zoo: per model, compile + verify, coverage, kernels, latency against ORT
-(and OpenVINO in f32, when the peers extra is installed).
+(and OpenVINO, when the peers extra is installed: at f32, and at its default precision, bf16 on
+CPUs with AVX512_BF16 or AMX, each with its error against ONNX Runtime float32).
 
 Each model runs in a worker process of its own (a crash or a runaway allocation in one model
 does not stop the report), one at a time. Results go to ``benchmarks/results/zoo.json`` and a
@@ -91,15 +92,22 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
 
 
 def timings(path, input_shapes, repeat: int, peers: list[str]) -> dict:
-    """Medians of ORT, ours and the peers, interleaved in one process."""
+    """Medians of ORT, ours and the peers, interleaved in one process; each OpenVINO row (f32,
+    its default) with the precision it ran at and its error against ONNX Runtime float32."""
     from tvm_fusion import api
+    from tvm_fusion.commands.peers import OPENVINO_ROWS
 
     bench = api.bench_model(path, None, list(input_shapes), repeat=repeat, include_stock=False, peers=peers)
-    found = dict(ort_ms=round(bench.medians_ms["onnxruntime"], 3), ours_ms=round(bench.medians_ms["tvm_fusion"], 3),
+    medians = bench.medians_ms
+    found = dict(ort_ms=round(medians["onnxruntime"], 3), ours_ms=round(medians["tvm_fusion"], 3),
                  ratio_to_ort=round(bench.ratios()["tvm_fusion"], 3))
-    if "openvino" in bench.medians_ms:
-        found.update(openvino_ms=round(bench.medians_ms["openvino"], 3),
-                     ratio_to_openvino=round(bench.medians_ms["tvm_fusion"] / bench.medians_ms["openvino"], 3))
+    for row in (name for name, _ in OPENVINO_ROWS if name in medians):
+        found.update({f"{row}_ms": round(medians[row], 3),
+                      f"ratio_to_{row}": round(medians["tvm_fusion"] / medians[row], 3),
+                      f"{row}_precision": bench.peer_precision[row],
+                      f"{row}_max_abs_error": bench.max_abs_error[row],
+                      f"{row}_max_rel_error": bench.max_rel_error[row],
+                      f"{row}_cosine_similarity": bench.cosine_similarity[row]})
     return found
 
 
@@ -141,21 +149,27 @@ def failures(rows: list[dict]) -> list[str]:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | exporter | compiles | max abs err vs ORT | coverage (targeted chains / compute nodes) "
-             "| kernels (ours / stock) | ms (ORT / ours, ratio) | ms OpenVINO f32 (ours / it) | compile s, peak MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| kernels (ours / stock) | ms (ORT / ours, ratio) | ms OpenVINO f32 (ours / it) "
+             "| ms OpenVINO default (precision; ours / it) | OpenVINO max abs err vs ORT (f32 / default) "
+             "| compile s, peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r.get("compiles"):
-            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | | | |")
+            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | | | | | |")
             continue
         coverage = (f"{r['targeted_share']:.0%} / {r['compute_share']:.0%}" if "targeted_share" in r else "")
         kernels = f"{r['kernels']} / {r['stock_kernels']}" if "kernels" in r else ""
         timing = f"{r['ort_ms']} / {r['ours_ms']} ({r['ratio_to_ort']:.2f}x)" if "ours_ms" in r else r.get("error", "")
         openvino = (f"{r['openvino_ms']} ({r['ratio_to_openvino']:.2f}x)" if "openvino_ms" in r else
                     "cannot compile it" if "openvino_error" in r else "")
+        default = (f"{r['openvino_default_ms']} ({r['openvino_default_precision']}; "
+                   f"{r['ratio_to_openvino_default']:.2f}x)" if "openvino_default_ms" in r else "")
+        openvino_error = (f"{r['openvino_max_abs_error']:.1e} / {r['openvino_default_max_abs_error']:.1e}"
+                          if "openvino_default_max_abs_error" in r else "")
         memory = f"{r.get('compile_s', '')} s, {r.get('compile_peak_rss_mb', '')} MB"
         shaky = f" (ill-conditioned: {', '.join(r['ill_conditioned'])})" if r.get("ill_conditioned") else ""
         lines.append(f"| {r['model']} | {r['exporter']} | yes | {r['max_abs_error']:.1e}{shaky} | {coverage} "
-                     f"| {kernels} | {timing} | {openvino} | {memory} |")
+                     f"| {kernels} | {timing} | {openvino} | {default} | {openvino_error} | {memory} |")
     return "\n".join(lines)
 
 

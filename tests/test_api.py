@@ -57,8 +57,9 @@ def test_bench_compares_a_bool_output_too(tmp_path, config_path):
 def test_bench_peer_openvino(mlp_path, config_path):
     report = api.bench_model(mlp_path, config_path(), "x:4x16", repeat=2, warmup=1, include_stock=False,
                              peers=("openvino",))
-    assert set(report.medians_ms) == {"onnxruntime", "tvm_fusion", "openvino"}
+    assert set(report.medians_ms) == {"onnxruntime", "tvm_fusion", "openvino", "openvino_default"}
     assert 0 <= report.max_abs_error["openvino"] < 1e-4
+    assert report.peer_precision["openvino"] == "f32" and report.peer_precision["openvino_default"]
     assert report.peak is not None and report.peak.gflops > 0
     assert report.to_json()["peak"]["gbytes_per_s"] == report.peak.gbytes_per_s
 

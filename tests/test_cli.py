@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import sys
@@ -319,7 +320,7 @@ def test_bench_json(capsys, tmp_path, mlp_path, config_path):
                              "--repeat", "3", "--warmup", "1", "--json", out_json)
     assert code == 0, err
     for runtime in ("onnxruntime", "tvm_fusion", "stock_tvm"):
-        assert re.search(rf"^{runtime}(\s+\S+){{8}}$", out, re.M), out
+        assert re.search(rf"^{runtime}(\s+\S+){{10}}$", out, re.M), out
     assert "3 interleaved rounds" in out and "(x:4x16)" in out
     data = json.loads(out_json.read_text())
     assert [p.name for p in out_json.parent.iterdir()] == ["out.json"]  # no staging file left
@@ -337,8 +338,10 @@ def test_bench_json(capsys, tmp_path, mlp_path, config_path):
     for name, ratio in ratios.items():
         assert ratio == pytest.approx(medians[name] / medians["onnxruntime"], rel=1e-12)
     assert ratios["onnxruntime"] == 1.0
-    assert set(data["max_abs_error"]) == {"tvm_fusion", "stock_tvm"}
+    assert set(data["max_abs_error"]) == set(data["max_rel_error"]) == {"tvm_fusion", "stock_tvm"}
     assert all(0 <= e < 1e-4 for e in data["max_abs_error"].values())
+    assert all(c == pytest.approx(1.0, abs=1e-9) for c in data["cosine_similarity"].values())
+    assert data["peer_precision"] == {}  # no peer
 
 
 def test_bench_peer_openvino(capsys, tmp_path, mlp_path, config_path):
@@ -349,13 +352,22 @@ def test_bench_peer_openvino(capsys, tmp_path, mlp_path, config_path):
                              "--repeat", "3", "--warmup", "1", "--no-stock", "--peer", "openvino",
                              "--json", out_json)
     assert code == 0, err
-    assert re.search(r"^openvino(\s+\S+){8}$", out, re.M), out
+    for row in ("openvino", "openvino_default"):
+        assert re.search(rf"^{row}(\s+\S+){{10}}$", out, re.M), out
     assert re.search(r"^this machine \(\S+\): \d+ GFLOP/s FMA peak, [\d.]+ GB/s triad", out, re.M), out
     data = json.loads(out_json.read_text())
     assert set(data["medians_ms"]) == set(data["ratio_to_onnxruntime"]) == {"onnxruntime", "tvm_fusion",
-                                                                           "openvino"}
-    assert data["medians_ms"]["openvino"] > 0
+                                                                           "openvino", "openvino_default"}
+    assert data["medians_ms"]["openvino"] > 0 and data["medians_ms"]["openvino_default"] > 0
     assert 0 <= data["max_abs_error"]["openvino"] < 1e-4
+    # OpenVINO's own choice: bf16 where the CPU has it, f32 on AVX2-only hosts; said either way.
+    chose = data["peer_precision"]
+    assert chose["openvino"] == "f32" and chose["openvino_default"] in ("bf16", "f16", "f32")
+    assert re.search(rf"^inference precision: openvino f32 \(pinned\), openvino_default "
+                     rf"{chose['openvino_default']} \(its default\)$", out, re.M), out
+    for metric in ("max_abs_error", "max_rel_error", "cosine_similarity"):
+        assert set(data[metric]) == {"tvm_fusion", "openvino", "openvino_default"}
+        assert all(math.isfinite(v) for v in data[metric].values())
     peak = data["peak"]
     assert peak["threads"] == data["threads"] and peak["gflops"] > 0 and peak["gbytes_per_s"] > 0
     assert peak["ridge_flop_per_byte"] == pytest.approx(peak["gflops"] / peak["gbytes_per_s"])

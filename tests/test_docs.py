@@ -289,6 +289,23 @@ def test_every_results_file_has_a_table_with_machine_and_date():
         assert machine and re.fullmatch(r"\d{4}-\d{2}-\d{2}", date), name
 
 
+def test_zoo_and_cnn_tables_carry_openvino_default_precision_where_measured():
+    """OpenVINO at its default precision (and both rows' errors against ONNX Runtime) get columns
+    in a results file that has them; files from before keep their columns."""
+    model = {"model": "bert", "compiles": True, "ours_ms": 3.4, "openvino_ms": 3.4, "ratio_to_openvino": 1.0,
+             "openvino_max_abs_error": 1.2e-6, "openvino_default_ms": 1.2, "ratio_to_openvino_default": 2.8,
+             "openvino_default_precision": "bf16", "openvino_default_max_abs_error": 2.9e-3}
+    zoo = gen_docs.render_zoo({"models": [model, {"model": "old", "compiles": True}]}).splitlines()
+    assert "OpenVINO default ms (precision)" in zoo[0] and "| 1.200 (bf16) | 2.80x | 1.2e-06 / 2.9e-03 |" in zoo[2]
+    assert "| - | - | - / - |" in zoo[3]
+    assert "OpenVINO default" not in gen_docs.render_zoo({"models": [{"model": "old", "compiles": True}]})
+    bench = {"medians_ms": {"onnxruntime": 2.0, "tvm_fusion": 1.0, "openvino": 1.0, "openvino_default": 0.5},
+             "ratio_to_onnxruntime": {"tvm_fusion": 0.5}, "peer_precision": {"openvino_default": "bf16"},
+             "max_abs_error": {"openvino": 1e-6, "openvino_default": 3e-3}}
+    cnn = gen_docs.render_cnn({"resnet": bench}).splitlines()
+    assert "| 0.500 (bf16) | 1.0e-06 / 3.0e-03 |" in cnn[2]
+
+
 def test_readme_headline_table_is_fresh():
     text = README.read_text()
     assert gen_docs.readme_with_headline(text) == text, "run: python scripts/gen_docs.py --readme"

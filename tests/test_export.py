@@ -7,6 +7,7 @@ import pathlib
 import textwrap
 
 import pytest
+import tvm
 
 import helpers
 from tvm_fusion import __version__, api, cli, export
@@ -142,7 +143,7 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
     assert set(meta) == {"model", "model_sha256", "inputs", "outputs", "target", "config", "pipeline",
                          "schedule", "fusions", "fusion_variants", "kernels", "threads", "versions", "verification",
                          "library", "library_sha256", "platform", "toolchain", "tuning", "fusion_gate", "dims",
-                         "built_from", "schedule_rules", "generic_kernels", "schedule_rule_errors"}
+                         "built_from", "schedule_rules", "generic_kernels", "schedule_rule_errors", "precision"}
     assert pathlib.Path(meta["built_from"]["model_path"]).resolve() == mlp_path.resolve()
     assert meta["dims"] == {}  # static shapes: no ranges
     assert meta["generic_kernels"] == []  # every kernel has a rule of its own
@@ -156,6 +157,7 @@ def test_metadata_has_every_field(mlp_build, mlp_path, config_factory):
     assert meta["target"] == cfg.target and meta["target"]["mcpu"] != "host"
     assert meta["config"] == cfg.name
     assert meta["pipeline"] == list(cfg.patterns) and meta["schedule"] == cfg.schedule
+    assert meta["precision"] == "float32" and meta["built_from"]["config"]["precision"] == "float32"
     assert meta["fusions"]["gelu_erf"] == 1 and meta["fusions"]["gemm_epilogue"] == 2
     assert isinstance(meta["kernels"], int) and meta["kernels"] >= 1
     assert "MatmulEpilogue" in meta["schedule_rules"].values() and "Fallback" not in meta["schedule_rules"].values()
@@ -196,3 +198,27 @@ def test_the_export_child_does_not_carry_the_parents_freed_heap(tmp_path):
     assert done.returncode == 0, done.stderr
     parent, child = map(float, done.stdout.split())
     assert parent - child > 200, (parent, child)
+
+
+def test_a_handed_over_executable_is_let_go_before_the_check(executable, tmp_path):
+    """compile hands the executable over in a list: by the time the check loads the library,
+    write_artifact holds it no more (its weights can be freed)."""
+    handoff, seen = [executable], []
+
+    def check(library: pathlib.Path) -> dict:
+        seen.append((list(handoff), library.is_file()))
+        return {"checked": True}
+
+    final = export.write_artifact(handoff, {"marker": "new"}, tmp_path / "model.x86_64-host", check=check)
+    assert seen == [([], True)]
+    assert '"checked": true' in (final / METADATA_NAME).read_text()
+
+
+def test_a_released_scheduled_stage_is_scheduled_again(mlp_path, config_factory):
+    session = api.ModelSession(mlp_path, ["x:4x16"])
+    first = session.scheduled(config_factory())
+    assert session.scheduled(config_factory()) is first
+    session.release(first)
+    again = session.scheduled(config_factory())
+    assert again is not first
+    tvm.ir.assert_structural_equal(again.module, first.module)

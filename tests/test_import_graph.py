@@ -34,7 +34,7 @@ MODULES = _module_files()
 
 # Lowest first. A unit is a root module or a subpackage (its name below tvm_fusion).
 LAYERS = [
-    ("foundations", {"errors", "files", "native_log", "ordering", "plugins", "bundled", "verify", "report",
+    ("foundations", {"errors", "files", "native_log", "ordering", "plugins", "bundled", "verify", "report", "accuracy",
                      "render"}),
     ("fusion rules", {"kernels", "patterns"}),
     ("import", {"frontend", "buckets"}),

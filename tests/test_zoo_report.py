@@ -68,3 +68,16 @@ def test_a_result_larger_than_a_pipe_comes_back_from_its_worker(zoo_report):
     result, failure = isolated.run_in_worker(_large_result, (1 << 20,), timeout=60)
     assert failure is None and len(result["payload"]) == 1 << 20
     assert isolated.run_in_worker(_no_result, (), timeout=60) == (None, "worker died (exit code 3)")
+
+
+def test_the_table_sets_openvino_at_f32_beside_its_default_precision(zoo_report):
+    """Both OpenVINO rows with their errors against ONNX Runtime float32, and the precision its
+    default ran at; a row timed without OpenVINO leaves those cells empty."""
+    timed = row(model="bert", exporter="torch", max_abs_error=1e-6, ill_conditioned=[], ort_ms=4.5, ours_ms=3.4,
+                ratio_to_ort=0.76, openvino_ms=3.4, ratio_to_openvino=1.01, openvino_max_abs_error=1.2e-6,
+                openvino_default_ms=1.2, ratio_to_openvino_default=2.79, openvino_default_precision="bf16",
+                openvino_default_max_abs_error=2.9e-3)
+    lines = zoo_report.markdown([timed, row(model="mlp", exporter="torch", max_abs_error=1e-6, ill_conditioned=[])])
+    assert len({line.count("|") for line in lines.splitlines()}) == 1  # every row has every column
+    assert "| 3.4 (1.01x) | 1.2 (bf16; 2.79x) | 1.2e-06 / 2.9e-03 |" in lines.splitlines()[2]
+    assert "|  |  |" in lines.splitlines()[3]

@@ -19,9 +19,11 @@ import tvm
 from tvm.target import codegen
 
 from . import bundled
+from .accuracy.bf16_gate import Bf16Tolerance
 from .buckets import parse_bucket
 from .errors import ConfigError, ShapeError
 from .frontend.dims import parse_range
+from .kernels.cpu_features import has_amx_bf16
 from .patterns import registered_patterns
 
 DEFAULT_CONFIG = bundled.config_dir() / f"{bundled.DEFAULT_CONFIG_NAME}.toml"
@@ -30,11 +32,13 @@ TARGET_KINDS = ("llvm", "cuda")
 TARGET_KEYS = ("kind", "mcpu", "mtriple", "mattr", "num-cores", "arch", "host")
 SCHEDULE_MODES = ("default", "none")
 CONV_LAYOUTS = ("NCHW", "NCHWc")
+# "bf16": matmul operands in bfloat16, float32 sums; "auto": bf16 where it passes the gate (docs/precision.md)
+PRECISIONS = ("float32", "bf16", "auto")
 SECTIONS = {
     "target": TARGET_KEYS,
     "pipeline": ("patterns", "enable", "disable", "schedule", "fast_math", "conv_layout", "blocked_depthwise",
-                 "winograd", "flush_subnormals"),
-    "verify": ("rtol", "atol", "seed"),
+                 "winograd", "flush_subnormals", "precision"),
+    "verify": ("rtol", "atol", "seed", "bf16_rtol", "bf16_atol", "bf16_min_cosine", "bf16_min_top1"),
     "runtime": ("threads",),
     "inputs": None,  # free-form: dynamic dim name -> size
     "buckets": ("sizes",),
@@ -76,8 +80,14 @@ class PipelineConfig:
     blocked_depthwise: bool = True  # with NCHWc: depthwise convs in it too
     winograd: bool = True  # with NCHWc: 3x3 stride-1 convs by Winograd F(4x4 or 2x2, 3x3)
     flush_subnormals: bool = True  # float32 constants' subnormal values set to zero at build time
+    precision: str = "float32"  # one of PRECISIONS
     rtol: float = 1e-4
     atol: float = 1e-4
+    # The bf16 accuracy gate (accuracy/bf16_gate.py); atol is a fraction of the output's largest |value|.
+    bf16_rtol: float = Bf16Tolerance.rtol
+    bf16_atol: float = Bf16Tolerance.atol
+    bf16_min_cosine: float = Bf16Tolerance.min_cosine
+    bf16_min_top1: float = Bf16Tolerance.min_top1
     seed: int = 0
     threads: int = 1
     # dynamic dim name -> a size, or a (low, high, step) range compiled symbolically
@@ -90,6 +100,14 @@ class PipelineConfig:
         target = dict(self.target)
         host = target.pop("host", None)
         return tvm.target.Target(target, host=host) if host else tvm.target.Target(target)
+
+    def bf16_tolerance(self) -> Bf16Tolerance:
+        return Bf16Tolerance(self.bf16_rtol, self.bf16_atol, self.bf16_min_cosine, self.bf16_min_top1)
+
+    def bf16_kernels(self) -> bool:
+        """Whether the pipeline builds bf16 kernels: at ``bf16`` (checked against the target by
+        ``check_precision``), and at ``auto`` where the target has AMX-BF16 (the bf16 kernel's tiles)."""
+        return self.precision == "bf16" or (self.precision == "auto" and has_amx_bf16(self.tvm_target()))
 
 
 def host_cpu_name() -> str:
@@ -247,12 +265,21 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     if not isinstance(flush_subnormals, bool):
         raise fail("pipeline.flush_subnormals", f"has value {flush_subnormals!r}", "true or false")
 
+    precision = pipeline.get("precision", "float32")
+    if precision not in PRECISIONS:
+        raise fail("pipeline.precision", f"has value {precision!r}", ", ".join(f'"{p}"' for p in PRECISIONS))
     verify = raw.get("verify", {})
     tolerances = {}
-    for key in ("rtol", "atol"):
-        value = verify.get(key, 1e-4)
+    for key, default in (("rtol", 1e-4), ("atol", 1e-4), ("bf16_rtol", Bf16Tolerance.rtol),
+                         ("bf16_atol", Bf16Tolerance.atol)):
+        value = verify.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise fail(f"verify.{key}", f"has value {value!r}", "a non-negative number such as 1e-4")
+        tolerances[key] = float(value)
+    for key, default in (("bf16_min_cosine", Bf16Tolerance.min_cosine), ("bf16_min_top1", Bf16Tolerance.min_top1)):
+        value = verify.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise fail(f"verify.{key}", f"has value {value!r}", "a number from 0 to 1")
         tolerances[key] = float(value)
     seed = verify.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -282,12 +309,41 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     except ShapeError as err:
         raise ConfigError(err.message, err.hint) from err
 
-    return PipelineConfig(
+    config = PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
         conv_layout=conv_layout, blocked_depthwise=blocked_depthwise, winograd=winograd,
-        flush_subnormals=flush_subnormals, rtol=tolerances["rtol"], atol=tolerances["atol"], seed=seed,
+        flush_subnormals=flush_subnormals, precision=precision, **tolerances, seed=seed,
         threads=threads or cores, dim_defaults=dims, buckets=buckets,
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))
+    check_precision(config, f"{path}: key 'pipeline.precision'")
+    return config
+
+
+def with_precision(config: PipelineConfig, precision: str | None) -> PipelineConfig:
+    """``config`` at ``precision`` (``--precision``; None: as the config says), checked against its target."""
+    if precision is None or precision == config.precision:
+        return config
+    if precision not in PRECISIONS:
+        raise ConfigError(f"--precision {precision!r} is not a precision", f"allowed: {', '.join(PRECISIONS)}")
+    changed = dataclasses.replace(config, precision=precision)
+    check_precision(changed, "--precision")
+    return changed
+
+
+def check_precision(config: PipelineConfig, source: str) -> None:
+    """bf16 on a target that cannot run bf16 kernels is refused, never built in float32 under a
+    bf16 label; ``auto`` there is float32 (``bf16_kernels``)."""
+    if config.precision != "bf16":
+        return
+    target = config.tvm_target()
+    if target.kind.name != "llvm":
+        raise ConfigError(f"{source}: precision bf16 is for CPU targets; target {config.name} is {target.kind.name}",
+                          'use precision "float32" (or "auto") for a GPU target')
+    if not has_amx_bf16(target):
+        raise ConfigError(f"{source}: precision bf16 needs the AMX-BF16 ISA (amx-bf16), which target "
+                          f"{config.name} (mcpu {config.target.get('mcpu') or 'generic'}) lacks",
+                          'use precision "float32" or "auto", or a CPU with AMX (mcpu "sapphirerapids", "emeraldrapids"); '
+                          'AVX512_BF16 alone (Zen 4) has no bf16 kernel: see docs/precision.md')
 
 
 def _parse_patterns(pipeline: dict[str, Any], known: list[str], fail) -> list[str]:

@@ -18,7 +18,7 @@ PARAMETERS = {
     "-o/--output-dir": "output_dir", "--output-dir": "output_dir", "--tuning-log": "tuning_log",
     "--no-tuning-log": "tuning_log=False", "--bucket": "buckets", "--no-fusion-gate": "fusion_gate=False",
     "--no-verify": "verify=False", "--repeat": "repeat", "--peer": "peers", "--onnx": "path",
-    "--graph": "graph", "--trials": "trials", "--log-dir": "log_dir",
+    "--graph": "graph", "--trials": "trials", "--log-dir": "log_dir", "--precision": "precision",
 }
 _FLAG = re.compile(r"(?<![\w-])(-o/--output-dir|--[a-z][a-z-]*)")
 _in_cli = contextvars.ContextVar("tvm_fusion_in_cli", default=False)

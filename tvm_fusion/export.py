@@ -37,6 +37,8 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
     ``fpack_imports`` for CUDA device code); ``export_state`` is the dict their callbacks fill,
     filled here too (the export runs in a child process, see ``_export_in_child``).
     ``check(library)`` runs on the exported library before anything is committed and returns metadata to add; if it raises, nothing is written.
+    ``executable`` may come in a one-element list, emptied once the library is exported: if that
+    was the caller's only reference, the executable and its weights are freed before the check.
     TVM's and the linkers' temp files go inside the staging directory; staging left by killed
     runs is removed first (``files.remove_stale_staging``). An OSError (read-only, disk full)
     becomes an ArtifactError naming the artifact.
@@ -58,8 +60,10 @@ def write_artifact(executable, metadata: dict, final_dir: Path, export_options: 
         library = staging / LIBRARY_NAME
         # TVM's export workspace (lib0.o ...), gcc's and nvcc's temp files: inside the staging.
         with temp_files_in(staging / ".tmp"):
-            _export_in_child(executable, library, export_options or {},
+            exported = executable.pop() if isinstance(executable, list) else executable
+            _export_in_child(exported, library, export_options or {},
                              export_state if export_state is not None else {})
+            del exported
             if check is not None:
                 metadata = {**metadata, **check(library)}
         shutil.rmtree(staging / ".tmp")
@@ -94,7 +98,7 @@ def _export_in_child(executable, library: Path, options: dict, state: dict) -> N
     """
     log_read, log_write = os.pipe()
     result_read, result_write = os.pipe()
-    _return_freed_heap()
+    return_freed_heap()
     pid = os.fork()
     if pid == 0:
         os.close(log_read)
@@ -159,10 +163,11 @@ def _export_and_exit(executable, library: Path, options: dict, state: dict, log_
         os._exit(1 if failure else 0)
 
 
-def _return_freed_heap() -> None:
-    """Hand the heap's free pages back to the OS before forking. The child maps every page
+def return_freed_heap() -> None:
+    """Hand the heap's free pages back to the OS. Before forking: the child maps every page
     resident in the parent, so the pipeline's freed temporaries, still held by malloc, would
-    count in its RSS: the export child's RSS set the compile's peak."""
+    count in its RSS (the export child's RSS set the compile's peak). Before loading a library:
+    TVM's loader holds a few copies of its weights for a moment, on top of what the process holds."""
     libc = ctypes.CDLL(None)
     if hasattr(libc, "malloc_trim"):  # glibc
         libc.malloc_trim(0)

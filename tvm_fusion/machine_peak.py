@@ -1,10 +1,14 @@
-"""This machine's roofline: FMA throughput, DRAM bandwidth and L2 bandwidth, measured once per
-machine class (the FMA peak again in each process, keeping the best).
+"""This machine's roofline: FMA throughput, DRAM bandwidth and L2 bandwidth, and the bf16 dot
+product's throughput on AMX tiles where the target has them, measured once per machine class
+(the FMA peak again in each process, keeping the best).
 
 ``profile`` sets each kernel against the FMA and DRAM roofs. The L2 roof is for kernels whose
 tasks work in cache, depthwise convs above all: they read each input value for 9-25
 multiply-adds, in rows that their task has just brought into cache, so DRAM does not bound them
-(``benchmarks/bench_cnn.py`` sets them against it). Both are probed with TVM-compiled kernels
+(``benchmarks/bench_cnn.py`` sets them against it). The AMX-BF16 roof is for bf16 kernels
+(``--precision bf16``): their products run as ``tdpbf16ps`` on AMX tiles, far above the float32
+FMA roof. There is none for AVX512_BF16's ``vdpbf16ps``: TVM 0.27's LLVM backend cannot form
+the bfloat vectors it takes, so no kernel of ours can use it. All are probed with TVM-compiled kernels
 at the config's thread count (the code our kernels are, not a vendor's datasheet), and cached in
 ``~/.cache/tvm_fusion/peak-<target key>.v<PROBE_VERSION>.json``: the target key (``kind-mcpu-Nc``, as the tuning
 store uses) names the machine class, so a cache never crosses machines.
@@ -26,6 +30,8 @@ from tvm.script import tirx as T
 from .config import PipelineConfig
 from .report import write_json
 from .session import through_pipeline
+from .kernels.cpu_features import has_amx_bf16
+from .targets.amx import request_amx_permission
 from .targets.target_info import vector_lanes
 from .tuning.store_contents import target_key
 
@@ -36,7 +42,8 @@ from .tuning.store_contents import target_key
 # 3: 20x the iterations: a 0.3 ms run measured the thread pool's wake-up as much as the FMAs
 # (230-460 GFLOP/s from one process to the next here; 460-475 at 6 ms).
 # 4: the L2 bandwidth probe.
-PROBE_VERSION = 4
+# 5: the AMX-BF16 probe.
+PROBE_VERSION = 5
 PROBE_RUNS = 7
 FMA_ACCUMULATORS = 12       # independent vector chains per thread: more than FMA latency x ports
 FMA_ITERATIONS = 4_000_000
@@ -44,6 +51,8 @@ TRIAD_ELEMENTS = 16 * 1024 * 1024  # float32: 64 MiB per array, far beyond any L
 L2_SHARE = 4                  # each thread's two arrays fill a quarter of its L2: no eviction
 L2_DEFAULT_BYTES = 256 * 1024  # where the OS does not say (the smallest L2 of recent x86 and Arm cores)
 L2_BYTES_PER_RUN = 256 * 1024 * 1024  # per thread: a few milliseconds, far above the fork/join cost
+AMX_ITERATIONS = 500_000   # 4 tile products each: tens of milliseconds, as the FMA probe
+AMX_TILE_ROWS, AMX_TILE_BYTES = 16, 64  # the largest tile: 16 rows of 32 bf16 (A, B) or 16 float32 (C)
 
 
 @dataclasses.dataclass
@@ -54,6 +63,7 @@ class MachinePeak:
     gbytes_per_s: float    # STREAM-like triad a = b + 3c, 3 arrays counted
     l2_gbytes_per_s: float  # x = 0.999 x + y on arrays in each thread's L2, 3 streams counted
     probed_at: str
+    amx_bf16_gflops: float | None = None  # tdpbf16ps on AMX tiles, all threads; None: no AMX-BF16
 
     @property
     def ridge(self) -> float:
@@ -87,7 +97,7 @@ def machine_peak(config: PipelineConfig, refresh: bool = False) -> MachinePeak:
         peak = dataclasses.replace(cached, gflops=fma, probed_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
     else:
         peak = MachinePeak(key, config.threads, probe_fma(config), probe_triad(config), probe_l2(config),
-                           time.strftime("%Y-%m-%dT%H:%M:%S"))
+                           time.strftime("%Y-%m-%dT%H:%M:%S"), probe_amx_bf16(config))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, dataclasses.asdict(peak), flag="$XDG_CACHE_HOME")
     _IN_PROCESS[key, config.threads] = peak
@@ -170,6 +180,62 @@ def probe_l2(config: PipelineConfig) -> float:
     x, y = (tvm.runtime.tensor(np.ones((threads, elements), "float32")) for _ in range(2))
     best = _best_seconds(lambda: library["main"](x, y))
     return 12.0 * threads * elements * sweeps / best / 1e9
+
+
+def probe_amx_bf16(config: PipelineConfig) -> float | None:
+    """GFLOP/s of ``tdpbf16ps`` (C += A x B on 16 x 32 bf16 tiles into 16 x 16 float32) with
+    four independent accumulator tiles per thread, each product's latency hidden behind the
+    other three; None where the target has no AMX-BF16 or Linux does not grant this process
+    the tile state."""
+    target = config.tvm_target()
+    if not has_amx_bf16(target) or not request_amx_permission():
+        return None
+    threads, iters, rows, width = config.threads, AMX_ITERATIONS, AMX_TILE_ROWS, AMX_TILE_BYTES
+    # ldtilecfg's 64 bytes: palette 1, then every tile (0-3 the sums, 4-7 the operands) full size.
+    layout = bytearray(64)
+    layout[0] = 1
+    for index in range(8):
+        layout[16 + 2 * index:18 + 2 * index] = width.to_bytes(2, "little")
+        layout[48 + index] = rows
+    tile_config = np.frombuffer(bytes(layout), "int64")
+
+    @T.macro
+    def load(tile: int, address):
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(tile), address, T.int64(width)))
+
+    @T.macro
+    def product(c: int, a: int, b: int):
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(c), T.int8(a), T.int8(b)))
+
+    @T.prim_func
+    def products(layout: T.Buffer((8,), "int64"), operands: T.Buffer((threads, 2, rows, width // 2), "uint16"),
+                 sums: T.Buffer((threads, 4, rows, width // 4), "float32")):
+        for p in T.parallel(threads):
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(layout[0])))
+            for c in T.unroll(4):
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(c)))
+            load(4, T.address_of(operands[p, 0, 0, 0]))  # A tiles 4 and 7, B tiles 5 and 6
+            load(5, T.address_of(operands[p, 1, 0, 0]))
+            load(6, T.address_of(operands[p, 1, 0, 0]))
+            load(7, T.address_of(operands[p, 0, 0, 0]))
+            for _ in range(iters):
+                product(0, 4, 5)
+                product(1, 4, 6)
+                product(2, 7, 5)
+                product(3, 7, 6)
+            for c in T.unroll(4):
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(c),
+                                              T.address_of(sums[p, c, 0, 0]), T.int64(width)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
+
+    library = tvm.compile(tvm.IRModule({"main": products}), target=target)
+    # bf16 0x3A83 is about 0.001: the sums grow by 3.2e-5 per product, far from overflow.
+    args = [tvm.runtime.tensor(tile_config),
+            tvm.runtime.tensor(np.full((threads, 2, rows, width // 2), 0x3A83, "uint16")),
+            tvm.runtime.tensor(np.zeros((threads, 4, rows, width // 4), "float32"))]
+    best = _best_seconds(lambda: library["main"](*args))
+    m, n, k = rows, width // 4, width // 2  # one product: a 16 x 32 bf16 tile by a 32 x 16 one
+    return 4 * 2.0 * m * n * k * threads * iters / best / 1e9
 
 
 def l2_bytes() -> int:

@@ -9,12 +9,15 @@ from pathlib import Path
 import onnx
 import onnxruntime
 import tvm
+import tvm_ffi
+from tvm import s_tir
 
 from . import __version__
 from .build import kernel_calls
 from .config import PipelineConfig, TuningConfig, load_config
 from .files import sha256_of
 from .frontend import onnx as onnx_frontend
+from .frontend.bf16_matmul import KERNEL_NAME as BF16_KERNEL
 from .frontend.dims import ranges_of
 from .patterns import PatternReport
 from .preparation import PreparedModel
@@ -31,6 +34,7 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
     result (or None when it did not run), ``schedule_rules`` the rule (or tuning record) that
     scheduled each kernel.
     """
+    bf16 = bf16_kernels(module) if cfg.bf16_kernels() else []
     return {
         "model": prepared.name,
         "model_sha256": model_sha256(prepared),
@@ -43,6 +47,10 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
         "toolchain": toolchain,
         "pipeline": list(cfg.patterns),
         "schedule": cfg.schedule,
+        # What the kernels compute in (``auto`` resolved; bf16 only where a kernel is): built_from's
+        # config says what was asked.
+        "precision": "bf16" if bf16 else "float32",
+        **({"bf16_kernels": bf16} if cfg.bf16_kernels() else {}),
         "fusions": {name: count for name, count in sorted(report.fired.items())},
         "fusion_variants": {name: count for name, count in sorted(report.variants.items())},
         "kernels": kernel_calls(module),
@@ -54,6 +62,18 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
         "fusion_gate": gate.to_json() if gate is not None else None,
         "built_from": built_from(prepared, cfg, records),
     }
+
+
+def bf16_kernels(module) -> list[str]:
+    """The kernels that sum bf16 products (``frontend/bf16_matmul.py``'s block, or its tiles)."""
+    found = []
+    for gvar, func in module.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            blocks: list[str] = []
+            tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda block: blocks.append(block.name_hint))])
+            if any(name.startswith(BF16_KERNEL) for name in blocks):
+                found.append(gvar.name_hint)
+    return sorted(found)
 
 
 def versions() -> dict[str, str]:

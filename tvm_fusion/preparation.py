@@ -43,7 +43,12 @@ class PreparedModel:
     output_names: list[str]
     relax_module: object  # bindings named after the nodes of ``simplified`` (provenance)
     path: Path  # the model file, resolved
-    simplified: onnx.ModelProto  # what was imported: onnxslim's output
+    # What was imported, onnxslim's output; its large weights elided (``frontend/initializers.py``):
+    # ``simplified_with_weights`` is the whole model.
+    simplified: onnx.ModelProto
+
+    def simplified_with_weights(self) -> onnx.ModelProto:
+        return onnx_frontend.restore_weights(self.simplified, self.onnx_model)
 
 
 def resolve_config(config: str | Path | PipelineConfig | None) -> PipelineConfig:
@@ -182,7 +187,7 @@ def prepare(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
         module = onnx_frontend.import_model(simplified, specs, importer=import_with_node_names)
     check_memory(specs, module)
     return PreparedModel(cfg, Path(model_path).stem, model, specs, onnx_frontend.output_specs(model), module,
-                         Path(model_path).resolve(), simplified)
+                         Path(model_path).resolve(), onnx_frontend.elide_weights(simplified, model))
 
 
 def prepare_at(prepared: PreparedModel, config, sizes: dict[str, int], progress: Progress = quiet) -> PreparedModel:

@@ -31,7 +31,7 @@ from .frontend.dims import ranges_of
 from .frontend.integer_matmul import integer_kernels_enabled
 from .fusion_gate import GateReport
 from .passes import GRAPH_PHASES, fusion_pipeline, stock_fusion_pipeline
-from .passes.pipeline import graph_phases_key, lowering_passes, weight_passes
+from .passes.pipeline import bf16_target, graph_phases_key, lowering_passes, weight_passes
 from .patterns import PatternReport
 from .preparation import PreparedModel, Progress, ShapeArg, prepare, prepare_at, quiet, resolve_config
 from .provenance import onnx_nodes_of
@@ -167,9 +167,10 @@ class ModelSession:
 
     def lowered(self, fused: Fused, config: PipelineConfig) -> Lowered:
         """LegalizeOps and TVM's fusion of what our patterns left: one PrimFunc per kernel."""
-        key = (id(fused.module), config.fast_math, config.winograd)
+        bf16 = bf16_target(config)  # in the key as a target: the bf16 kernel may differ per CPU
+        key = (id(fused.module), config.fast_math, config.winograd, str(bf16))
         if key not in self._lowered:
-            passes = lowering_passes(config.fast_math, config.winograd)
+            passes = lowering_passes(config.fast_math, config.winograd, bf16)
             split = [p.info.name for p in passes].index("FuseTIR")
             grouped = tvm.transform.Sequential(passes[:split])(fused.module)
             patterns, bindings = kernel_groups(grouped)
@@ -231,6 +232,11 @@ class ModelSession:
                            fused.gate, dynamic, lowered, buckets, rule_errors)
         self._scheduled[key] = result
         return result
+
+    def release(self, scheduled: Scheduled) -> None:
+        """Forget a scheduled stage that will not be built again (compile, once it has built it),
+        so that its packed weights are freed before the artifact is loaded to be checked."""
+        self._scheduled = {key: value for key, value in self._scheduled.items() if value is not scheduled}
 
     @staticmethod
     def _schedule(lowered, cfg: PipelineConfig, records, log: dict[str, str], rule_errors: list[RuleError]):

@@ -31,10 +31,11 @@ def int8_kernel(mod: tvm.IRModule) -> tuple[tvm.ir.GlobalVar, tvm.tirx.PrimFunc]
     return found
 
 
-def scheduled(mod: tvm.IRModule, rule, target) -> tvm.IRModule:
-    """``mod`` with its int8 kernel scheduled by ``rule`` (which must take it)."""
+def scheduled(mod: tvm.IRModule, rule, target, kernel=int8_kernel) -> tvm.IRModule:
+    """``mod`` with its int8 kernel (the one ``kernel(mod)`` finds) scheduled by ``rule``
+    (which must take it)."""
     out = mod.clone()
-    gvar, func = int8_kernel(mod)
+    gvar, func = kernel(mod)
     sch = rule.apply(func, target, False)
     assert sch is not None
     out[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)

@@ -99,7 +99,7 @@ def _compile(args, say) -> int:
     result = compile_model(args.model, args.config[0] if args.config else None, args.input_shape,
                            args.output_dir, verify=not args.no_verify, progress=say,
                            tuning_log=tuning_log_choice(args), fusion_gate=not args.no_fusion_gate,
-                           buckets=args.bucket)
+                           buckets=args.bucket, precision=args.precision)
     cli_output.print_compile(result)
     return 0
 
@@ -110,7 +110,7 @@ def _compile_targets(args, say) -> int:
 
     results = compile_targets(args.model, args.config, args.input_shape, args.output_dir,
                               verify=not args.no_verify, progress=say, tuning_log=tuning_log_choice(args),
-                              fusion_gate=not args.no_fusion_gate, buckets=args.bucket)
+                              fusion_gate=not args.no_fusion_gate, buckets=args.bucket, precision=args.precision)
     cli_output.print_compile_targets(results)
     failed = [r.error for r in results if r.error is not None]
     return failed[0].exit_code if failed else 0
@@ -165,7 +165,8 @@ def _bench(args, say) -> int:
     _check_json_path(args)
     result = bench_model(args.model, args.config, args.input_shape, repeat=args.repeat,
                          warmup=args.warmup, include_stock=not args.no_stock,
-                         tuning_log=tuning_log_choice(args), progress=say, peers=tuple(args.peer))
+                         tuning_log=tuning_log_choice(args), progress=say, peers=tuple(args.peer),
+                         precision=args.precision)
     _report(args, lambda: cli_output.print_bench(result), result.to_json)
     return 0
 
@@ -182,7 +183,7 @@ def _tune(args, say) -> int:
     result = tune_model(args.model, args.config, args.input_shape, trials=args.trials,
                         per_task_trials=args.per_task_trials, time_limit_s=args.time_limit,
                         trials_per_iter=args.trials_per_iter, log_dir=args.tuning_log, rpc=rpc,
-                        seed=args.seed, show_progress=not args.quiet, say=say)
+                        seed=args.seed, show_progress=not args.quiet, say=say, precision=args.precision)
     cli_output.print_tune(result)
     return 130 if result.stopped_by == "interrupted" else 0
 
@@ -213,7 +214,7 @@ def _profile(args, say) -> int:
         check_plot_path(args.plot)
     _check_json_path(args)
     result = profile_model(args.model, args.config, args.input_shape, rounds=args.repeat, mine=args.mine,
-                           progress=say, tuning_log=tuning_log_choice(args))
+                           progress=say, tuning_log=tuning_log_choice(args), precision=args.precision)
     _report(args, lambda: cli_output.print_profile(result, args.top), result.to_json)
     if args.plot:
         plot_profile(result, args.plot)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..accuracy.bf16_gate import Bf16Tolerance, format_bf16
 from ..buckets import bucket_text
+from ..commands.peers import OPENVINO_ROWS
 from ..runtime.latency import LatencyStats
 from ..report import cut_middle, table
 from ..verify import format_comparisons
@@ -72,7 +74,11 @@ def print_compile(result) -> None:
                   f"{': ' + ', '.join(tuned) if tuned else ''}; {len(hand)} kept the hand schedule (measured fastest)")
         else:
             print(f"tuning log: no records for {tuning['target_key']}: hand schedules (`tvm-fusion tune` tunes them)")
-    if result.comparisons:
+    if meta.get("precision_fallback"):
+        print(f"precision auto: {meta['precision_fallback']['reason']}")
+    if result.comparisons and meta["verification"].get("bf16_gate"):
+        print(format_bf16(result.comparisons, Bf16Tolerance(**meta["verification"]["bf16_gate"])))
+    elif result.comparisons:
         print(format_comparisons(result.comparisons, meta["verification"]["rtol"],
                                  meta["verification"]["atol"]))
     elif meta["verification"] is None:
@@ -169,18 +175,27 @@ def print_bench(result) -> None:
     shapes = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in result.inputs.items())
     print(f"model {result.model} ({shapes}), {result.threads} threads, {result.rounds} interleaved rounds")
     stats = result.stats
+    # ONNX Runtime's own row is the reference: no error. 1 - cosine: the cosine's digits that matter.
     rows = [[name, stats[name].median_ms, stats[name].min_ms, stats[name].p90_ms, stats[name].p99_ms,
-             stats[name].max_ms, round(stats[name].per_s), ratios[name], result.max_abs_error.get(name, 0.0)]
+             stats[name].max_ms, round(stats[name].per_s), ratios[name], result.max_abs_error.get(name, 0.0),
+             result.max_rel_error.get(name, 0.0), 1.0 - result.cosine_similarity.get(name, 1.0)]
             for name in result.medians_ms]
     print(table(["runtime", "median ms", "min", "p90", "p99", "max", "calls/s", "x ONNX Runtime",
-                 "max abs err vs ORT"], rows, "lrrrrrrrr"))
-    print("x ONNX Runtime: ratio of medians")
+                 "max abs err vs ORT", "max rel err", "1 - cosine"], rows, "lrrrrrrrrrr"))
+    print("x ONNX Runtime: ratio of medians; errors: against ONNX Runtime float32 on the same inputs, "
+          "the worst output's")
+    if result.peer_precision:
+        pinned = dict(OPENVINO_ROWS)
+        print("inference precision: " + ", ".join(
+            f"{name} {chosen} ({'pinned' if pinned.get(name) else 'its default'})"
+            for name, chosen in result.peer_precision.items()))
     warning = result.noise_warning()
     if warning:
         print(f"note: {warning}", file=sys.stderr)
     peak = result.peak
+    amx = f", {peak.amx_bf16_gflops:.0f} GFLOP/s AMX-BF16" if peak.amx_bf16_gflops else ""
     print(f"this machine ({peak.target_key}): {peak.gflops:.0f} GFLOP/s FMA peak, "
-          f"{peak.gbytes_per_s:.1f} GB/s triad, {peak.l2_gbytes_per_s:.0f} GB/s L2 (probed {peak.probed_at})")
+          f"{peak.gbytes_per_s:.1f} GB/s triad, {peak.l2_gbytes_per_s:.0f} GB/s L2{amx} (probed {peak.probed_at})")
 
 
 def print_tune(result) -> None:
@@ -233,7 +248,8 @@ def print_profile(result, top: int) -> None:
         print(f"artifact: {result.artifact} (its library timed end to end and per kernel)")
     print(f"model: {result.model}, {result.threads} threads; this machine ({peak.target_key}): "
           f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B, "
-          f"{peak.l2_gbytes_per_s:.0f} GB/s L2")
+          f"{peak.l2_gbytes_per_s:.0f} GB/s L2" + (f", {peak.amx_bf16_gflops:.0f} GFLOP/s AMX-BF16"
+                                                     if peak.amx_bf16_gflops else ""))
     rows = [[cut_middle(k.name, 48), k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",
              k.flops / 1e6, k.bytes / 1e6, k.gflops, k.gbytes_per_s,
              f"{k.bound} {k.roof_percent:.0f}%{' !' if k.far_off_roof else ''}",

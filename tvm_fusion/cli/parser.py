@@ -75,6 +75,13 @@ def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) 
                              "it keeps one branch; the artifact refuses another value) (repeatable)")
 
 
+def _precision_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--precision", choices=["float32", "bf16", "auto"],
+                        help="what matmuls compute in: bf16 (CPUs with AMX-BF16; float32 sums, accuracy-gated "
+                             "against ONNX Runtime float32) or auto (bf16 where the CPU has it and the gate "
+                             "holds); default: the config's [pipeline] precision, float32")
+
+
 def _json_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", nargs="?", const="-", metavar="FILE",
                         help="also write the results as JSON to FILE; '-' (or no FILE): print JSON to "
@@ -136,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="with a range, also build static kernels for this exact size, used when "
                                   "an input has it (e.g. sequence=128; repeatable; replaces the config's "
                                   "[buckets] sizes)")
+    _precision_arg(compile_cmd)
     _tuning_log_args(compile_cmd)
 
     run_cmd = commands.add_parser("run", help="run a built artifact directory")
@@ -171,9 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--warmup", type=_count(0), default=3, help="untimed rounds first")
     bench_cmd.add_argument("--no-stock", action="store_true", help="skip stock TVM (it is slow)")
     bench_cmd.add_argument("--peer", action="append", default=[], choices=PEERS,
-                           help="also time this engine in the same rounds (f32; needs the peers extra: "
-                                "pip install 'tvm_fusion[peers]'); repeatable")
+                           help="also time this engine in the same rounds (OpenVINO: at f32 and at its default "
+                                "precision; needs the peers extra: pip install 'tvm_fusion[peers]'); repeatable")
     _json_arg(bench_cmd)
+    _precision_arg(bench_cmd)
     _tuning_log_args(bench_cmd)
 
     profile_cmd = commands.add_parser("profile", help="per-kernel time, FLOPs, bytes, roofline; the gap to "
@@ -187,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cmd.add_argument("--mine", action="store_true", help="rank adjacent unfused kernel chains")
     _json_arg(profile_cmd)
     profile_cmd.add_argument("--plot", metavar="FILE.svg|png", help="roofline and top kernels chart")
+    _precision_arg(profile_cmd)
     _tuning_log_args(profile_cmd)
 
     ablate_cmd = commands.add_parser("ablate", help="latency with each fired pattern switched off in turn")
@@ -253,6 +263,7 @@ def _tuning_parsers(commands) -> None:
                           help="measure on the RPC servers registered with this TVM tracker")
     tune_cmd.add_argument("--rpc-key", help="the servers' key at the tracker (with --rpc-tracker)")
     tune_cmd.add_argument("--seed", type=int, default=0, help="MetaSchedule's search seed")
+    _precision_arg(tune_cmd)
 
     log_cmd = commands.add_parser("tuning-log", help="show, merge, prune or diff tuning logs")
     actions = log_cmd.add_subparsers(dest="action", required=True)

@@ -10,19 +10,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from ..frontend import onnx as onnx_frontend
 from ..frontend.dims import ranges_of
 from ..runtime.latency import LatencyStats, load_average, noise_warning
 from ..machine_peak import MachinePeak, machine_peak
 from ..metadata import bench_metadata
 from ..native_log import captured_native_stderr, summarize
-from ..preparation import Progress, ShapeArg, quiet
+from ..config import with_precision
+from ..preparation import Progress, ShapeArg, quiet, resolve_config
 from ..runtime import CompiledModel, set_threads
 from ..session import ModelSession
 from ..verify import onnxruntime_feeds, onnxruntime_session, reference_outputs, run_onnxruntime
-from .peers import OpenVinoRunner, check_peers
+from ..accuracy.output_error import cosine_similarity, max_abs_error, max_rel_error
+from .peers import OPENVINO_ROWS, OpenVinoRunner, check_peers
 from .profile.artifact import is_artifact, read_artifact
 
 
@@ -33,9 +33,13 @@ class BenchReport:
     inputs: dict[str, list]  # each dim a size: ranges are at the size timed
     samples_ms: dict[str, list[float]]  # every timed run, by runner
     rounds: int
-    max_abs_error: dict[str, float]
+    max_abs_error: dict[str, float]  # by runner, the worst over the outputs (as the two below)
     peak: MachinePeak | None = None  # this machine's FMA and bandwidth roofs, probed beside the runs
     load_average: dict[str, float] = dataclasses.field(default_factory=dict)  # "before", "after"
+    max_rel_error: dict[str, float] = dataclasses.field(default_factory=dict)
+    cosine_similarity: dict[str, float] = dataclasses.field(default_factory=dict)
+    # A peer's rows: the inference precision the engine reports it chose ("f32", "bf16").
+    peer_precision: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def stats(self) -> dict[str, LatencyStats]:
@@ -65,7 +69,7 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
                 repeat: int = 30, warmup: int = 3, include_stock: bool = True,
                 tuning_log: str | Path | bool | None = None,
                 progress: Progress = quiet, sizes: dict[str, int] | None = None,
-                peers: tuple[str, ...] = ()) -> BenchReport:
+                peers: tuple[str, ...] = (), precision: str | None = None) -> BenchReport:
     """Median latency of ONNX Runtime, stock TVM and tvm_fusion, interleaved in one process.
 
     A model compiled for ranges runs at ``sizes`` (dim name -> size; default each range's
@@ -74,24 +78,27 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     Rounds interleave the runners, in a new random order each round, so that drift in machine
     load and the order they run in affect all of them alike; all use the config's thread count. When tuning records apply, tvm_fusion
     with hand schedules only runs beside it as ``tvm_fusion_untuned``. ``peers`` adds other engines
-    (``"openvino"``: see tvm_fusion.commands.peers) to the same rounds. The report carries this machine's
-    peaks (tvm_fusion.machine_peak), probed once per machine class.
+    (``"openvino"``: see tvm_fusion.commands.peers; it adds a row at f32 and one at its default
+    precision) to the same rounds. Every runner's outputs are checked against ONNX Runtime float32
+    on the same inputs (tvm_fusion.accuracy.output_error). The report carries this machine's peaks
+    (tvm_fusion.machine_peak), probed once per machine class.
 
     ``model_path`` may be an artifact directory written by ``compile``: then its own library is
     timed as ``tvm_fusion``, beside the model it was built from, with the config and input shapes
-    it was built with (passing them is an error).
+    it was built with (passing them is an error). ``precision`` (``--precision``) replaces the
+    config's.
     """
     peers = check_peers(peers)  # a missing package fails now, not after the builds
     artifact = None
     if is_artifact(model_path):
-        artifact = read_artifact(model_path, config, input_shapes, tuning_log, command="bench")
+        artifact = read_artifact(model_path, config, input_shapes, tuning_log, command="bench", precision=precision)
         progress(f"benchmarking {artifact.directory}, built from {artifact.model_path}")
         model_path, config, tuning_log = artifact.model_path, artifact.config, artifact.tuning_log
         input_shapes = dict(artifact.input_shapes)
     native: list[str] = []
     with captured_native_stderr(native):
         session = ModelSession(model_path, input_shapes, progress)
-        prepared = session.prepared(config)
+        prepared = session.prepared(config if artifact else with_precision(resolve_config(config), precision))
         cfg = prepared.config
         set_threads(cfg.threads)
         if artifact:
@@ -119,23 +126,25 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     runners: dict[str, Callable[[], object]] = {"onnxruntime": lambda: run_onnxruntime(session, feeds)}
     # The timed session's integer products may be CPU-dependent (verify.onnxruntime_session).
     reference = reference_outputs(prepared.onnx_model, inputs, cfg.threads)
-    errors = {}
+    errors: dict[str, dict[str, float]] = {"max_abs_error": {}, "max_rel_error": {}, "cosine_similarity": {}}
 
-    def max_abs_error(produced: dict) -> float:
-        # As float64: a bool output (a mask) has no subtraction of its own.
-        return max(float(np.abs(produced[k].astype(np.float64) - reference[k].astype(np.float64)).max(
-            initial=0.0)) for k in reference)
+    def check(name: str, produced: dict) -> None:
+        # The worst output decides: the largest errors, the smallest cosine.
+        for metric, worst in ((max_abs_error, max), (max_rel_error, max), (cosine_similarity, min)):
+            errors[metric.__name__][name] = worst(metric(produced[k], reference[k]) for k in reference)
 
     for name, model in models.items():
         tensors = model.prepare(inputs)
         runners[name] = (lambda m, t: lambda: m.run_prepared(t))(model, tensors)
-        errors[name] = max_abs_error(model.run(inputs))
+        check(name, model.run(inputs))
+    peer_precision: dict[str, str] = {}
     if "openvino" in peers:
-        progress("compiling OpenVINO (f32, latency mode)")
-        openvino = OpenVinoRunner(model_path, inputs, cfg.threads)
-        runners["openvino"] = openvino.run
-        openvino.run()
-        errors["openvino"] = max_abs_error(openvino.outputs(reference))
+        for name, pinned in OPENVINO_ROWS:
+            progress(f"compiling OpenVINO ({pinned or 'its default precision'}, latency mode)")
+            openvino = OpenVinoRunner(model_path, inputs, cfg.threads, pinned)
+            runners[name], peer_precision[name] = openvino.run, openvino.precision
+            openvino.run()
+            check(name, openvino.outputs(reference))
     times: dict[str, list[float]] = {name: [] for name in runners}
     load_before = load_average()
     order, shuffler = list(runners), random.Random(cfg.seed)
@@ -156,4 +165,5 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         model=prepared.name, threads=cfg.threads,
         inputs={s.name: list(s.shape) for s in run_specs},
         samples_ms={name: [t * 1e3 for t in values] for name, values in times.items()},
-        rounds=repeat, max_abs_error=errors, peak=peak, load_average={"before": load_before, "after": load_average()})
+        rounds=repeat, peak=peak, load_average={"before": load_before, "after": load_average()},
+        peer_precision=peer_precision, **errors)

@@ -5,6 +5,7 @@ against ONNX Runtime at each size before it is committed."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import tvm
 
+from ..accuracy.bf16_gate import Bf16GateFailure, check_bf16, classifier_outputs, compare_bf16
 from ..buckets import parse_bucket
 from ..build import build, kernel_calls
-from ..config import PipelineConfig
+from ..config import PipelineConfig, with_precision
 from ..errors import ArtifactError, ConfigError, TvmFusionError, VerificationError
-from ..export import artifact_dir, write_artifact
+from ..export import artifact_dir, return_freed_heap, write_artifact
 from ..files import check_writable
 from ..frontend import onnx as onnx_frontend
 from ..frontend.dims import ranges_of, size_points
@@ -44,14 +46,16 @@ class CompileResult:
 def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                   output_dir: str | Path = "build", verify: bool = True,
                   progress: Progress = quiet, tuning_log: str | Path | bool | None = None,
-                  fusion_gate: bool = True, buckets: list[str] | None = None) -> CompileResult:
+                  fusion_gate: bool = True, buckets: list[str] | None = None,
+                  precision: str | None = None) -> CompileResult:
     """Compile an ONNX model into ``<output_dir>/<model>.<target>/``, verified against ONNX Runtime.
 
     With ``verify`` a mismatch raises VerificationError and nothing is written. One target of
     ``compile_targets``, whose error (missing toolchain, mismatch) is raised here.
     """
     (result,) = compile_targets(model_path, [config], input_shapes, output_dir, verify, progress,
-                                tuning_log=tuning_log, fusion_gate=fusion_gate, buckets=buckets)
+                                tuning_log=tuning_log, fusion_gate=fusion_gate, buckets=buckets,
+                                precision=precision)
     if result.error is not None:
         raise result.error
     return result
@@ -70,7 +74,8 @@ class TargetResult(CompileResult):
 def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeArg = None,
                     output_dir: str | Path = "build", verify: bool = True,
                     progress: Progress = quiet, tuning_log: str | Path | bool | None = None,
-                    fusion_gate: bool = True, buckets: list[str] | None = None) -> list[TargetResult]:
+                    fusion_gate: bool = True, buckets: list[str] | None = None,
+                    precision: str | None = None) -> list[TargetResult]:
     """Compile one model for several targets (configs) into ``<output_dir>/<model>.<target>/`` each.
 
     One ``ModelSession`` serves every target: the ONNX import runs once per distinct
@@ -84,13 +89,16 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     fused instance is checked against its unfused nodes first and undone if it differs
     (``fusion_gate.py``; on targets that run here). ``buckets`` (``["sequence=128", ...]``, as
     ``--bucket`` takes them) replaces the configs' ``[buckets] sizes`` (see ``buckets.py``).
+    ``precision`` (``--precision``) replaces the configs' ``[pipeline] precision``; at bf16 the
+    artifact is judged by the bf16 accuracy gate (``accuracy/bf16_gate.py``), and at auto a
+    model that fails it is built float32 instead, the metadata saying why.
     """
     started = time.perf_counter()
     if Path(output_dir).exists() and not Path(output_dir).is_dir():
         raise ArtifactError(f"output directory {output_dir} is an existing file",
                             "pass a directory with -o/--output-dir")
     check_writable(output_dir, "the artifact", "-o/--output-dir")
-    configs = [resolve_config(config) for config in (configs or [None])]
+    configs = [with_precision(resolve_config(config), precision) for config in (configs or [None])]
     if buckets is not None:
         points = tuple(parse_bucket(text, "--bucket") for text in buckets)
         configs = [dataclasses.replace(cfg, buckets=points) for cfg in configs]
@@ -102,9 +110,9 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     session = ModelSession(model_path, input_shapes, progress)
     references = _References()
     # The gate checks the fusions with a target whose code runs here; what it undoes is undone
-    # for every target.
-    gate_config = next((cfg for cfg in configs if execution_here(cfg.target).how == "native"),
-                       None) if fusion_gate else None
+    # for every target. It checks them in float32: it judges fusion, not precision.
+    gate_config = next((dataclasses.replace(cfg, precision="float32") for cfg in configs
+                        if execution_here(cfg.target).how == "native"), None) if fusion_gate else None
     results = []
     for cfg in configs:
         # With several targets, each line says which one it is about.
@@ -113,8 +121,18 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
 
         try:
             toolchain = check_toolchain(cfg.name, cfg.target)
-            results.append(_compile_target(session, references, cfg, toolchain, output_dir, verify, say,
-                                           tuning_log=tuning_log, gate_config=gate_config))
+            try:
+                result = _compile_target(session, references, cfg, toolchain, output_dir, verify, say,
+                                         tuning_log=tuning_log, gate_config=gate_config)
+            except Bf16GateFailure as err:
+                if cfg.precision != "auto":
+                    raise
+                fallback = f"bf16 failed the accuracy gate ({'; '.join(err.failures)}): built float32"
+                say(f"precision auto: {fallback}")
+                result = _compile_target(session, references, dataclasses.replace(cfg, precision="float32"),
+                                         toolchain, output_dir, verify, say, tuning_log=tuning_log,
+                                         gate_config=gate_config, precision_note=fallback)
+            results.append(result)
         except (ToolchainError, VerificationError, ArtifactError) as err:
             say(f"FAILED: {err.message}")
             results.append(TargetResult(None, {}, PatternReport(), [], target=cfg.name,
@@ -154,7 +172,7 @@ class _References:
 
 def _compile_target(session: ModelSession, references: _References, cfg: PipelineConfig, toolchain: dict,
                     output_dir, verify: bool, say: Progress, tuning_log: str | Path | bool | None = None,
-                    gate_config: PipelineConfig | None = None) -> TargetResult:
+                    gate_config: PipelineConfig | None = None, precision_note: str | None = None) -> TargetResult:
     native: list[str] = []
     with captured_native_stderr(native):
         prepared = session.prepared(cfg)
@@ -172,6 +190,11 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
         say(f"tvm: {message}")
     metadata = artifact_metadata(prepared, cfg, scheduled.dynamic_module, plat, toolchain, scheduled.report,
                                  scheduled.records, scheduled.gate, scheduled.schedule_rules)
+    if precision_note:
+        metadata["precision_fallback"] = {"requested": "auto", "reason": precision_note}
+    if cfg.bf16_kernels() and not metadata["bf16_kernels"]:
+        say(f"WARNING: precision {cfg.precision}, but no matmul by a constant float32 weight became a bf16 kernel: "
+            "every kernel computes in float32, and the artifact says precision float32")
     generic = generic_kernels(scheduled, prepared)
     for kernel in generic:
         say(f"WARNING: {kernel.line()}")
@@ -188,11 +211,17 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
                            device_code, say)
     target_dir = artifact_dir(output_dir, prepared.name, cfg.name)
     options = export_options(cfg.name, cfg.target, device_code)
+    report = scheduled.report
+    # The check loads the library, and TVM's loader holds a few copies of its weights for a
+    # moment: the scheduled module's and the executable's (the packed weights) go first.
+    session.release(scheduled)
+    handoff = [executable]
+    del scheduled, executable
     say(f"writing {target_dir}")
     with captured_native_stderr([]):  # one "Scope Saving" line per function: noise
-        write_artifact(executable, metadata, target_dir, options, check, export_state=device_code)
+        write_artifact(handoff, metadata, target_dir, options, check, export_state=device_code)
     metadata = json.loads((target_dir / METADATA_NAME).read_text())
-    return TargetResult(target_dir, metadata, scheduled.report, check.comparisons, target=cfg.name,
+    return TargetResult(target_dir, metadata, report, check.comparisons, target=cfg.name,
                         verification=check.status())
 
 
@@ -210,6 +239,9 @@ class _ArtifactCheck:
         checked_at = size_points(ranges_of(prepared.inputs))
         self.sizes = checked_at + [point for point in buckets if point not in checked_at]
         self.comparisons: list[OutputComparison] = []
+        # With bf16 kernels the artifact is judged against float32 by the bf16 gate (its own tolerances).
+        self.bf16 = metadata["precision"] == "bf16"
+        self.classifiers = classifier_outputs(prepared.onnx_model) if self.bf16 else {}
         self.no_reference: list[str] = []  # why ONNX Runtime could not give a reference, when it could not
 
     def __call__(self, library: Path) -> dict:
@@ -238,7 +270,15 @@ class _ArtifactCheck:
             if not sizes:
                 updates["outputs"] = [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
                                       for name, value in outputs.items()]
-            if self.verify and not self.no_reference:
+            if self.verify and not self.no_reference and self.bf16:
+                say(f"verifying the bf16 build against ONNX Runtime float32{at}")
+                gated = compare_bf16(outputs, expected, cfg.bf16_tolerance(), self.classifiers, cfg.rtol, cfg.atol)
+                if sizes:
+                    gated = [dataclasses.replace(c, name=f"{c.name} @{at.removeprefix(' at')}") for c in gated]
+                self.comparisons.extend(gated)
+                check_bf16(gated, cfg.bf16_tolerance(), at)
+                checked_sizes.append(sizes)
+            elif self.verify and not self.no_reference:
                 say(f"verifying against ONNX Runtime{at}")
                 compared = compare_outputs(outputs, expected, cfg.rtol, cfg.atol)
                 compared = judge_conditioning(compared, outputs, expected,
@@ -256,6 +296,8 @@ class _ArtifactCheck:
         if self.verify and not self.no_reference:
             updates["verification"] = {"reference": "onnxruntime", "rtol": cfg.rtol, "atol": cfg.atol,
                                        "seed": cfg.seed, "outputs": [c.to_json() for c in self.comparisons]}
+            if self.bf16:  # rtol/atol above judge the integer outputs only
+                updates["verification"]["bf16_gate"] = dataclasses.asdict(cfg.bf16_tolerance())
             if ill_conditioned(self.comparisons):
                 updates["verification"]["ill_conditioned"] = {
                     "outputs": [c.name for c in ill_conditioned(self.comparisons)],
@@ -275,6 +317,8 @@ class _ArtifactCheck:
             return f"NOT VERIFIED: {self.execution.reason}"
         if self.no_reference:
             return f"NOT VERIFIED: {self.no_reference[0]}"
+        if self.bf16:
+            return "bf16 within the accuracy gate against ONNX Runtime float32"
         shaky = ill_conditioned(self.comparisons)
         return ("matches ONNX Runtime" + (" (run under qemu-aarch64)" if self.execution.how == "qemu" else "")
                 + (f"; ILL-CONDITIONED, within {SPREAD_MULTIPLE:g}x ONNX Runtime's own spread: "
@@ -285,9 +329,21 @@ def _run_library(library: Path, metadata: dict, how: str, inputs: dict) -> dict:
     """Outputs by name of an exported library run in this process, or under qemu-user."""
     if how == "qemu":
         return run_emulated(library, metadata, inputs)
-    with captured_native_stderr([]):  # "Scope Loaded" per function
-        module = tvm.runtime.load_module(str(library))
+    # dlopen returns the library already loaded under a path: a second build staged at the same
+    # path (auto's float32 rebuild) would run the first one's code. A link of a name of its own
+    # opens this very file.
+    unique = library.with_name(f"{library.stem}.check{next(_LOADS)}{library.suffix}")
+    os.link(library, unique)
+    return_freed_heap()  # ONNX Runtime's reference session, just freed: the load below is the peak
+    try:
+        with captured_native_stderr([]):  # "Scope Loaded" per function
+            module = tvm.runtime.load_module(str(unique))
+    finally:
+        unique.unlink()
     return CompiledModel(module, metadata).run(inputs)
+
+
+_LOADS = itertools.count()
 
 
 class _cuda_source_modules:

@@ -127,7 +127,7 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         stock_kernels = session.stock_kernel_calls(prepared.config)
         scheduled = session.scheduled(prepared.config)
         generic = generic_kernels(scheduled, prepared)
-    simplified = prepared.simplified
+    simplified = prepared.simplified_with_weights()  # coverage reads constants
     report = fused.report
     for miss in report.near_misses:
         index = node_index(miss.var, simplified)
@@ -178,7 +178,7 @@ def export_fused_onnx(model_path: str | Path, config=None, input_shapes: ShapeAr
     with captured_native_stderr([]):
         prepared = session.prepared(config)
         report = session.fused(prepared).report
-    simplified = prepared.simplified
+    simplified = prepared.simplified_with_weights()
     cfg = prepared.config
     typical = {name: r.typical for name, r in ranges_of(prepared.inputs).items()}
     inputs = onnx_frontend.random_inputs(prepared.onnx_model, onnx_frontend.inputs_at(prepared.inputs, typical),

@@ -41,32 +41,41 @@ def _import_openvino():
     return openvino
 
 
+# bench's rows for OpenVINO: (row, the inference precision pinned, None for OpenVINO's own choice).
+# f32 is like-for-like with the other runners; the default (bf16 on CPUs with AVX512_BF16 or AMX)
+# is what a user who installs OpenVINO and sets nothing gets, at the error it brings.
+OPENVINO_ROWS = (("openvino", "f32"), ("openvino_default", None))
+
+
 class OpenVinoRunner:
-    """The ONNX file compiled by OpenVINO's CPU plugin at the run shapes: f32 (its CPU default is
-    bf16 where the CPU has it, which is not like-for-like), latency mode, the config's threads,
+    """The ONNX file compiled by OpenVINO's CPU plugin at the run shapes: at ``precision`` (an
+    OpenVINO type name, ``"f32"``; None leaves its default), latency mode, the config's threads,
     no CPU pinning (as ORT's spinning is off: so that it leaves the other runners' cores alone).
+    ``self.precision`` is the inference precision the compiled model reports it chose.
 
     ``run()`` is what is timed: one synchronous inference on inputs set once, as the TVM runners'
     tensors are prepared once.
     """
 
-    def __init__(self, model_path: str | Path, inputs: dict, threads: int):
+    def __init__(self, model_path: str | Path, inputs: dict, threads: int, precision: str | None = "f32"):
         ov = _import_openvino()
         import openvino.properties as props  # deferred: optional (the peers extra), checked just above
         import openvino.properties.hint as hints  # deferred: the same
 
-        config = {hints.inference_precision: ov.Type.f32,
-                  hints.performance_mode: hints.PerformanceMode.LATENCY,
+        config = {hints.performance_mode: hints.PerformanceMode.LATENCY,
                   props.inference_num_threads: threads,
                   # Pinned, its threads made the tvm_fusion runs interleaved with them 1.7-2x
                   # slower (resnet_tiny, alternating A/B runs on a shared 2-core machine).
                   hints.enable_cpu_pinning: False}
+        if precision is not None:
+            config[hints.inference_precision] = getattr(ov.Type, precision)
         try:
             core = ov.Core()
             model = core.read_model(str(model_path))
             # At the shapes the other runners run at (a dynamic dim would leave OpenVINO guessing).
             model.reshape({name: list(value.shape) for name, value in inputs.items()})
             self.compiled = core.compile_model(model, "CPU", config)
+            self.precision = self.compiled.get_property(hints.inference_precision).to_string()
         except RuntimeError as err:  # OpenVINO raises RuntimeError (or a subclass) for all of these
             # Its messages open with a source location; the reason comes after it, on later lines.
             raise ModelError(f"OpenVINO cannot compile {model_path}: {' '.join(str(err).split())[:400]}",

@@ -27,7 +27,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..tuning.intrinsics import import_tensor_intrinsics
 from ..native_log import captured_native_stderr, summarize
-from ..preparation import at_one_size
+from ..config import with_precision
+from ..preparation import at_one_size, resolve_config
 from ..runtime import set_threads
 from ..session import ModelSession
 from ..tuning.builder import InProcessBuilder
@@ -92,15 +93,17 @@ def tune_model(model_path: str | Path, config=None, input_shapes=None, *, trials
                per_task_trials: int | None = None, time_limit_s: float | None = None,
                trials_per_iter: int | None = None, log_dir: str | Path | None = None,
                rpc: RpcSettings | None = None, seed: int = 0, show_progress: bool = True,
-               live: bool | None = None, say=lambda message: None) -> TuneResult:
+               live: bool | None = None, say=lambda message: None, precision: str | None = None) -> TuneResult:
     """Tune the model's fused kernels for the config's target into ``<log_dir>/<target key>/``.
 
-    Arguments left None come from the config's ``[tuning]`` section. Budgets count trials
+    Arguments left None come from the config's ``[tuning]`` section (``precision``: its
+    ``[pipeline]``; a bf16 kernel is another workload than its float32 twin, so their records
+    stay apart in one store). Budgets count trials
     already in the store: the result says how many were there and how many this run added.
     """
     started = time.monotonic()
     session = ModelSession(model_path, input_shapes, say)
-    prepared = session.prepared(config)
+    prepared = session.prepared(with_precision(resolve_config(config), precision))
     # MetaSchedule in TVM 0.27 tunes static loop nests only (its DisallowDynamicLoop postproc);
     # kernels of a model compiled for a range get the hand schedules.
     at_one_size(prepared, "tune")

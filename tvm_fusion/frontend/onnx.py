@@ -24,19 +24,20 @@ from .converters import from_onnx  # TVM's importer + our converters (Dropout, E
 from .dims import DimRange, concrete_shape, ranges_of, size_points
 from .dropout_guard import hide_dropouts, restore_dropouts
 from .if_hoisting import deciding_inputs, hoist_ifs, same_shapes, select_known_branches
+from .initializers import elide_large_weights, large_initializers_as_inputs, restore_initializers, restore_weights
 from .input_binding import (FLOAT_DTYPES, ONNX_DTYPES, TensorSpec, bind_input_shapes, dynamic_dim_name,
                             graph_inputs, input_tensor_type, inputs_at, parse_shape_flag, parse_value_flag)
 from .loop_unrolling import unroll_loops
 from .op_support import unsupported_ops, unsupported_ops_message
 from .qdq_fusion import fuse_qdq_groups
 from .sample_inputs import index_tables, random_inputs
-from .shape_values import freeze_shape_tensors
+from .shape_values import folding_operands, freeze_shape_tensors
 from .stepped_dims import add_steps_param
 
 __all__ = [
-    "FLOAT_DTYPES", "ONNX_DTYPES", "TensorSpec", "bind_input_shapes", "dynamic_dim_name", "graph_inputs",
+    "FLOAT_DTYPES", "ONNX_DTYPES", "TensorSpec", "bind_input_shapes", "dynamic_dim_name", "elide_weights", "graph_inputs",
     "import_model", "index_tables", "inputs_at", "load_onnx", "output_specs", "parse_shape_flag", "parse_value_flag",
-    "random_inputs", "relax_shape_dict", "simplify", "with_declared_shapes", "with_range_bounds",
+    "random_inputs", "relax_shape_dict", "restore_weights", "simplify", "with_declared_shapes", "with_range_bounds",
 ]
 
 
@@ -91,6 +92,12 @@ def simplify(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProt
         if same_shapes(simplified):
             return fuse_qdq_groups(simplified)
     return fuse_qdq_groups(_slim(model, inputs))
+
+
+def elide_weights(simplified: onnx.ModelProto, model: onnx.ModelProto) -> onnx.ModelProto:
+    """``simplified`` without the data of the weights it shares with ``model``, for holding on to
+    after import (``PreparedModel.simplified``)."""
+    return elide_large_weights(simplified, model, _FOLDED_BYTES)
 
 
 def with_pinned_values(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
@@ -151,13 +158,16 @@ def _slim(model: onnx.ModelProto, inputs: list[TensorSpec]) -> onnx.ModelProto:
             # onnxslim cannot parse an empty shape: a scalar input keeps its declared one.
             input_shapes = [f"{spec.name}:{','.join(map(str, concrete_shape(spec.shape, {})))}"
                             for spec in inputs if spec.shape]
-        simplified = restore_dropouts(onnxslim.slim(
-            hide_dropouts(model),  # onnxslim would delete every Dropout, training mode too
+        # The weights it would not fold go in as inputs: its copies of them were the peak.
+        stripped, weights = large_initializers_as_inputs(model, _FOLDED_BYTES, folding_operands(model))
+        simplified = restore_initializers(restore_dropouts(onnxslim.slim(
+            hide_dropouts(stripped),  # onnxslim would delete every Dropout, training mode too
             input_shapes=input_shapes,
             # onnxslim's own fusions (MatMul+Add -> Gemm, Conv+BN, ...) would pre-empt ours.
             skip_fusion_patterns=[p for p in DEFAULT_FUSION_PATTERNS if p.startswith("Fusion")],
             size_threshold=_FOLDED_BYTES,
-        ))
+        )), model, weights)
+        del stripped
     except Exception:  # noqa: BLE001 - any onnxslim failure: let the importer try the original
         return unroll_loops(model, feeds)
     # Loops are unrolled after onnxslim, which takes minutes over the thousands of nodes of an

@@ -16,8 +16,13 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from .initializers import copy_with_initializers, large_initializers_as_inputs, node_reads, read_initializers
+
 # Ops whose output depends on the input's shape only (not its values).
 SHAPE_ONLY = frozenset({"Shape", "Size"})
+# Initializers above this size go into shape inference as typed inputs (a constant's values can
+# decide a shape only when it is a small shape tensor).
+INFERENCE_BYTES = 64 << 10
 NOT_DETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                                 "Multinomial", "Bernoulli"})
 
@@ -42,6 +47,21 @@ def shape_dependent(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
     return static, from_shapes
 
 
+def folding_operands(model: onnx.ModelProto) -> frozenset[str]:
+    """The initializers a fold may read: those of a node whose inputs are all constant (a slice
+    of a position table, a shape of a weight), and any a subgraph reads. The others are only
+    ever multiplied with run-time values, so their values cannot matter to a simplification."""
+    static, _ = shape_dependent(model)
+    names = {init.name for init in model.graph.initializer}
+    read = set()
+    for node in model.graph.node:
+        inputs = [name for name in node.input if name]
+        if all(name in static for name in inputs):
+            read.update(inputs)
+        read.update(name for name in node_reads(node)[len(node.input):])
+    return frozenset(read & names)
+
+
 def shape_tensors(model: onnx.ModelProto) -> list[str]:
     """Tensors computed from shapes and constants that a value-dependent node reads (the frontier)."""
     static, from_shapes = shape_dependent(model)
@@ -63,24 +83,14 @@ def ancestors(model: onnx.ModelProto, names) -> list[onnx.NodeProto]:
         index = producers[work.pop()]
         if index not in needed:
             needed.add(index)
-            work += [name for name in _reads(model.graph.node[index]) if name in producers]
+            work += [name for name in node_reads(model.graph.node[index]) if name in producers]
     return [node for index, node in enumerate(model.graph.node) if index in needed]
-
-
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """The names ``node`` reads: its inputs, and every name its subgraphs' nodes read (those
-    the subgraph computes itself are not in the outer graph, so they match no producer)."""
-    names = list(node.input)
-    for attribute in node.attribute:
-        for graph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-            names += [name for inner in graph.node for name in _reads(inner)]
-    return names
 
 
 def element_types(model: onnx.ModelProto) -> dict[str, int]:
     """Each computed tensor's ONNX element type, as shape inference finds it."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+    try:  # the weights' values play no part (the inference would copy them twice)
+        inferred = onnx.shape_inference.infer_shapes(large_initializers_as_inputs(model, INFERENCE_BYTES)[0])
     except Exception:  # noqa: BLE001 - a graph inference rejects: no types known
         inferred = model
     return {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
@@ -94,15 +104,16 @@ def evaluate(model: onnx.ModelProto, names: list[str], feeds: list[dict[str, np.
     types = element_types(model) if types is None else types
     if not all(types.get(name) for name in names):
         return None
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
+    nodes = ancestors(model, names)
+    needed = read_initializers(model, nodes)
+    probe = copy_with_initializers(model, lambda init: init.name in needed)
     del probe.graph.node[:]
-    probe.graph.node.extend(ancestors(model, names))
+    probe.graph.node.extend(nodes)
     del probe.graph.output[:]
     probe.graph.output.extend(onnx.helper.make_tensor_value_info(name, types[name], None) for name in names)
     try:
         options = ort.SessionOptions()
-        options.log_severity_level = 3  # unused initializers of the pruned probe are expected
+        options.log_severity_level = 3  # inputs the pruned probe does not read are expected
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
         return [session.run(names, feed) for feed in feeds]
     except Exception:  # noqa: BLE001 - ORT cannot run it

@@ -11,6 +11,7 @@
                   transforms only where the blocked chain starts and ends
     fuse          our fusion patterns: each match becomes one composite = one kernel
     lower         concats of many tensors split in chunks (no kernel of hundreds of buffers),
+                  at bf16 matmuls by constant weights as bf16 kernels (``Bf16Matmuls``),
                   LegalizeOps (blocked 3x3 convs by Winograd when winograd is on; vectorizable
                   exp/erf/tanh when fast_math is on) + TVM's own
                   FuseOps/FuseTIR for everything our patterns left
@@ -36,6 +37,7 @@ from ..targets.target_info import vector_lanes
 from ..tuning.apply import ApplyTuningRecords
 from .apply_rewrite_rules import ApplyRewriteRules
 from .batch_shared_weight_matmuls import BatchSharedWeightMatmuls
+from .bf16_matmuls import Bf16Matmuls
 from .blocked_layout import ConvertConvsToBlockedLayout
 from .blocked_layout_legalize import blocked_conv2d_legalize, gather_layout_transform_legalize
 from .crop_dead_conv_taps import CropDeadConvTaps
@@ -93,7 +95,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
         ],
         "layout": lambda: layout_passes(config, report),
         "fuse": lambda: [FusePatterns(fusions, report, excluded)],
-        "lower": lambda: lowering_passes(config.fast_math, config.winograd),
+        "lower": lambda: lowering_passes(config.fast_math, config.winograd, bf16_target(config)),
         "schedule": lambda: schedule_passes(config, schedule_log, tuning, rule_errors),
     }
     return tvm.transform.Sequential([p for phase in phases for p in passes[phase]()],
@@ -129,9 +131,18 @@ def legalize_map(fast_math: bool = True, winograd: bool = True) -> dict:
     return legalize
 
 
-def lowering_passes(fast_math: bool = True, winograd: bool = True) -> list[tvm.transform.Pass]:
+def bf16_target(config: PipelineConfig) -> tvm.target.Target | None:
+    """The target to build bf16 kernels for, None where the config builds float32 ones."""
+    return config.tvm_target() if config.bf16_kernels() else None
+
+
+def lowering_passes(fast_math: bool = True, winograd: bool = True,
+                    bf16: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
+    """With ``bf16`` (a target), matmuls by constant weights become its bf16 kernels before
+    LegalizeOps and FuseOps, so that TVM's fusion puts their float32 epilogues in the same kernel."""
     return [
         SplitWideConcats(),
+        *([Bf16Matmuls(bf16)] if bf16 is not None else []),
         relax.transform.LegalizeOps(legalize_map(fast_math, winograd)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

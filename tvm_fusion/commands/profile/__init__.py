@@ -20,7 +20,8 @@ import tvm
 from ...frontend import onnx as onnx_frontend
 from ...machine_peak import MachinePeak, machine_peak
 from ...native_log import captured_native_stderr
-from ...preparation import at_one_size
+from ...config import with_precision
+from ...preparation import at_one_size, resolve_config
 from ...runtime import set_threads
 from ...session import ModelSession
 from .artifact import check_same_kernels, is_artifact, read_artifact
@@ -35,23 +36,24 @@ Progress = Callable[[str], None]
 
 def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds: int = 30,
                   mine: bool = False, progress: Progress = lambda _m: None,
-                  tuning_log=None) -> ProfileReport:
+                  tuning_log=None, precision: str | None = None) -> ProfileReport:
     """Per-kernel times, costs and roofline position, the end-to-end gap, and (``mine``) the
     unfused kernel chains worth a pattern.
 
     ``model_path`` is an ONNX file, or an artifact directory written by ``compile``: then its
     model, config, input shapes and tuning log are the ones it was built from (passing any of
-    them is an error), and its own library is what is timed.
+    them is an error), and its own library is what is timed. ``precision`` (``--precision``)
+    replaces the config's.
     """
     artifact = None
     with captured_native_stderr([]):
         if is_artifact(model_path):
-            artifact = read_artifact(model_path, config, input_shapes, tuning_log)
+            artifact = read_artifact(model_path, config, input_shapes, tuning_log, precision=precision)
             progress(f"profiling {artifact.directory}, built from {artifact.model_path}")
             model_path, config, input_shapes = artifact.model_path, artifact.config, artifact.input_shapes
             tuning_log = artifact.tuning_log
         session = ModelSession(model_path, input_shapes, progress)
-        prepared = session.prepared(config)
+        prepared = session.prepared(with_precision(resolve_config(config), precision))
         at_one_size(prepared, "profile")
         cfg = prepared.config
         set_threads(cfg.threads)

@@ -51,16 +51,17 @@ def is_artifact(path: str | Path) -> bool:
 
 
 def read_artifact(directory: str | Path, config=None, input_shapes=None, tuning_log=None,
-                  command: str = "profile") -> ArtifactBuild:
+                  command: str = "profile", precision: str | None = None) -> ArtifactBuild:
     """The artifact at ``directory``, its library loaded and checked (``runtime.load``), and the
     model, config, shapes and tuning log it was built from; errors for what cannot reproduce it.
     ``profile`` times each kernel at one size, so it refuses an artifact built for ranges."""
     directory = Path(directory)
     given = [flag for flag, value in (("--config", config), ("--input-shape", input_shapes),
-                                      ("--tuning-log/--no-tuning-log", tuning_log)) if value not in (None, [], {})]
+                                      ("--tuning-log/--no-tuning-log", tuning_log), ("--precision", precision))
+             if value not in (None, [], {})]
     if given:
-        raise TvmFusionError(f"{directory} is an artifact: it was built with its own config, input shapes and "
-                             f"tuning log, and {command} uses those; {', '.join(given)} would {command} other "
+        raise TvmFusionError(f"{directory} is an artifact: it was built with its own config, precision, input "
+                             f"shapes and tuning log, and {command} uses those; {', '.join(given)} would {command} other "
                              "kernels", f"drop {', '.join(given)}, or {command} the ONNX model instead of the artifact")
     metadata = load(directory).metadata  # checks the library's sha256 and that it runs here
     kind = metadata.get("target", {}).get("kind", "llvm")

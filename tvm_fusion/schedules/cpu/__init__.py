@@ -6,6 +6,7 @@ asks them in the order their ``runs_before``/``runs_after`` declare (``schedules
 """
 
 from .attention import Attention
+from .bf16_matmul_amx import Bf16MatmulAmx
 from .conv2d_nchw import Conv2dNCHW
 from .conv2d_nchwc import Conv2dNCHWc
 from .conv2d_transpose import Conv2dTranspose
@@ -26,7 +27,7 @@ from .softmax_outer_axis import SoftmaxOverOuterAxis
 from .squeeze_excitation import SqueezeExcitation
 from .winograd_conv2d_nchwc import WinogradConv2dNCHWc
 
-__all__ = ["Attention", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
+__all__ = ["Attention", "Bf16MatmulAmx", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
            "DepthwiseConv2dNCHWc", "Fallback", "Injective", "Int8MatmulAmx", "Int8MatmulVnni", "MatmulEpilogue", "MatmulMultiOutput",
            "Pooling", "Reduction", "Resize", "SkipNorm", "Softmax", "SoftmaxOverOuterAxis",
            "SqueezeExcitation", "WinogradConv2dNCHWc"]

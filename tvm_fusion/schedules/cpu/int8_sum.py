@@ -1,6 +1,6 @@
-"""The int8 matmul kernel (``frontend/integer_matmul.py``) as its schedule rules read it: the sum
-block, and the blocks FuseOps put before it. Shared by ``Int8MatmulAmx`` (AMX tiles) and
-``Int8MatmulVnni`` (``vpdpbusd`` registers)."""
+"""The packed-weight matmul kernels (``frontend/integer_matmul.py``, ``frontend/bf16_matmul.py``)
+as their schedule rules read them: the sum block, and the blocks before it. Shared by
+``Int8MatmulAmx``, ``Bf16MatmulAmx`` (AMX tiles) and ``Int8MatmulVnni`` (``vpdpbusd`` registers)."""
 
 from tvm import s_tir, tirx
 
@@ -12,15 +12,23 @@ from .helpers import extent_of
 def is_int8_sum(block: s_tir.SBlock) -> bool:
     """The kernel of ``integer_matmul.py``: its block name, (batch.., m, n, k) axes, an int32
     output, a uint8 [batch.., M, K] and an int8 [N/16, K/4, 16, 4] operand."""
-    if not block.name_hint.startswith(KERNEL_NAME) or len(block.iter_vars) < 3 or len(block.reads) != 2:
+    return is_packed_sum(block, KERNEL_NAME, ("uint8", "int8"), "int32", DEPTH_BLOCK)
+
+
+def is_packed_sum(block: s_tir.SBlock, name: str, operand_dtypes: tuple[str, str], output_dtype: str,
+                  depth_block: int) -> bool:
+    """A packed-weight matmul kernel (int8's, ``bf16_matmul.py``'s): its block ``name``,
+    (batch.., m, n, k) axes, an ``output_dtype`` output, a [batch.., M, K] activation and a
+    [N/16, K/d, 16, d] weight of ``operand_dtypes``, d the ``depth_block``."""
+    if not block.name_hint.startswith(name) or len(block.iter_vars) < 3 or len(block.reads) != 2:
         return False
     if "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)[-2:] != "SR":
         return False
     data, weight = (region.source for region in block.reads)
-    if str(block.writes[0].source.dtype) != "int32" or str(data.dtype) != "uint8" or str(weight.dtype) != "int8":
+    if str(block.writes[0].source.dtype) != output_dtype or (str(data.dtype), str(weight.dtype)) != operand_dtypes:
         return False
     shape = [extent_of(d) for d in weight.shape]
-    return len(data.shape) == len(block.iter_vars) - 1 and len(shape) == 4 and shape[2:] == [COLUMN_BLOCK, DEPTH_BLOCK]
+    return len(data.shape) == len(block.iter_vars) - 1 and len(shape) == 4 and shape[2:] == [COLUMN_BLOCK, depth_block]
 
 
 def place_prologue(sch: s_tir.Schedule, kernel) -> None:

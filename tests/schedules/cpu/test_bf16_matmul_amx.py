@@ -1,0 +1,130 @@
+"""Bf16MatmulAmx: the bf16 matmul kernel (frontend/bf16_matmul.py) on AMX tiles (``tdpbf16ps``),
+built for named targets (assembly read, never run), run on the host where it has AMX-BF16
+against a numpy reference that rounds both operands to bf16 (bf16_kernels.assert_bf16_result)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from bf16_kernels import assert_bf16_result, bf16_kernel, bf16_module, leading
+from helpers import run_python
+from int8_kernels import kernel_assembly, scheduled
+from loop_structure import loop_kinds
+from machine import host_target
+from tvm import relax, te
+
+from tvm_fusion.kernels.cpu_features import has_amx_bf16
+from tvm_fusion.schedules.cpu import Bf16MatmulAmx
+from tvm_fusion.schedules.registry import rules_for_kind
+from tvm_fusion.targets import export_options, host_cpu_flags
+from tvm_fusion.targets.amx import request_amx_permission
+
+AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+HOST = tvm.target.Target(host_target())
+
+
+def on_tiles(mod: tvm.IRModule, target) -> tvm.IRModule:
+    return scheduled(mod, Bf16MatmulAmx(), target, bf16_kernel)
+
+
+host_amx = pytest.mark.skipif(not {"amx_bf16", "amx_tile"} <= host_cpu_flags() or not has_amx_bf16(HOST)
+                              or not request_amx_permission(),
+                              reason="the host CPU has no AMX-BF16 (the kernel's generic form is tested "
+                                     "in tests/frontend/test_bf16_matmul.py)")
+
+
+def test_runs_before_the_float_matmul_rules():
+    names = [type(rule).__name__ for rule in rules_for_kind("llvm")]
+    assert names.index("Bf16MatmulAmx") < min(names.index("MatmulEpilogue"), names.index("Reduction"))
+
+
+def test_amx_target_uses_bf16_tile_instructions():
+    mod, _ = bf16_module(32, 100, 64)
+    done = on_tiles(mod, AMX)
+    # 2 row tiles of 16 x 1 column tile of 64 (4 C tiles), one AMX call each, across cores
+    assert loop_kinds(bf16_kernel(done)[1]).parallel[-1] == 2
+    assembly = kernel_assembly(done, AMX)
+    for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"):
+        assert instruction in assembly, instruction
+    assert "tdpbusd" not in assembly
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "cooperlake", "skylake-avx512"])
+def test_must_not_apply_without_amx_bf16(mcpu):
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    mod, _ = bf16_module(32, 64, 32)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            assert Bf16MatmulAmx().apply(func, target, False) is None, gvar.name_hint
+    assert "tdpbf16ps" not in kernel_assembly(mod, target)
+
+
+def test_must_not_take_a_float_matmul():
+    a = te.placeholder((32, 64), name="A")
+    b = te.placeholder((64, 32), name="B")
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((32, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="bf16_matmul")
+    assert Bf16MatmulAmx().apply(te.create_prim_func([a, b, c]), AMX, False) is None
+
+
+def test_a_symbolic_row_count_is_declined():
+    mod, _ = bf16_module(tvm.tirx.Var("m", "int64"), 64, 32)
+    assert Bf16MatmulAmx().apply(bf16_kernel(mod)[1], AMX, False) is None
+
+
+def test_a_prime_row_count_runs_tiles_of_16_and_a_tail():
+    mod, _ = bf16_module(197, 64, 64)
+    func = bf16_kernel(on_tiles(mod, AMX))[1]
+    assert loop_kinds(func).parallel[-3:] == [12, 1, 197]
+
+
+@host_amx
+@pytest.mark.parametrize("m, k, n", [(1, 13, 20), (1, 768, 768), (3, 64, 17), (7, 13, 20), (33, 100, 64),
+                                     (17, 100, 48), (197, 256, 72), ((2, 3), 13, 20), ((4, 1), 64, 32),
+                                     ((2, 19), 64, 20), (128, 768, 3072)])
+def test_scheduled_kernel_matches_the_bf16_reference_on_the_host(m, k, n):
+    """M=1 (a one-row tile), odd K (padded to even) and K past 32 (the K tail's tiles), N not a
+    multiple of 16, prime M (tiles of 16 and a tail), batched data (its rows merged: 2 x 19 is
+    38 rows, tiles of 16 and a tail), a weight past 1 MiB."""
+    mod, weight = bf16_module(m, k, n)
+    a = np.random.default_rng(1).standard_normal((*leading(m), k)).astype(np.float32)
+    vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())
+    assert_bf16_result(vm["main"](tvm.runtime.tensor(a)).numpy(), a, weight)
+
+
+@host_amx
+def test_the_activation_is_rounded_to_bf16_in_the_kernel():
+    """The kernel's prologue rounds the float32 activation: the result is not the product of
+    the float32 activation and the bf16 weight."""
+    mod, weight = bf16_module(16, 256, 32)
+    a = np.random.default_rng(2).standard_normal((16, 256)).astype(np.float32)
+    vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(a)).numpy()
+    assert_bf16_result(got, a, weight)
+    bf16_weight = weight.astype(ml_dtypes.bfloat16).astype(np.float64)
+    unrounded = np.maximum(a.astype(np.float64) @ bf16_weight + 1, 0)
+    assert np.abs(got - unrounded).max() > 1e-3
+
+
+PLAIN_TVM = """
+import sys, numpy as np, tvm
+from tvm import relax
+vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())
+np.save(sys.argv[3], vm["main"](tvm.runtime.tensor(np.load(sys.argv[2]))).numpy())
+"""
+
+
+@host_amx
+def test_an_exported_kernel_runs_in_a_fresh_process(tmp_path):
+    """The AMX permission that the int8 tiles ask for covers the bf16 ones: the library's
+    constructor (export_options' addons) lets a new interpreter run ``tdpbf16ps``."""
+    mod, weight = bf16_module(32, 64, 32)
+    library = tmp_path / "bf16.so"
+    tvm.compile(on_tiles(mod, HOST), target=HOST).export_library(str(library), **export_options("host", host_target()))
+    a = np.random.default_rng(3).standard_normal((32, 64)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    ran = run_python(PLAIN_TVM, str(library), str(tmp_path / "a.npy"), str(tmp_path / "y.npy"))
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert_bf16_result(np.load(tmp_path / "y.npy"), a, weight)

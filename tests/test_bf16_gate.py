@@ -1,0 +1,109 @@
+"""The bf16 accuracy gate (tvm_fusion.accuracy.bf16_gate) on planted outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tvm_fusion.accuracy.bf16_gate import Bf16Tolerance, check_bf16, classifier_outputs, compare_bf16, format_bf16
+from tvm_fusion.errors import VerificationError
+
+TOLERANCE = Bf16Tolerance()
+
+
+def gate(actual: dict, expected: dict, classifiers: dict | None = None, tolerance: Bf16Tolerance = TOLERANCE):
+    return compare_bf16(actual, expected, tolerance, classifiers or {}, rtol=1e-3, atol=1e-4)
+
+
+def test_bf16_rounding_of_an_output_passes_the_defaults():
+    reference = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    rounded = reference.astype("bfloat16").astype(np.float32)  # rel error <= 2^-8 per element
+    (result,) = gate({"y": rounded}, {"y": reference})
+    assert result.passed and result.note == ""
+    assert 0 < result.max_abs <= 2.0 ** -8 * np.abs(reference).max()
+    assert 1 - 1e-5 < result.cosine <= 1.0
+    assert result.top1_agreement is None  # not classifier-like: no top-1
+
+
+def test_cosine_of_known_vectors_decides():
+    reference = {"y": np.array([1.0, 0.0, 0.0, 1.0], np.float32)}
+    rotated = {"y": np.array([1.0, 0.0, 0.0, 0.9], np.float32)}  # cos = 1.9 / sqrt(2 * 1.81)
+    (result,) = gate(rotated, reference, tolerance=Bf16Tolerance(rtol=1.0, atol=1.0))
+    assert result.cosine == pytest.approx(1.9 / np.sqrt(2 * 1.81))
+    assert not result.passed and "cosine" in result.note  # 0.9986 < 0.999: the elements alone would pass
+
+
+def test_a_local_error_fails_the_element_rule_though_the_cosine_holds():
+    reference = np.linspace(-1.0, 1.0, 10_000).astype(np.float32)
+    produced = reference.copy()
+    produced[1234] += 0.1  # 0.1 > 2^-5 * peak + 2^-5 * |e|
+    (result,) = gate({"y": produced}, {"y": reference})
+    assert result.cosine > 0.9999
+    assert not result.passed and result.note.startswith("1 of 10000 elements outside")
+
+
+def test_top1_agreement_with_a_planted_flip():
+    rng = np.random.default_rng(1)
+    reference = rng.standard_normal((4, 10)).astype(np.float32)
+    reference[:, 3] = 5.0  # every row's answer is class 3, by a wide margin
+    produced = reference.copy()
+    produced[2, 3], produced[2, 7] = 0.0, 6.0  # row 2 now answers class 7
+    (result,) = gate({"logits": produced}, {"logits": reference}, {"logits": "scores"})
+    assert (result.top1_agreement, result.top1_rows, result.near_ties) == (0.75, 4, 0)
+    assert not result.passed and "top-1 agreement 0.75 < 1.0" in result.note
+
+
+def test_a_flip_between_near_tied_classes_is_not_a_disagreement():
+    reference = np.array([[1.0, 0.999, -2.0], [3.0, 0.0, -1.0]], np.float32)
+    produced = np.array([[0.999, 1.0, -2.0], [3.0, 0.0, -1.0]], np.float32)
+    (result,) = gate({"p": produced}, {"p": reference}, {"p": "scores"})
+    assert (result.top1_agreement, result.near_ties) == (0.5, 1)
+    assert result.passed
+
+
+def test_a_head_is_classifier_like_only_when_two_dimensional():
+    reference = np.eye(3, dtype=np.float32)
+    (flat,) = gate({"h": reference[None]}, {"h": reference[None]}, {"h": "head"})
+    (head,) = gate({"h": reference}, {"h": reference}, {"h": "head"})
+    assert flat.top1_agreement is None and head.top1_agreement == 1.0
+
+
+def test_integer_outputs_keep_the_float32_rule():
+    indices = np.array([3, 1, 2], np.int64)
+    (same,) = gate({"i": indices}, {"i": indices.copy()})
+    (moved,) = gate({"i": indices + 1}, {"i": indices})
+    assert same.passed and same.cosine is None
+    assert not moved.passed and moved.cosine is None
+    (missing,) = gate({}, {"i": indices})
+    assert not missing.passed and missing.note == "missing"
+
+
+def test_classifier_outputs_are_read_from_the_graph():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["probs"]),
+             helper.make_node("ArgMax", ["logits"], ["label"], keepdims=0),
+             helper.make_node("Relu", ["x"], ["hidden"])]
+    floats = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("logits", "probs", "hidden")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              floats + [helper.make_tensor_value_info("label", TensorProto.INT64, None)],
+                              [onnx.numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    assert classifier_outputs(helper.make_model(graph)) == {"logits": "scores", "probs": "scores"}
+    graph.node.pop(2)  # no ArgMax reads the logits: a head's output, classifier-like when 2-D
+    assert classifier_outputs(helper.make_model(graph)) == {"logits": "head", "probs": "scores"}
+    graph.node.append(helper.make_node("Add", ["logits", "logits"], ["biased"]))  # a head with its bias
+    graph.output.append(helper.make_tensor_value_info("biased", TensorProto.FLOAT, None))
+    assert classifier_outputs(helper.make_model(graph))["biased"] == "head"
+
+
+def test_a_failing_output_raises_with_the_table_and_the_way_out():
+    reference = np.ones(4, np.float32)
+    results = gate({"y": -reference}, {"y": reference})
+    with pytest.raises(VerificationError) as info:
+        check_bf16(results, TOLERANCE, " at sequence=8")
+    assert info.value.exit_code == 5
+    assert "bf16 build fails the accuracy gate against ONNX Runtime float32 at sequence=8" in info.value.message
+    assert format_bf16(results, TOLERANCE) in info.value.message
+    assert "--precision float32" in info.value.hint and "bf16_min_cosine" in info.value.hint
+    assert info.value.failures == ["y: 4 of 4 elements outside; cosine -1.0000000 < 0.999"]

@@ -1,0 +1,173 @@
+"""The bf16 accuracy gate: a bf16 build's outputs against ONNX Runtime float32, per output.
+
+A bf16 matmul rounds its operands to 8 significant bits (unit roundoff u = 2^-8), so its error
+scales with the magnitude of what it sums, not with each output element: float32's element-wise
+rule (``atol + rtol * |reference|``) fails wherever a sum cancels to near zero. A float output
+passes when
+
+* every element has ``|ours - reference| <= atol * peak + rtol * |reference|``, ``peak`` the
+  output's largest ``|reference|``: a local error (one wrong row, a box off by pixels) fails;
+* its cosine similarity to the reference is at least ``min_cosine``: drift spread over the
+  whole output, which a heavy-tailed output's peak would hide, fails (``1 - cos`` is about
+  ``r^2 / 2`` for a relative RMS error ``r``);
+* a classifier-like output (``classifier_outputs``) has a top-1 agreement of at least
+  ``min_top1`` over its rows, a row where the reference scores our answer within the element
+  tolerance of its own counted as agreeing (a near tie: either answer is within bf16 rounding).
+
+An integer or bool output (indices, masks) keeps the float32 rule, ``[verify] rtol/atol``.
+The defaults and their reasons are in docs/precision.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+
+from ..errors import VerificationError
+from ..verify import OutputComparison, compare_outputs
+from .output_error import cosine_similarity, max_abs_error, max_rel_error, top1_agreement
+
+# Producers of class scores, and consumers that pick a class from them.
+SCORE_OPS = ("Softmax", "LogSoftmax")
+DECISION_OPS = ("ArgMax", "TopK")
+# A 2-D output ([batch, classes]) of these ops, or their sum with a bias, is a classifier head's logits.
+HEAD_OPS = ("Gemm", "MatMul")
+
+
+class Bf16GateFailure(VerificationError):
+    """A bf16 build outside the gate; ``failures`` names each failing output and why (auto's report)."""
+
+    def __init__(self, message: str, hint: str, failures: list[str]):
+        super().__init__(message, hint)
+        self.failures = failures
+
+
+@dataclasses.dataclass(frozen=True)
+class Bf16Tolerance:
+    """``[verify] bf16_*``: 8 u for the element rule (atol of the peak, rtol of the element), a
+    relative RMS error of about 4.5% for the cosine, every non-tied row for top-1."""
+
+    rtol: float = 2.0 ** -5
+    atol: float = 2.0 ** -5
+    min_cosine: float = 0.999
+    min_top1: float = 1.0
+
+
+@dataclasses.dataclass
+class Bf16Comparison(OutputComparison):
+    cosine: float | None = None  # None for an integer or bool output
+    top1_agreement: float | None = None  # classifier-like outputs only: plain share of rows agreeing
+    top1_rows: int = 0
+    near_ties: int = 0  # rows that disagree where the reference's own margin is within the tolerance
+
+
+def classifier_outputs(model: onnx.ModelProto) -> dict[str, str]:
+    """Graph outputs that score classes, by how: ``"scores"`` made by Softmax or LogSoftmax or read
+    by ArgMax or TopK; ``"head"`` made by Gemm or MatMul (plus a bias), a head's logits when the
+    output is 2-D ([batch, classes]). A hidden state or an embedding is neither, and its argmax
+    means nothing."""
+    graph = model.graph
+    made_by = {out: node for node in graph.node for out in node.output}
+    decided = {node.input[0] for node in graph.node if node.op_type in DECISION_OPS and node.input}
+
+    def op(name: str) -> str:
+        return made_by[name].op_type if name in made_by else ""
+
+    roles = {}
+    for output in graph.output:
+        maker = made_by.get(output.name)
+        if op(output.name) in SCORE_OPS or output.name in decided:
+            roles[output.name] = "scores"
+        elif op(output.name) in HEAD_OPS or (maker is not None and maker.op_type == "Add"
+                                              and any(op(name) in HEAD_OPS for name in maker.input)):
+            roles[output.name] = "head"
+    return roles
+
+
+def _is_classifier(name: str, value: np.ndarray, classifiers: dict[str, str]) -> bool:
+    if value.ndim == 0 or value.shape[-1] < 2:
+        return False
+    role = classifiers.get(name)
+    return role == "scores" or (role == "head" and value.ndim == 2)
+
+
+def _near_ties(ours: np.ndarray, reference: np.ndarray, allowed) -> int:
+    """Rows whose argmax differs where the reference scores our pick within the tolerance of its own."""
+    rows_a, rows_e = ours.reshape(-1, ours.shape[-1]), reference.reshape(-1, reference.shape[-1])
+    picked, best = np.argmax(rows_a, axis=-1), np.argmax(rows_e, axis=-1)
+    index = np.arange(len(rows_e))
+    top, ours_there = rows_e[index, best], rows_e[index, picked]
+    margin_allowed = allowed(top) + allowed(ours_there)
+    return int(np.sum((picked != best) & (top - ours_there <= margin_allowed)))
+
+
+def compare_bf16(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], tolerance: Bf16Tolerance,
+                 classifiers: dict[str, str], rtol: float, atol: float) -> list[Bf16Comparison]:
+    """Per output: max abs and rel error, cosine, top-1 agreement where classifier-like, and the
+    gate's verdict; ``rtol``/``atol`` judge the integer and bool outputs."""
+    results = []
+    for name, reference in expected.items():
+        value = actual.get(name)
+        if (value is None or value.shape != reference.shape or not np.issubdtype(reference.dtype, np.floating)
+                or not np.isfinite(value).all() or not np.isfinite(reference).all()):
+            (plain,) = compare_outputs({name: value} if value is not None else {}, {name: reference}, rtol, atol)
+            results.append(Bf16Comparison(**dataclasses.asdict(plain)))
+            continue
+        peak = float(np.abs(reference).max(initial=0.0))
+
+        def allowed(e, peak=peak):
+            return tolerance.atol * peak + tolerance.rtol * np.abs(e)
+
+        diff = np.abs(value.astype(np.float64) - reference.astype(np.float64))
+        outside = int(np.sum(diff > allowed(reference.astype(np.float64))))
+        cosine = cosine_similarity(value, reference)
+        problems = [f"{outside} of {diff.size} elements outside"] if outside else []
+        if cosine < tolerance.min_cosine:
+            problems.append(f"cosine {cosine:.7f} < {tolerance.min_cosine}")
+        comparison = Bf16Comparison(name, max_abs_error(value, reference), max_rel_error(value, reference),
+                                    True, cosine=cosine)
+        if _is_classifier(name, reference, classifiers):
+            ties = _near_ties(value.astype(np.float64), reference.astype(np.float64), allowed)
+            rows = reference.size // reference.shape[-1]
+            agreement = top1_agreement(value, reference)
+            comparison.top1_agreement, comparison.top1_rows, comparison.near_ties = agreement, rows, ties
+            gated = agreement + ties / rows if rows else 1.0
+            if gated < tolerance.min_top1:
+                problems.append(f"top-1 agreement {gated:.4g} < {tolerance.min_top1}")
+        comparison.within_tolerance = not problems
+        comparison.note = "; ".join(problems)
+        results.append(comparison)
+    return results
+
+
+def _top1_text(r: Bf16Comparison) -> str:
+    if r.top1_agreement is None:
+        return "-"
+    ties = f", {r.near_ties} tied" if r.near_ties else ""
+    return f"{round(r.top1_agreement * r.top1_rows)}/{r.top1_rows}{ties}"
+
+
+def format_bf16(results: list[Bf16Comparison], tolerance: Bf16Tolerance) -> str:
+    """The table at bf16, then the gate's rule."""
+    lines = [f"{'output':<24} {'max abs err':>12} {'max rel err':>12} {'cosine':>10} {'top-1':>9}  result"]
+    for r in results:
+        cosine = "-" if r.cosine is None else f"{r.cosine:.6f}"
+        lines.append(f"{r.name:<24} {r.max_abs:>12.3e} {r.max_rel:>12.3e} {cosine:>10} {_top1_text(r):>9}  "
+                     f"{'ok' if r.passed else 'MISMATCH'} {r.note}".rstrip())
+    lines.append(f"bf16 gate, against ONNX Runtime float32: every element within {tolerance.atol:g} * "
+                 f"max|ONNX Runtime| + {tolerance.rtol:g} * |ONNX Runtime|, cosine >= {tolerance.min_cosine:g}, "
+                 f"top-1 agreement (near ties counted) >= {tolerance.min_top1:g} where classifier-like")
+    return "\n".join(lines)
+
+
+def check_bf16(results: list[Bf16Comparison], tolerance: Bf16Tolerance, at: str = "") -> None:
+    """``at``: where a range was run (`` at sequence=512``), for the message."""
+    if not all(r.passed for r in results):
+        raise Bf16GateFailure(
+            f"the bf16 build fails the accuracy gate against ONNX Runtime float32{at}:\n"
+            + format_bf16(results, tolerance),
+            "no artifact was written; use --precision float32 (or auto, which falls back to it), or loosen "
+            "[verify] bf16_rtol/bf16_atol/bf16_min_cosine/bf16_min_top1 if the error is acceptable",
+            [f"{r.name}: {r.note}" for r in results if not r.passed])

@@ -1,0 +1,186 @@
+"""Bf16Matmuls: matmuls by constant float32 weights as bf16 kernels with float32 sums.
+
+``--precision bf16`` (issue 43): each ``x @ W`` with ``W`` a 2-D float32 constant, and each
+``x @ permute_dims(W)`` (an ONNX Gemm with ``transB=1``), becomes the kernel of
+``frontend/bf16_matmul.py``: the weight rounded to bf16 and packed at build time, the
+activation rounded to bf16 in the kernel's prologue, the products summed in float32. What
+feeds and follows it stays float32.
+
+It runs in the "lower" phase before LegalizeOps, so that FuseOps puts the float32 epilogue
+(bias, activation, residual add) into the same kernel. By then our fusion patterns have made
+composite functions whose weight is a parameter (``FuseOpsByPattern(bind_constants=False)``):
+a matmul in a composite called once, whose weight parameter is a constant at that call and
+read by that matmul alone, is rewritten too; the composite then takes the packed bf16 weight
+in that parameter's place.
+
+Declines (the module unchanged) on a target without AMX-BF16 (``has_amx_bf16``; the target
+given, else the current one; with neither, no rewrite), and for a weight that is not a float32
+constant (``bf16_matmul_declines`` says why for each matmul), or a row count that is not static
+(the tiles need one: ``_static_rows``). AVX512_BF16 alone is not enough:
+TVM 0.27 cannot feed ``vdpbf16ps`` a bf16 vector (``frontend/bf16_matmul.py``), so only AMX
+tiles compute the kernel fast; elsewhere it would run as float32 FMAs on widened bf16 loads
+under the generic rules, slower than the float32 kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.target import Target
+
+from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight
+from ..kernels.cpu_features import has_amx_bf16
+from .rebinding import rebind, vars_in
+
+MATMUL, PERMUTE_DIMS = "relax.matmul", "relax.permute_dims"
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Bf16Matmuls")
+class Bf16Matmuls:
+    """Matmuls by constant float32 weights as bf16 x bf16 -> float32 kernels (``target``
+    None: the current target)."""
+
+    def __init__(self, target: Target | None = None):
+        self.target = target
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = self.target or Target.current(allow_none=True)
+        if target is None or not has_amx_bf16(target):
+            return mod
+        rewriter = _Rewriter(mod)
+        composites = [(g, f) for g, f in mod.functions_items() if _is_composite(f)]
+        callers = [(g, f) for g, f in mod.functions_items() if isinstance(f, relax.Function) and not _is_composite(f)]
+        functions = {}
+        for gvar, func in composites + callers:  # composites first: their callers pass what they now take
+            functions[gvar] = rewriter.rewrite(gvar, func)
+        if not rewriter.changed:
+            return mod
+        built = rewriter.builder_.get()  # with the kernels' PrimFuncs and the rewritten composites
+        kept = {gvar: func for gvar, func in built.functions_items() if gvar not in rewriter.replaced}
+        kept.update({gvar: func for gvar, func in functions.items() if gvar not in rewriter.replaced})
+        return relax.transform.Normalize()(tvm.IRModule(kept, mod.attrs, mod.global_infos))
+
+
+def _is_composite(func) -> bool:
+    return isinstance(func, relax.Function) and bool(func.attrs) and "Composite" in func.attrs
+
+
+def _is_op(expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+def _weight_of(value: relax.Expr, bindings: dict) -> tuple[relax.Expr, bool] | None:
+    """The right operand of ``matmul(x, W)`` or ``matmul(x, permute_dims(W))`` (then True:
+    transposed); None for any other value."""
+    if not _is_op(value, MATMUL) or value.attrs.out_dtype not in (None, "", "void", "float32"):
+        return None
+    weight = bindings.get(value.args[1], value.args[1])
+    if _is_op(weight, PERMUTE_DIMS) and weight.args[0].ty.ndim == 2 and (
+            weight.attrs.axes is None or [int(a) for a in weight.attrs.axes] == [1, 0]):
+        return weight.args[0], True
+    return value.args[1], False
+
+
+def _static_rows(data: relax.Expr) -> bool:
+    """Whether the activation's leading axes are static: the AMX tiles need a known row count,
+    and the kernel without them is far slower than float32's (``frontend/bf16_matmul.py``)."""
+    return all(isinstance(d, tvm.tirx.IntImm) for d in data.ty.shape.values[:-1])
+
+
+def _single_calls(mod: tvm.IRModule) -> dict:
+    """Composite GlobalVar -> its call, for the composites called exactly once."""
+    calls: dict = {}
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: calls.setdefault(e.op, []).append(e) if isinstance(
+                e, relax.Call) and isinstance(e.op, tvm.ir.GlobalVar) else None)
+    return {gvar: found[0] for gvar, found in calls.items() if len(found) == 1}
+
+
+def _uses(func: relax.Function) -> dict:
+    """Variable -> how many bindings (and the function's result) read it."""
+    counts: dict = {}
+    reads = [binding.value for block in func.body.blocks for binding in block.bindings] + [func.body.body]
+    for value in reads:
+        for var in vars_in(value):
+            counts[var] = counts.get(var, 0) + 1
+    return counts
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    """One builder for the whole module: the kernels' PrimFuncs and the rewritten composites
+    are added to it as it goes (``rewrite`` per function, composites first)."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.calls = _single_calls(mod)
+        self.changed = False
+        self.packed_arguments: dict = {}  # composite GlobalVar -> {parameter index: packed constant}
+        self.replaced: dict = {}  # a rewritten composite's GlobalVar -> the new one (its type changed)
+
+    def rewrite(self, gvar: tvm.ir.GlobalVar, func: relax.Function) -> relax.Function:
+        """``func`` with its matmuls by constant weights as bf16 kernels, and its calls of
+        rewritten composites passing their packed weights."""
+        self.bindings: dict = {}
+        self.uses = _uses(func)
+        call = self.calls.get(gvar) if _is_composite(func) else None
+        self.param_constants = {} if call is None else {
+            param: arg for param, arg in zip(func.params, call.args) if isinstance(arg, tvm.ir.GenericConst)}
+        self.packed_params: dict = {}  # float32 weight parameter -> its packed bf16 replacement
+        self.packed_weights: dict = {}  # float32 weight parameter -> its packed array
+        self.rewrote = False
+        new = self.visit_expr(func)
+        if self.rewrote:
+            new = relax.analysis.remove_all_unused(new)  # the transposes the kernels no longer read
+        if self.packed_params:
+            params = [self.packed_params.get(p, p) for p in func.params]
+            new = relax.Function(params, new.body, new.ret_ty, new.is_pure, new.attrs)
+            self.packed_arguments[gvar] = {
+                i: relax.const(tvm.runtime.tensor(self.packed_weights[p])) for i, p in enumerate(func.params)
+                if p in self.packed_params}
+            self.replaced[gvar] = self.builder_.add_func(new, gvar.name_hint)
+        return new
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.GlobalVar) and call.op in self.replaced):
+            return call
+        packed = self.packed_arguments[call.op]
+        args = [packed.get(i, arg) for i, arg in enumerate(call.args)]
+        return relax.Call(self.replaced[call.op], args, call.attrs, call.ty_args)
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        self.bindings[binding.var] = binding.value
+        value = self.visit_expr(binding.value)
+        replaced = self._bf16(binding.value, value)
+        if replaced is not None and isinstance(binding.var, relax.DataflowVar):
+            self.set_var_remap(binding.var, replaced)  # no alias binding: FuseOps does not fuse through one
+        else:
+            self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value if replaced is None else replaced))
+
+    def _bf16(self, original: relax.Expr, value: relax.Expr) -> relax.Expr | None:
+        found = _weight_of(original, self.bindings)
+        if found is None:
+            return None
+        weight_expr, transposed = found
+        is_param = weight_expr in self.param_constants
+        if is_param and (self.uses.get(weight_expr) != 1 or (transposed and self.uses.get(original.args[1]) != 1)):
+            return None  # the parameter (or its transpose) is read elsewhere too: it must stay float32
+        constant = self.param_constants[weight_expr] if is_param else weight_expr
+        if not isinstance(constant, tvm.ir.GenericConst):
+            return None
+        weight = constant.value.numpy()
+        weight = np.ascontiguousarray(weight.T) if transposed else weight
+        if bf16_matmul_declines(value.args[0], weight) is not None or not _static_rows(value.args[0]):
+            return None
+        packed = None
+        if is_param:  # the composite's caller passes the packed weight in this parameter's place
+            array = pack_weight(weight)
+            packed = relax.Var(f"{weight_expr.name}_bf16", relax.TensorType(array.shape, str(array.dtype)))
+            self.packed_params[weight_expr] = packed
+            self.packed_weights[weight_expr] = array
+        self.changed = self.rewrote = True
+        return emit_bf16_matmul(self.builder_, value.args[0], weight, packed)

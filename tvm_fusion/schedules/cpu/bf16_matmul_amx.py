@@ -1,0 +1,52 @@
+"""bf16 x bf16 -> float32 matmul (``frontend/bf16_matmul.py``) on AMX tiles (``tdpbf16ps``).
+
+``tdpbf16ps C, A, B`` adds, to each float32 of a 16 x 16 C tile, the 2 bf16 products of 16
+pairs of consecutive k (32 k per 64-byte tile row): the kernel's packed weight
+``[N/16, K/2, 16, 2]`` is its B tile as it is, and the kernel's prologue (the float32
+activation rounded to bf16, K padded to even) writes the A rows. One ``tdpbf16ps`` is
+16 x 16 x 32 multiply-adds, 16 times a ``vdpbf16ps`` and 32 times a float32 FMA on AVX-512.
+The tiles, their configuration and the row tiling are ``amx_tiles``'s, shared with
+``Int8MatmulAmx``; the float32 epilogue (bias, activation, residual add) runs on each tile.
+
+Any row count from 1 takes tiles: a one-row tile still does 512 multiply-adds per
+instruction, and there is no bf16 register kernel to leave few rows to (TVM 0.27 cannot
+feed ``vdpbf16ps``: ``frontend/bf16_matmul.py``). Declines on a target without AMX-BF16,
+for a symbolic row count and for a batched sum with a prime M past 16 (``amx_tiles``): the
+kernel then runs as written (each bf16 widened to float32 by a shift) under the generic rules,
+which is why ``Bf16Matmuls`` rewrites only for AMX-BF16 targets.
+"""
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from ...frontend.bf16_matmul import DEPTH_BLOCK, KERNEL_NAME, bf16_value
+from ...kernels.blocks import is_cpu_kernel, only_reduction
+from ...kernels.cpu_features import has_amx_bf16
+from .amx_tiles import TileProduct, schedule_tiles
+from .int8_sum import is_packed_sum
+
+# The operands are bf16 bits in uint16 tensors (frontend/bf16_matmul.py says why).
+BF16_TILES = TileProduct("bf16f32", "llvm.x86.tdpbf16ps", ("uint16", "uint16"), "float32", DEPTH_BLOCK,
+                         lambda a, b: bf16_value(a) * bf16_value(b), min_rows=1)
+
+
+def is_bf16_sum(block: s_tir.SBlock) -> bool:
+    """The sum of ``bf16_matmul.py``'s kernel."""
+    return is_packed_sum(block, KERNEL_NAME, BF16_TILES.operand_dtypes, "float32", DEPTH_BLOCK)
+
+
+class Bf16MatmulAmx(ScheduleRule):
+    """C[m, n] = sum_k f32(A[m, k]) * f32(W[n/16, k/2, n%16, k%2]), bf16 operands, as AMX tiles
+    (``tdpbf16ps``), its element-wise epilogue computed per tile. Declines on a target without
+    AMX-BF16, for a symbolic row count, and for any other kernel."""
+
+    runs_before = ("MatmulEpilogue", "MatmulMultiOutput", "Attention")
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not is_cpu_kernel(func, target) or not has_amx_bf16(target):
+            return None
+        kernel = only_reduction(s_tir.Schedule(func))
+        if kernel is None or not is_bf16_sum(kernel.stmt):
+            return None
+        return schedule_tiles(kernel, BF16_TILES)
