@@ -21,6 +21,7 @@ def test_openvino_compiles_f32_latency_unpinned_at_the_given_threads(mlp_path):
     assert str(runner.compiled.get_property("PERFORMANCE_HINT")) == "LATENCY"
     assert runner.compiled.get_property("INFERENCE_NUM_THREADS") == 1
     assert runner.compiled.get_property("ENABLE_CPU_PINNING") is False
+    assert runner.compiled.get_property(peers.DYNAMIC_QUANTIZATION) == 0  # no int8 under the f32 label
     runner.run()
     reference = reference_outputs(onnx.load(mlp_path), {"x": x})
     produced = runner.outputs(reference)
@@ -41,7 +42,9 @@ def test_openvino_default_precision_is_left_to_it_and_read_back(mlp_path):
     x = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
     runner = peers.OpenVinoRunner(mlp_path, {"x": x}, threads=1, precision=None)
     chose = runner.compiled.get_property("INFERENCE_PRECISION_HINT")
-    assert runner.precision == chose.to_string()
+    assert runner.precision.split()[0] == chose.to_string()
+    group = runner.compiled.get_property(peers.DYNAMIC_QUANTIZATION)
+    assert (f"groups of {group}" in runner.precision) == bool(group)
     assert chose == ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")  # the plugin's default
     assert str(runner.compiled.get_property("PERFORMANCE_HINT")) == "LATENCY"
     assert runner.compiled.get_property("ENABLE_CPU_PINNING") is False
@@ -73,7 +76,7 @@ def test_bench_reports_both_openvino_rows_with_their_errors(tmp_path, config_pat
     assert rows == {"openvino", "openvino_default"} and rows <= set(report.medians_ms)
     assert all(len(report.samples_ms[name]) == 2 for name in rows)  # medians of the same interleaved rounds
     chose = report.peer_precision
-    assert chose["openvino"] == "f32" and chose["openvino_default"] in ("bf16", "f16", "f32")
+    assert chose["openvino"] == "f32" and chose["openvino_default"].split()[0] in ("bf16", "f16", "f32")
     assert report.max_abs_error["openvino"] <= 1e-4 and report.max_rel_error["openvino"] <= 1e-4
     assert abs(1 - report.cosine_similarity["openvino"]) <= 1e-6
     for metric in (report.max_abs_error, report.max_rel_error, report.cosine_similarity):

@@ -45,13 +45,18 @@ def _import_openvino():
 # f32 is like-for-like with the other runners; the default (bf16 on CPUs with AVX512_BF16 or AMX)
 # is what a user who installs OpenVINO and sets nothing gets, at the error it brings.
 OPENVINO_ROWS = (("openvino", "f32"), ("openvino_default", None))
+# OpenVINO's CPU plugin quantizes a fully connected layer's activations to int8 at run time, in
+# groups of this many, even under an f32 precision hint (its default): a transformer's outputs
+# then differ from float32 by 1e-1, not 1e-6. The f32 row turns it off, as like-for-like needs.
+DYNAMIC_QUANTIZATION = "DYNAMIC_QUANTIZATION_GROUP_SIZE"
 
 
 class OpenVinoRunner:
     """The ONNX file compiled by OpenVINO's CPU plugin at the run shapes: at ``precision`` (an
     OpenVINO type name, ``"f32"``; None leaves its default), latency mode, the config's threads,
     no CPU pinning (as ORT's spinning is off: so that it leaves the other runners' cores alone).
-    ``self.precision`` is the inference precision the compiled model reports it chose.
+    ``self.precision`` is the inference precision the compiled model reports it chose, and its
+    run-time int8 quantization of fully connected layers where that is on (f32 turns it off).
 
     ``run()`` is what is timed: one synchronous inference on inputs set once, as the TVM runners'
     tensors are prepared once.
@@ -69,6 +74,7 @@ class OpenVinoRunner:
                   hints.enable_cpu_pinning: False}
         if precision is not None:
             config[hints.inference_precision] = getattr(ov.Type, precision)
+            config[DYNAMIC_QUANTIZATION] = 0
         try:
             core = ov.Core()
             model = core.read_model(str(model_path))
@@ -76,6 +82,9 @@ class OpenVinoRunner:
             model.reshape({name: list(value.shape) for name, value in inputs.items()})
             self.compiled = core.compile_model(model, "CPU", config)
             self.precision = self.compiled.get_property(hints.inference_precision).to_string()
+            group = int(self.compiled.get_property(DYNAMIC_QUANTIZATION))
+            if group:
+                self.precision += f" with int8 fully connected inputs (groups of {group})"
         except RuntimeError as err:  # OpenVINO raises RuntimeError (or a subclass) for all of these
             # Its messages open with a source location; the reason comes after it, on later lines.
             raise ModelError(f"OpenVINO cannot compile {model_path}: {' '.join(str(err).split())[:400]}",
