@@ -283,3 +283,36 @@ def test_symbolic_height_and_width_rewrite_and_match_at_every_size():
                                        [(1, 1), (3, 17), (40, 9)])
     assert report.fired["group_norm"] == 1
     assert list(log.values()) == ["GroupNorm"]
+
+
+# The standard ONNX op -------------------------------------------------------------------------
+
+def onnx_group_norm_model(opset: int, silu: bool = False, shape=(2, 12, 5, 7), groups=4) -> onnx.ModelProto:
+    """One GroupNormalization node: scale and bias per group at opsets 18-20, per channel from 21."""
+    rng = np.random.default_rng(1)
+    affine = groups if opset < 21 else shape[1]
+    nodes = [helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["norm_out" if silu else "y"],
+                              num_groups=groups, epsilon=1e-5)]
+    if silu:
+        nodes += [helper.make_node("Sigmoid", ["norm_out"], ["gate"]), helper.make_node("Mul", ["norm_out", "gate"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "group_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        [numpy_helper.from_array(rng.normal(1, 0.3, affine).astype(np.float32), "scale"),
+         numpy_helper.from_array(rng.normal(0, 0.3, affine).astype(np.float32), "bias")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+@pytest.mark.parametrize("silu", [False, True])
+def test_onnx_group_normalization_is_one_kernel_matching_onnxruntime(tmp_path, opset, silu):
+    """Opset 18's per-group scale included, which onnx's checker calls deprecated (ONNX Runtime
+    runs it as its spec says): the model loads, unchanged, and compiles to one GroupNorm kernel."""
+    model = onnx_group_norm_model(opset, silu)
+    onnx.save(model, tmp_path / "group_norm.onnx")
+    prepared = api.prepare(tmp_path / "group_norm.onnx", load_config(), None)
+    assert prepared.onnx_model == model  # the checker's view of it was put back
+    optimized = api.optimize(prepared)
+    assert list(optimized.schedule_rules.values()) == ["GroupNorm"]
+    inputs = random_inputs(prepared.onnx_model, prepared.inputs, seed=0)
+    assert_fused_matches_references(model, prepared, optimized, inputs, rtol=RTOL, atol=ATOL)

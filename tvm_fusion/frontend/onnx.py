@@ -12,6 +12,7 @@ public names are importable from here too (``__all__``).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -57,12 +58,44 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
                          "pass a .onnx file written by an ONNX exporter")
     _check_opset(model, path)
     try:
-        onnx.checker.check_model(model)
+        with _deprecated_ops_hidden(model):
+            onnx.checker.check_model(model)
     except onnx.checker.ValidationError as err:
         first_line = str(err).strip().splitlines()[0]
         raise ModelError(f"{path} is not a valid ONNX model: {first_line}",
                          "re-export the model; onnx.checker.check_model must pass") from err
     return model
+
+
+# Ops the checker refuses at some opsets as deprecated, that ONNX Runtime and TVM's importer
+# still run there as the spec defined them: GroupNormalization 18-20 (scale and bias per group,
+# replaced at 21 by per channel). Exporters wrote them, so models with them are real.
+_RUN_THOUGH_DEPRECATED = {"GroupNormalization": range(18, 21)}
+_UNCHECKED_DOMAIN = "tvm_fusion.unchecked"
+
+
+@contextlib.contextmanager
+def _deprecated_ops_hidden(model: onnx.ModelProto):
+    """The model, for the checker, with each ``_RUN_THOUGH_DEPRECATED`` node at such an opset in
+    a domain it does not check (changed in place, put back after: no copy of the weights)."""
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    hidden = [node for node in model.graph.node if node.domain in ("", "ai.onnx")
+              and opset in _RUN_THOUGH_DEPRECATED.get(node.op_type, ())]
+    domains = [node.domain if node.HasField("domain") else None for node in hidden]
+    for node in hidden:
+        node.domain = _UNCHECKED_DOMAIN
+    if hidden:
+        model.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED_DOMAIN, 1))
+    try:
+        yield model
+    finally:
+        for node, domain in zip(hidden, domains):
+            if domain is None:
+                node.ClearField("domain")
+            else:
+                node.domain = domain
+        if hidden:
+            del model.opset_import[len(model.opset_import) - 1]
 
 
 def _check_opset(model: onnx.ModelProto, path: Path) -> None:
