@@ -189,6 +189,7 @@ def render_zoo(data) -> str:
     # OpenVINO at its default precision (and both rows' errors) where the file has them: runs before
     # zoo_report.py timed it have no such columns.
     default = any("openvino_default_ms" in m for m in data["models"])
+    bf16 = any("ours_bf16_ms" in m for m in data["models"])  # a --precision bf16 run
     rows, own = [], []
     for m in data["models"]:
         name = m["model"] + (" *" if "machine" in m else "")
@@ -206,15 +207,24 @@ def render_zoo(data) -> str:
                      *([_openvino_default_ms(m), _ratio(m.get("ratio_to_openvino_default")),
                         f"{_err(m.get('openvino_max_abs_error'))} / {_err(m.get('openvino_default_max_abs_error'))}"]
                        if default else []),
-                     _compile_cost(m)])
+                     *(_bf16_cells(m) if bf16 else []), _compile_cost(m)])
     text = table(["model", "exporter", "inputs", "compiles", "max abs err vs ORT",
                   "coverage (targeted chains / compute nodes)", "kernels (ours / stock)", "ORT ms", "ours ms",
                   "ours / ORT", "OpenVINO f32 ms", "ours / OpenVINO",
                   *(["OpenVINO default ms (precision)", "ours / OpenVINO default",
                      "OpenVINO max abs err vs ORT (f32 / default)"] if default else []),
+                  *(["ours bf16 ms", "bf16 / f32", "bf16 / OpenVINO default", "bf16 max abs err vs ORT",
+                     "bf16 kernels"] if bf16 else []),
                   "compile s, peak RSS MB (budget)"], rows)
     notes = [data["note"]] if isinstance(data, dict) and data.get("note") else []
     return text + ("\n\n" + " ".join(own) if own else "") + ("\n\n" + " ".join(notes) if notes else "")
+
+
+def _bf16_cells(m: dict) -> list[str]:
+    """Our bf16 build beside our float32 one and OpenVINO's default (zoo_report.py --precision bf16)."""
+    return [_ms(m.get("ours_bf16_ms")), _ratio(m.get("ratio_bf16_to_f32")),
+            _ratio(m.get("ratio_bf16_to_openvino_default")), _err(m.get("bf16_max_abs_error")),
+            str(m.get("bf16_kernels", "-"))]
 
 
 def _openvino_default_ms(m: dict) -> str:

@@ -12,9 +12,11 @@ compile over its memory budget.
 
 Usage (from the repository root)::
 
-    .venv/bin/python scripts/zoo_report.py [--only NAME ...] [--repeat 20] [--timeout 900]
+    .venv/bin/python scripts/zoo_report.py [--only NAME ...] [--repeat 20] [--timeout 900] [--precision bf16]
 
-``--repeat 0`` skips the timings: compile, memory and coverage only.
+``--repeat 0`` skips the timings: compile, memory and coverage only. ``--precision bf16`` (a host
+with AMX-BF16) also times our bf16 build in the same rounds: its time, its ratio to our float32,
+its error against ONNX Runtime float32 and its bf16 kernel count, beside OpenVINO's default.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tvm_fusion.commands import zoo  # noqa: E402
-from tvm_fusion.config import host_cpu_name  # noqa: E402
+from tvm_fusion.config import host_cpu_name, load_config  # noqa: E402
+from tvm_fusion.kernels.cpu_features import has_amx_bf16  # noqa: E402
 from tvm_fusion.report import write_json  # noqa: E402
 from isolated import run_in_worker  # noqa: E402  (scripts/isolated.py)
 
 
-def measure(name: str, repeat: int, out_dir: str, queue) -> None:
+def measure(name: str, repeat: int, out_dir: str, precision: str, queue) -> None:
     """Compile (verifying against ONNX Runtime), inspect and bench one model; put a dict on ``queue``."""
     from tvm_fusion import api
     from tvm_fusion.errors import ModelError, TvmFusionError
@@ -74,7 +77,7 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
                    fired=dict(inspected.report.fired))
         try:
             if repeat > 0:
-                row.update(timings(path, model.input_shapes, repeat, installed_peers()))
+                row.update(timings(path, model.input_shapes, repeat, installed_peers(), precision))
         except ModelError as err:
             if "OpenVINO" not in err.message:
                 raise
@@ -91,16 +94,18 @@ def measure(name: str, repeat: int, out_dir: str, queue) -> None:
     queue.put(row)
 
 
-def timings(path, input_shapes, repeat: int, peers: list[str]) -> dict:
+def timings(path, input_shapes, repeat: int, peers: list[str], precision: str = "float32") -> dict:
     """Medians of ORT, ours and the peers, interleaved in one process; each OpenVINO row (f32,
-    its default) with the precision it ran at and its error against ONNX Runtime float32."""
+    its default) with the precision it ran at and its error against ONNX Runtime float32; at
+    bf16, our bf16 row too (bf16_timings)."""
     from tvm_fusion import api
     from tvm_fusion.commands.peers import OPENVINO_ROWS
 
-    bench = api.bench_model(path, None, list(input_shapes), repeat=repeat, include_stock=False, peers=peers)
+    bench = api.bench_model(path, None, list(input_shapes), repeat=repeat, include_stock=False, peers=peers,
+                            precision=precision)
     medians = bench.medians_ms
     found = dict(ort_ms=round(medians["onnxruntime"], 3), ours_ms=round(medians["tvm_fusion"], 3),
-                 ratio_to_ort=round(bench.ratios()["tvm_fusion"], 3))
+                 ratio_to_ort=round(bench.ratios()["tvm_fusion"], 3), load_average=bench.load_average)
     for row in (name for name, _ in OPENVINO_ROWS if name in medians):
         found.update({f"{row}_ms": round(medians[row], 3),
                       f"ratio_to_{row}": round(medians["tvm_fusion"] / medians[row], 3),
@@ -108,20 +113,35 @@ def timings(path, input_shapes, repeat: int, peers: list[str]) -> dict:
                       f"{row}_max_abs_error": bench.max_abs_error[row],
                       f"{row}_max_rel_error": bench.max_rel_error[row],
                       f"{row}_cosine_similarity": bench.cosine_similarity[row]})
+    return found | bf16_timings(bench)
+
+
+def bf16_timings(bench) -> dict:
+    """Our bf16 row beside our float32 one and OpenVINO's default: what bf16 gains, and what it
+    costs in error against ONNX Runtime float32 next to what OpenVINO's default costs."""
+    medians = bench.medians_ms
+    if "tvm_fusion_bf16" not in medians:
+        return {}
+    bf16 = medians["tvm_fusion_bf16"]
+    found = dict(ours_bf16_ms=round(bf16, 3), ratio_bf16_to_f32=round(bf16 / medians["tvm_fusion"], 3),
+                 bf16_kernels=len(bench.bf16_kernels), bf16_max_abs_error=bench.max_abs_error["tvm_fusion_bf16"],
+                 bf16_cosine_similarity=bench.cosine_similarity["tvm_fusion_bf16"])
+    if "openvino_default" in medians:
+        found["ratio_bf16_to_openvino_default"] = round(bf16 / medians["openvino_default"], 3)
     return found
 
 
-def time_without_peers(name: str, repeat: int, queue) -> None:
+def time_without_peers(name: str, repeat: int, precision: str, queue) -> None:
     model = zoo.load_manifest()[name]
-    queue.put(timings(zoo.model_path(name), model.input_shapes, repeat, []))
+    queue.put(timings(zoo.model_path(name), model.input_shapes, repeat, [], precision))
 
 
-def run_one(name: str, repeat: int, timeout: float, out_dir: str) -> dict:
-    row, failure = run_in_worker(measure, (name, repeat, out_dir), timeout)
+def run_one(name: str, repeat: int, timeout: float, out_dir: str, precision: str = "float32") -> dict:
+    row, failure = run_in_worker(measure, (name, repeat, out_dir, precision), timeout)
     if failure is not None:
         return {"model": name, "compiles": False, "error": failure}
     if "openvino_error" in row and repeat > 0:
-        timed, failure = run_in_worker(time_without_peers, (name, repeat), timeout)
+        timed, failure = run_in_worker(time_without_peers, (name, repeat, precision), timeout)
         row.update(timed or {"error": f"timing: {failure}"})
     return row
 
@@ -148,14 +168,17 @@ def failures(rows: list[dict]) -> list[str]:
 
 
 def markdown(rows: list[dict]) -> str:
+    bf16 = any("ours_bf16_ms" in r for r in rows)  # a --precision bf16 run: our bf16 build's column
     lines = ["| model | exporter | compiles | max abs err vs ORT | coverage (targeted chains / compute nodes) "
              "| kernels (ours / stock) | ms (ORT / ours, ratio) | ms OpenVINO f32 (ours / it) "
              "| ms OpenVINO default (precision; ours / it) | OpenVINO max abs err vs ORT (f32 / default) "
-             "| compile s, peak MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             + ("| ours bf16 ms (bf16 / f32; bf16 kernels; max abs err vs ORT) " if bf16 else "")
+             + "| compile s, peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if bf16 else "")]
     for r in rows:
         if not r.get("compiles"):
-            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | | | | | |")
+            lines.append(f"| {r['model']} | {r.get('exporter', '')} | no: {r.get('error', '')[:90]} | | | | | | | | |"
+                         + (" |" if bf16 else ""))
             continue
         coverage = (f"{r['targeted_share']:.0%} / {r['compute_share']:.0%}" if "targeted_share" in r else "")
         kernels = f"{r['kernels']} / {r['stock_kernels']}" if "kernels" in r else ""
@@ -167,9 +190,12 @@ def markdown(rows: list[dict]) -> str:
         openvino_error = (f"{r['openvino_max_abs_error']:.1e} / {r['openvino_default_max_abs_error']:.1e}"
                           if "openvino_default_max_abs_error" in r else "")
         memory = f"{r.get('compile_s', '')} s, {r.get('compile_peak_rss_mb', '')} MB"
+        ours_bf16 = ([f"{r['ours_bf16_ms']} ({r['ratio_bf16_to_f32']:.2f}x; {r['bf16_kernels']}; "
+                      f"{r['bf16_max_abs_error']:.1e})" if "ours_bf16_ms" in r else ""] if bf16 else [])
         shaky = f" (ill-conditioned: {', '.join(r['ill_conditioned'])})" if r.get("ill_conditioned") else ""
         lines.append(f"| {r['model']} | {r['exporter']} | yes | {r['max_abs_error']:.1e}{shaky} | {coverage} "
-                     f"| {kernels} | {timing} | {openvino} | {default} | {openvino_error} | {memory} |")
+                     f"| {kernels} | {timing} | {openvino} | {default} | {openvino_error} | "
+                     + "".join(f"{cell} | " for cell in ours_bf16) + f"{memory} |")
     return "\n".join(lines)
 
 
@@ -180,7 +206,15 @@ def main(argv: list[str] | None = None) -> int:
                         "memory and coverage only)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per model (default 900)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "zoo.json"))
+    parser.add_argument("--precision", choices=["float32", "bf16"], default="float32",
+                        help="bf16: also time our bf16 build (matmuls by constant weights on AMX-BF16) beside "
+                             "our float32 one; needs a host with AMX-BF16")
+    parser.add_argument("--note", help="a sentence the docs print under the table: how the run went (what else "
+                        "shared the machine)")
     args = parser.parse_args(argv)
+    if args.precision == "bf16" and not has_amx_bf16(load_config().tvm_target()):
+        parser.error(f"--precision bf16 needs a host CPU with AMX-BF16 (amx-bf16); this one ({host_cpu_name()}) "
+                     "lacks it: the bf16 kernels are AMX tiles (docs/precision.md)")
     models = zoo.load_manifest()
     names = args.only or list(models)
     unknown = [n for n in names if n not in models]
@@ -191,11 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = str(ROOT / "build" / "zoo")
     for name in names:
         print(f"[zoo] {name}", file=sys.stderr, flush=True)
-        rows.append(run_one(name, args.repeat, args.timeout, out_dir))
+        rows.append(run_one(name, args.repeat, args.timeout, out_dir, args.precision))
         print(f"[zoo] {name}: {json.dumps({k: v for k, v in rows[-1].items() if k not in ('unfused', 'fired', 'traceback')})}",
               file=sys.stderr, flush=True)
     machine = {"cpu": host_cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()}
-    write_json(args.json, {"date": time.strftime("%Y-%m-%d"), "machine": machine, "models": rows})
+    write_json(args.json, {"date": time.strftime("%Y-%m-%d"), "machine": machine, "precision": args.precision,
+                           **({"note": args.note} if args.note else {}), "models": rows})
     print(markdown(rows))
     problems = failures(rows)
     for line in problems:

@@ -7,7 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tvm_fusion.accuracy.bf16_gate import Bf16Tolerance, check_bf16, classifier_outputs, compare_bf16, format_bf16
+from tvm_fusion.accuracy.bf16_gate import (Bf16Tolerance, check_bf16, classifier_outputs, compare_bf16,
+                                           compare_bf16_matmul, format_bf16)
 from tvm_fusion.errors import VerificationError
 
 TOLERANCE = Bf16Tolerance()
@@ -107,3 +108,25 @@ def test_a_failing_output_raises_with_the_table_and_the_way_out():
     assert format_bf16(results, TOLERANCE) in info.value.message
     assert "--precision float32" in info.value.hint and "bf16_min_cosine" in info.value.hint
     assert info.value.failures == ["y: 4 of 4 elements outside; cosine -1.0000000 < 0.999"]
+
+
+def zero_sum_columns(rng, shape=(64, 32)) -> np.ndarray:
+    raw = rng.standard_normal(shape)
+    return (raw - raw.mean(axis=0)).astype(np.float32)
+
+
+def test_a_matmul_on_centered_activations_passes_alone():
+    """Independent activations: bf16 rounding errs by about u of the output, whatever the weight."""
+    rng = np.random.default_rng(0)
+    result = compare_bf16_matmul("m", rng.standard_normal((8, 64)).astype(np.float32), zero_sum_columns(rng), TOLERANCE)
+    assert result.passed and result.cosine > 0.9999 and result.top1_agreement is None
+
+
+def test_a_matmul_whose_activation_cancels_against_its_weight_fails_alone():
+    """A large common part of the activation (an offset) meets weight columns summing to zero: the
+    float32 product is the small remainder, which bf16's rounding of the operands swamps."""
+    rng = np.random.default_rng(0)
+    shifted = (rng.standard_normal((2, 4, 64)) + 1000.0).astype(np.float32)
+    result = compare_bf16_matmul("m", shifted, zero_sum_columns(rng), TOLERANCE)
+    assert not result.passed and result.cosine < 0.9 and "cosine" in result.note
+    assert result.name == "m"

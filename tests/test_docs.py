@@ -306,6 +306,19 @@ def test_zoo_and_cnn_tables_carry_openvino_default_precision_where_measured():
     assert "| 0.500 (bf16) | 1.0e-06 / 3.0e-03 |" in cnn[2]
 
 
+def test_the_zoo_table_carries_our_bf16_columns_only_where_measured():
+    """A ``zoo_report.py --precision bf16`` file gets our bf16 time, its ratios to our float32
+    and to OpenVINO's default, its error and its bf16 kernel count; other files keep their columns."""
+    model = {"model": "bert", "compiles": True, "ours_ms": 3.4, "ours_bf16_ms": 2.1, "ratio_bf16_to_f32": 0.62,
+             "ratio_bf16_to_openvino_default": 1.75, "bf16_max_abs_error": 4.2e-2, "bf16_kernels": 3}
+    zoo = gen_docs.render_zoo({"models": [model, {"model": "old", "compiles": True}]}).splitlines()
+    assert ("| ours bf16 ms | bf16 / f32 | bf16 / OpenVINO default | bf16 max abs err vs ORT | bf16 kernels |"
+            in zoo[0])
+    assert "| 2.100 | 0.62x | 1.75x | 4.2e-02 | 3 |" in zoo[2] and "| - | - | - | - | - |" in zoo[3]
+    assert len({line.count("|") for line in zoo}) == 1
+    assert "bf16" not in gen_docs.render_zoo({"models": [{"model": "old", "compiles": True, "ours_ms": 3.4}]})
+
+
 def test_readme_headline_table_is_fresh():
     text = README.read_text()
     assert gen_docs.readme_with_headline(text) == text, "run: python scripts/gen_docs.py --readme"

@@ -10,7 +10,7 @@ from tvm import te
 
 from tvm_fusion import api
 from tvm_fusion.commands.profile.report import KernelProfile
-from tvm_fusion.kernels.costs import has_contraction
+from tvm_fusion.kernels.costs import has_contraction, kernel_costs
 
 
 def _prim_func(compute):
@@ -63,6 +63,36 @@ def test_compile_and_inspect_name_a_contraction_left_to_a_generic_rule(tmp_path,
     assert [k.kernel for k in inspected.generic_kernels] == [kernel["kernel"]]
 
 
+def _reduced_model(axes: list[int] | None) -> onnx.ModelProto:
+    """y = x @ w + ReduceMax(|x|) (over everything, or the given axes): the reduction does most of
+    the float work the guard counts."""
+    node = helper.make_node
+    nodes = [node("Abs", ["x"], ["a"]), node("Sin", ["a"], ["s"]),
+             node("ReduceMax", ["s"] + (["axes"] if axes is not None else []), ["m"], keepdims=1),
+             node("MatMul", ["x", "w"], ["xw"]), node("Add", ["xw", "m"], ["y"])]
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [256, 1], np.ones(256, np.float32))]
+    if axes is not None:
+        inits.append(helper.make_tensor("axes", TensorProto.INT64, [len(axes)], axes))
+    graph = helper.make_graph(nodes, "reduced", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_tensor_reduced_to_one_value_is_reductions_own_but_a_heavy_row_reduction_is_named(tmp_path, config_path):
+    """A whole tensor's max (quantization's min and max) has its proper rule in Reduction; the same
+    work reduced per row is a kernel the guard names."""
+    found = {}
+    for name, axes in (("whole", None), ("rows", [1])):
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(_reduced_model(axes), path)
+        inspected = api.inspect_model(path, config_path())
+        found[name] = [(k.rule, k.contraction) for k in inspected.generic_kernels]
+    assert found["whole"] == []
+    assert found["rows"] and all(not contraction for _, contraction in found["rows"])
+
+
 def test_a_model_whose_kernels_all_have_their_rules_reports_none(mlp_build):
     assert mlp_build.metadata["generic_kernels"] == []
 
@@ -77,3 +107,17 @@ def test_profile_marks_a_slow_kernel_that_takes_real_time():
     assert not _kernel(roof_percent=4.0, share=0.01).far_off_roof  # far off, but it hardly matters
     assert not _kernel(roof_percent=40.0, share=0.5).far_off_roof
     assert np.isfinite(_kernel(4.0, 0.2).total_us)
+
+
+def test_an_int8_matmul_is_work_in_the_guards_shares_though_no_flops():
+    """Integer products count where the guard weighs a kernel's share (an int8 model's LSTM
+    products are most of its work), never as FLOPs for the roofline."""
+    def int8_matmul():
+        a, b = te.placeholder((4, 8), "uint8", name="a"), te.placeholder((8, 3), "int8", name="b")
+        k = te.reduce_axis((0, 8), name="k")
+        return [a, b, te.compute((4, 3), lambda i, j: te.sum(a[i, k].astype("int32") * b[k, j].astype("int32"),
+                                                              axis=k))]
+
+    func = _prim_func(int8_matmul)
+    assert kernel_costs(func)[0] == 0
+    assert kernel_costs(func, integers=True)[0] == 2 * 4 * 3 * 8

@@ -14,6 +14,8 @@ import tvm
 import tvm_fusion
 from tvm_fusion import api, cli
 from tvm_fusion.cli.parser import build_parser
+from tvm_fusion.commands import compile as compile_command
+from tvm_fusion.commands.bf16_kernels import Bf16KernelGate
 from tvm_fusion.config import load_config, parse_config, with_precision
 from tvm_fusion.errors import ConfigError, TvmFusionError
 from tvm_fusion.kernels.cpu_features import has_amx_bf16
@@ -95,8 +97,8 @@ def test_precision_flag_parses(command):
         parser.parse_args([command, "m.onnx", "--precision", "fp16"])
 
 
-def test_the_saved_config_keeps_the_precision():
-    cfg = config_for(BF16_CPU, "bf16")
+def test_the_saved_config_keeps_the_precision_and_the_declined_matmuls():
+    cfg = dataclasses.replace(config_for(BF16_CPU, "bf16"), bf16_declined=("onnx2",))
     assert config_from_json(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg
 
 
@@ -140,13 +142,31 @@ def test_the_bf16_artifact_runs_its_own_numbers(bf16_and_float32):
     assert ours.dtype == np.float32 and 0 < np.abs(ours - reference).max() < 0.1
 
 
-def test_auto_builds_float32_where_bf16_fails_the_gate(tmp_path, mlp_path):
+def exact_config(tmp_path):
+    config = helpers.write_config(tmp_path / "exact.toml", "default")
+    # A cosine of exactly 1: no bf16 build of this model, nor any matmul of it alone, reaches it.
+    config.write_text(config.read_text().replace("seed = 0", "seed = 0\nbf16_min_cosine = 1.0"))
+    return config
+
+
+def test_auto_keeps_each_matmul_float32_that_fails_the_gate_alone(tmp_path, mlp_path):
     if not HOST_HAS_BF16:
         pytest.skip("the host CPU lacks AMX-BF16: auto builds float32 without trying bf16")
-    config = helpers.write_config(tmp_path / "exact.toml", "default")
-    # A cosine of exactly 1: no bf16 build of this model reaches it.
-    config.write_text(config.read_text().replace("seed = 0", "seed = 0\nbf16_min_cosine = 1.0"))
-    result = api.compile_model(mlp_path, config, [MLP_SHAPE], tmp_path / "build", precision="auto")
+    result = api.compile_model(mlp_path, exact_config(tmp_path), [MLP_SHAPE], tmp_path / "build", precision="auto")
+    meta = result.metadata
+    assert meta["precision"] == "float32" and meta["built_from"]["config"]["precision"] == "auto"
+    gate = meta["bf16_gate_per_kernel"]
+    assert gate["judged"] == 2 and len(gate["declined"]) == 2 and not meta["bf16_kernels"]
+    assert "precision_fallback" not in meta  # declined per kernel: no whole-model rebuild
+
+
+def test_auto_builds_float32_where_bf16_fails_the_gate(tmp_path, mlp_path, monkeypatch):
+    """The last resort: outputs that fail the gate though no matmul was declined alone (here the
+    per-kernel gate is skipped, as for a matmul it cannot judge) rebuild the model in float32."""
+    if not HOST_HAS_BF16:
+        pytest.skip("the host CPU lacks AMX-BF16: auto builds float32 without trying bf16")
+    monkeypatch.setattr(compile_command, "judge_bf16_kernels", lambda *_args: Bf16KernelGate())
+    result = api.compile_model(mlp_path, exact_config(tmp_path), [MLP_SHAPE], tmp_path / "build", precision="auto")
     meta = result.metadata
     assert meta["precision"] == "float32" and meta["built_from"]["config"]["precision"] == "float32"
     assert meta["precision_fallback"]["reason"].startswith("bf16 failed the accuracy gate (y: cosine ")

@@ -81,3 +81,36 @@ def test_the_table_sets_openvino_at_f32_beside_its_default_precision(zoo_report)
     assert len({line.count("|") for line in lines.splitlines()}) == 1  # every row has every column
     assert "| 3.4 (1.01x) | 1.2 (bf16; 2.79x) | 1.2e-06 / 2.9e-03 |" in lines.splitlines()[2]
     assert "|  |  |" in lines.splitlines()[3]
+
+
+def test_a_bf16_run_records_our_bf16_row_beside_float32_and_openvino_default(zoo_report):
+    """bf16_timings: our bf16 time, its ratios to our float32 and to OpenVINO's default, its error
+    against ONNX Runtime float32 and its bf16 kernel count; nothing for a float32 bench."""
+    class Bench:
+        medians_ms = {"onnxruntime": 8.0, "tvm_fusion": 4.0, "tvm_fusion_bf16": 3.0, "openvino_default": 2.0}
+        bf16_kernels = ["fused_matmul_add", "fused_matmul_gelu"]
+        max_abs_error = {"tvm_fusion": 1e-6, "tvm_fusion_bf16": 3e-2}
+        cosine_similarity = {"tvm_fusion": 1.0, "tvm_fusion_bf16": 0.9999}
+
+    assert zoo_report.bf16_timings(Bench()) == {
+        "ours_bf16_ms": 3.0, "ratio_bf16_to_f32": 0.75, "bf16_kernels": 2, "bf16_max_abs_error": 3e-2,
+        "bf16_cosine_similarity": 0.9999, "ratio_bf16_to_openvino_default": 1.5}
+    Bench.medians_ms = {"onnxruntime": 8.0, "tvm_fusion": 4.0}
+    assert zoo_report.bf16_timings(Bench()) == {}
+
+
+def test_the_table_has_a_bf16_column_only_for_a_bf16_run(zoo_report):
+    timed = row(model="bert", exporter="torch", max_abs_error=1e-6, ill_conditioned=[], ort_ms=4.5, ours_ms=3.4,
+                ratio_to_ort=0.76, ours_bf16_ms=2.1, ratio_bf16_to_f32=0.62, bf16_kernels=3, bf16_max_abs_error=4.2e-2)
+    lines = zoo_report.markdown([timed, row(model="broken", compiles=False, error="crash")]).splitlines()
+    assert "ours bf16 ms" in lines[0] and len({line.count("|") for line in lines}) == 1
+    assert "| 2.1 (0.62x; 3; 4.2e-02) |" in lines[2]
+    assert "bf16" not in zoo_report.markdown([row(model="mlp", exporter="torch", max_abs_error=1e-6)])
+
+
+def test_bf16_is_refused_on_a_host_without_amx_bf16(zoo_report, monkeypatch, capsys):
+    monkeypatch.setattr(zoo_report, "has_amx_bf16", lambda target: False)
+    with pytest.raises(SystemExit) as info:
+        zoo_report.main(["--precision", "bf16", "--only", "minilm-l6"])
+    assert info.value.code == 2
+    assert "--precision bf16 needs a host CPU with AMX-BF16 (amx-bf16)" in capsys.readouterr().err

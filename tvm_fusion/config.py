@@ -32,7 +32,7 @@ TARGET_KINDS = ("llvm", "cuda")
 TARGET_KEYS = ("kind", "mcpu", "mtriple", "mattr", "num-cores", "arch", "host")
 SCHEDULE_MODES = ("default", "none")
 CONV_LAYOUTS = ("NCHW", "NCHWc")
-# "bf16": matmul operands in bfloat16, float32 sums; "auto": bf16 where it passes the gate (docs/precision.md)
+# "bf16": matmul operands in bfloat16, float32 sums; "auto": bf16 per kernel where the gate holds (docs/precision.md)
 PRECISIONS = ("float32", "bf16", "auto")
 SECTIONS = {
     "target": TARGET_KEYS,
@@ -81,6 +81,7 @@ class PipelineConfig:
     winograd: bool = True  # with NCHWc: 3x3 stride-1 convs by Winograd F(4x4 or 2x2, 3x3)
     flush_subnormals: bool = True  # float32 constants' subnormal values set to zero at build time
     precision: str = "float32"  # one of PRECISIONS
+    bf16_declined: tuple[str, ...] = ()  # matmul bindings compile's per-kernel bf16 gate keeps float32
     rtol: float = 1e-4
     atol: float = 1e-4
     # The bf16 accuracy gate (accuracy/bf16_gate.py); atol is a fraction of the output's largest |value|.
@@ -312,7 +313,7 @@ def parse_config(raw: dict[str, Any], name: str, path: str = "<config>") -> Pipe
     config = PipelineConfig(
         name=name, path=path, target=target, patterns=tuple(patterns), schedule=schedule, fast_math=fast_math,
         conv_layout=conv_layout, blocked_depthwise=blocked_depthwise, winograd=winograd,
-        flush_subnormals=flush_subnormals, precision=precision, **tolerances, seed=seed,
+        flush_subnormals=flush_subnormals, precision=precision, bf16_declined=(), **tolerances, seed=seed,
         threads=threads or cores, dim_defaults=dims, buckets=buckets,
         tuning=_parse_tuning(raw.get("tuning", {}), path, fail))
     check_precision(config, f"{path}: key 'pipeline.precision'")
@@ -325,8 +326,7 @@ def with_precision(config: PipelineConfig, precision: str | None) -> PipelineCon
         return config
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r} is not a precision", f"allowed: {', '.join(PRECISIONS)}")
-    changed = dataclasses.replace(config, precision=precision)
-    check_precision(changed, "--precision")
+    check_precision(changed := dataclasses.replace(config, precision=precision), "--precision")
     return changed
 
 

@@ -2,13 +2,14 @@
 product's throughput on AMX tiles where the target has them, measured once per machine class
 (the FMA peak again in each process, keeping the best).
 
-``profile`` sets each kernel against the FMA and DRAM roofs. The L2 roof is for kernels whose
+``profile`` sets each kernel against the FMA and DRAM roofs, a bf16 kernel (``--precision
+bf16``) against the AMX-BF16 and DRAM roofs (``compute_roof``): its products run as
+``tdpbf16ps`` on AMX tiles, far above the float32 FMA roof. The L2 roof is for kernels whose
 tasks work in cache, depthwise convs above all: they read each input value for 9-25
 multiply-adds, in rows that their task has just brought into cache, so DRAM does not bound them
-(``benchmarks/bench_cnn.py`` sets them against it). The AMX-BF16 roof is for bf16 kernels
-(``--precision bf16``): their products run as ``tdpbf16ps`` on AMX tiles, far above the float32
-FMA roof. There is none for AVX512_BF16's ``vdpbf16ps``: TVM 0.27's LLVM backend cannot form
-the bfloat vectors it takes, so no kernel of ours can use it. All are probed with TVM-compiled kernels
+(``benchmarks/bench_cnn.py`` sets them against it). There is no roof for AVX512_BF16's
+``vdpbf16ps``: TVM 0.27's LLVM backend cannot form the bfloat vectors it takes, so no kernel
+of ours can use it. All are probed with TVM-compiled kernels
 at the config's thread count (the code our kernels are, not a vendor's datasheet), and cached in
 ``~/.cache/tvm_fusion/peak-<target key>.v<PROBE_VERSION>.json``: the target key (``kind-mcpu-Nc``, as the tuning
 store uses) names the machine class, so a cache never crosses machines.
@@ -69,6 +70,14 @@ class MachinePeak:
     def ridge(self) -> float:
         """Arithmetic intensity (FLOP/byte) where the two roofs meet."""
         return self.gflops / self.gbytes_per_s
+
+    def compute_roof(self, bf16: bool) -> tuple[str, float]:
+        """(name, GFLOP/s) of the compute roof a kernel is set against: the AMX-BF16 peak for one
+        that sums bf16 products (they run as ``tdpbf16ps``, far above the float32 FMAs), where it
+        was probed; the float32 FMA peak otherwise."""
+        if bf16 and self.amx_bf16_gflops:
+            return "AMX-BF16", self.amx_bf16_gflops
+        return "FMA", self.gflops
 
 
 def cache_dir() -> Path:

@@ -104,6 +104,7 @@ def config_from_json(saved: dict) -> PipelineConfig:
     known = {field.name for field in dataclasses.fields(PipelineConfig)}
     values = {key: value for key, value in saved.items() if key in known}
     values["patterns"] = tuple(values["patterns"])
+    values["bf16_declined"] = tuple(values.get("bf16_declined", ()))
     values["dim_defaults"] = {name: tuple(size) if isinstance(size, list) else size
                               for name, size in values.get("dim_defaults", {}).items()}
     values["buckets"] = tuple(tuple(tuple(dim) for dim in bucket) for bucket in values.get("buckets", ()))

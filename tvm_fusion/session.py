@@ -168,9 +168,9 @@ class ModelSession:
     def lowered(self, fused: Fused, config: PipelineConfig) -> Lowered:
         """LegalizeOps and TVM's fusion of what our patterns left: one PrimFunc per kernel."""
         bf16 = bf16_target(config)  # in the key as a target: the bf16 kernel may differ per CPU
-        key = (id(fused.module), config.fast_math, config.winograd, str(bf16))
+        key = (id(fused.module), config.fast_math, config.winograd, str(bf16), config.bf16_declined)
         if key not in self._lowered:
-            passes = lowering_passes(config.fast_math, config.winograd, bf16)
+            passes = lowering_passes(config.fast_math, config.winograd, bf16, frozenset(config.bf16_declined))
             split = [p.info.name for p in passes].index("FuseTIR")
             grouped = tvm.transform.Sequential(passes[:split])(fused.module)
             patterns, bindings = kernel_groups(grouped)
@@ -183,6 +183,28 @@ class ModelSession:
         cfg = resolve_config(config)
         lowered = self.lowered(self.fused(self.prepared(cfg)), cfg)
         return tvm.transform.Sequential(weight_passes(cfg))(lowered.module)
+
+    def float32_values(self, fused: tvm.IRModule, config: PipelineConfig, values: list, inputs: list) -> list:
+        """``values`` (expressions of ``fused``'s ``main``, a fused stage's module) as one float32
+        run of its graph computes them on ``inputs`` (``main``'s arguments, a static model's): the
+        activations compile's per-kernel bf16 gate judges each matmul on (``commands/bf16_kernels.py``)."""
+        main = fused["main"]
+        blocks = list(main.body.blocks)
+        taps = list(values)
+        for index, block in enumerate(blocks):  # a block's own variables leave it as outputs
+            own = {binding.var for binding in block.bindings}
+            extra = [(i, relax.Var(f"bf16_tap{i}", value.ty)) for i, value in enumerate(values) if value in own]
+            for i, tap in extra:
+                taps[i] = tap
+            blocks[index] = type(block)([*block.bindings, *(relax.VarBinding(tap, values[i]) for i, tap in extra)])
+        module = tvm.IRModule(dict(fused.functions_items()), fused.attrs, fused.global_infos)
+        module["main"] = relax.Function(main.params, relax.SeqExpr(blocks, relax.Tuple(taps)),
+                                        relax.TupleType([tap.ty for tap in taps]), main.is_pure, main.attrs)
+        module = relax.transform.DeadCodeElimination(["main"])(relax.transform.Normalize()(module))
+        float32 = dataclasses.replace(config, precision="float32", bf16_declined=())
+        vm = relax.VirtualMachine(build(self._lower_and_schedule(module, float32), float32), tvm.cpu())
+        result = vm["main"](*inputs)
+        return [result[i].numpy() for i in range(len(taps))]
 
     # scheduled ----------------------------------------------------------------------------------
 

@@ -167,6 +167,22 @@ def test_must_not_emit_the_kernel_without_vnni():
     assert "vpdpbusd" not in kernels.inspect_source("s")
 
 
+def test_static_leading_axes_are_one_row_axis_of_the_kernel():
+    """A [steps, batch, K] activation (an LSTM's input projection) is steps * batch rows of one
+    kernel, so that the AMX tiles see them all, and comes back in its own shape."""
+    rng = np.random.default_rng(5)
+    node = helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"], name="mmi")
+    model = finish([node], [tensor("a", np.uint8, [6, 1, 32])], [tensor("y", np.int32, [6, 1, 16])],
+                   [const("b", integers(rng, np.int8, (32, 16))), const("za", np.uint8(7)), const("zb", np.int8(0))])
+    with VNNI:
+        module = onnx_frontend.import_model(model, [onnx_frontend.TensorSpec("a", (6, 1, 32), "uint8")])
+    (kernel,) = [gv for gv in module.get_global_vars() if gv.name_hint == "int8_matmul"]
+    calls = [binding.value for block in module["main"].body.blocks for binding in block.bindings
+             if isinstance(binding.value, relax.Call) and kernel.same_as(binding.value.args[0])]
+    assert [[int(d) for d in call.ty.shape] for call in calls] == [[6, 16]]
+    assert [int(d) for d in module["main"].body.ty.shape] == [6, 1, 16]
+
+
 def test_must_not_apply_to_a_weight_computed_at_run_time():
     """QLinearMatMul whose B is a graph input: no constant to pack, float32 products."""
     node = helper.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], name="qmm")

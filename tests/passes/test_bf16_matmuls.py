@@ -1,7 +1,8 @@
 """Bf16Matmuls: matmuls by constant float32 weights become bf16 kernels (frontend/bf16_matmul.py)
 on an AMX-BF16 target, at the top level and inside our patterns' composites, and the module is
 left as it was for a weight that is not a constant, a non-float32 product, a symbolic row
-count, a parameter read elsewhere too, and a target without AMX-BF16 (or none)."""
+count, a parameter read elsewhere too, a target without AMX-BF16 (or none), and a matmul the
+per-kernel bf16 gate declined (named by its binding)."""
 
 import ml_dtypes
 import numpy as np
@@ -18,7 +19,7 @@ from tvm.script import relax as R
 
 from tvm_fusion.config import load_config
 from tvm_fusion.frontend.bf16_matmul import pack_weight
-from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls
+from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls, bf16_candidates
 from tvm_fusion.passes.pipeline import GRAPH_PHASES, fusion_pipeline, lowering_passes
 from tvm_fusion.patterns import PatternReport
 
@@ -193,3 +194,143 @@ class SharedParameter:
 
 def test_must_not_rewrite_a_composite_weight_read_elsewhere_too():
     tvm.ir.assert_structural_equal(Bf16Matmuls(AMX)(SharedParameter), SharedParameter)
+
+
+OTHER = np.random.default_rng(5).standard_normal((24, 20)).astype(np.float32)
+SECOND = np.random.default_rng(6).standard_normal((20, 20)).astype(np.float32)
+
+
+@I.ir_module
+class SharedComposite:
+    """One composite for two layers of one shape, as our patterns make it for a transformer's."""
+
+    @R.function(private=True)
+    def dense(x: R.Tensor((3, 20), "float32"), w: R.Tensor((20, 20), "float32")) -> R.Tensor((3, 20), "float32"):
+        R.func_attr({"Composite": "test.dense", "Primitive": True})
+        with R.dataflow():
+            gv = R.matmul(x, w)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((3, 20), "float32")):
+        cls = SharedComposite
+        with R.dataflow():
+            first = cls.dense(x, R.const(WEIGHT[:20]))
+            gv = cls.dense(first, R.const(SECOND))
+            R.output(gv)
+        return gv
+
+
+def test_a_composite_called_for_several_layers_takes_each_calls_own_packed_weight():
+    after = Bf16Matmuls(AMX)(SharedComposite)
+    assert "relax.matmul" not in ops(after)
+    packed = kernel_weights(after)
+    assert len(packed) == 2 and not np.array_equal(packed[0], packed[1])
+    assert {w.tobytes() for w in packed} == {pack_weight(WEIGHT[:20]).tobytes(), pack_weight(SECOND).tobytes()}
+    x = np.random.default_rng(7).standard_normal((3, 20)).astype(np.float32)
+    bf16 = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float64)  # noqa: E731 - the kernel's operand rounding
+    first = (bf16(x) @ bf16(WEIGHT[:20])).astype(np.float32)
+    expected = bf16(first) @ bf16(SECOND)
+    np.testing.assert_allclose(run(after, x), expected, rtol=1e-4, atol=1e-4)
+    candidates = bf16_candidates(SharedComposite)
+    assert len(candidates) == 2 and {c.weight.tobytes() for c in candidates} == {WEIGHT[:20].tobytes(), SECOND.tobytes()}
+
+
+@I.ir_module
+class SharedCompositeOneInput:
+    @R.function(private=True)
+    def dense(x: R.Tensor((3, 20), "float32"), w: R.Tensor((20, 20), "float32")) -> R.Tensor((3, 20), "float32"):
+        R.func_attr({"Composite": "test.dense", "Primitive": True})
+        with R.dataflow():
+            gv = R.matmul(x, w)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((3, 20), "float32"), w: R.Tensor((20, 20), "float32")):
+        cls = SharedCompositeOneInput
+        with R.dataflow():
+            first = cls.dense(x, R.const(SECOND))
+            gv = cls.dense(first, w)
+            R.output(gv)
+        return gv
+
+
+def test_must_not_rewrite_a_shared_composite_whose_weight_is_an_input_at_one_call():
+    tvm.ir.assert_structural_equal(Bf16Matmuls(AMX)(SharedCompositeOneInput), SharedCompositeOneInput)
+
+
+@I.ir_module
+class TwoMatmuls:
+    @R.function
+    def main(x: R.Tensor((3, 24), "float32")):
+        with R.dataflow():
+            kept = R.matmul(x, R.const(WEIGHT))
+            taken = R.matmul(x, R.const(OTHER))
+            gv = R.add(kept, taken)
+            R.output(gv)
+        return gv
+
+
+def test_a_declined_matmul_stays_float32_and_the_other_becomes_bf16():
+    after = Bf16Matmuls(AMX, frozenset({"kept"}))(TwoMatmuls)
+    assert ops(after).count("relax.matmul") == 1
+    (packed,) = kernel_weights(after)
+    np.testing.assert_array_equal(packed, pack_weight(OTHER))
+    x = np.random.default_rng(6).standard_normal((3, 24)).astype(np.float32)
+    rounded = x.astype(ml_dtypes.bfloat16).astype(np.float64) @ OTHER.astype(ml_dtypes.bfloat16).astype(np.float64)
+    np.testing.assert_allclose(run(after, x), x.astype(np.float64) @ WEIGHT + rounded, rtol=1e-5, atol=1e-4)
+
+
+def test_declining_every_matmul_leaves_the_module_as_it_was():
+    tvm.ir.assert_structural_equal(Bf16Matmuls(AMX, frozenset({"kept", "taken"}))(TwoMatmuls), TwoMatmuls)
+
+
+def test_the_candidates_are_what_the_pass_rewrites_with_their_activations():
+    """A top-level matmul reads a variable of main; one in a composite reads the composite's
+    parameter, given as its argument at the one call. Listing them changes nothing."""
+    assert [(c.name, c.activation.name) for c in bf16_candidates(TwoMatmuls)] == [("kept", "x"), ("taken", "x")]
+    np.testing.assert_array_equal(bf16_candidates(TwoMatmuls)[1].weight, OTHER)
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(mlp_model()))
+    candidates = bf16_candidates(fused)
+    assert len(candidates) == 2 and all(isinstance(c.activation, relax.Var) for c in candidates)
+    assert {c.weight.shape for c in candidates} == {(16, 32), (32, 48)}  # the Gemm's transB=1 weight as [K, N]
+    main_params = {p.name for p in fused["main"].params}
+    assert any(c.activation.name in main_params for c in candidates)  # the composite's x is main's input
+
+
+def test_a_matmul_in_a_composite_is_declined_by_its_binding_name():
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(mlp_model()))
+    inside = next(c.name for c in bf16_candidates(fused) if c.weight.shape == (16, 32))
+    after = Bf16Matmuls(AMX, frozenset({inside}))(fused)
+    assert len(kernel_weights(after)) == 1  # the Gemm's
+    (composite,) = [f for _, f in after.functions_items()
+                    if isinstance(f, relax.Function) and "Composite" in (f.attrs or {})]
+    assert [str(p.ty.dtype) for p in composite.params] == ["float32"] * 3  # its weight stays a float32 parameter
+
+
+@I.ir_module
+class ActivationInside:
+    @R.function(private=True)
+    def composite(x: R.Tensor((3, 24), "float32"), w: R.Tensor((24, 20), "float32")) -> R.Tensor((3, 20), "float32"):
+        R.func_attr({"Composite": "test.relu_matmul", "Primitive": True})
+        with R.dataflow():
+            r = R.nn.relu(x)
+            gv = R.matmul(r, w)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((3, 24), "float32")):
+        cls = ActivationInside
+        with R.dataflow():
+            gv = cls.composite(x, R.const(WEIGHT))
+            R.output(gv)
+        return gv
+
+
+def test_a_candidate_whose_composite_computes_its_activation_has_none_to_judge_on():
+    (candidate,) = bf16_candidates(ActivationInside)
+    assert candidate.name == "gv" and candidate.activation is None
+    assert len(kernel_weights(Bf16Matmuls(AMX)(ActivationInside))) == 1  # still rewritten: the outputs' gate judges it

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -140,6 +141,20 @@ def compare_bf16(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray],
         comparison.note = "; ".join(problems)
         results.append(comparison)
     return results
+
+
+def compare_bf16_matmul(name: str, activation: np.ndarray, weight: np.ndarray,
+                        tolerance: Bf16Tolerance) -> Bf16Comparison:
+    """One matmul's bf16 product against its exact one on the activation the model gave it,
+    judged by the element rule and the cosine (a hidden value: no top-1). Both operands are
+    rounded to bf16 to nearest even, as the kernel rounds them; the sums are float64, so what is
+    judged is the operands' rounding, which bf16 adds, not the order of float32 sums, which
+    float32 has too."""
+    rows = activation.reshape(-1, weight.shape[0])
+    exact = rows.astype(np.float64) @ weight.astype(np.float64)
+    rounded = [value.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64) for value in (rows, weight)]
+    (result,) = compare_bf16({name: rounded[0] @ rounded[1]}, {name: exact}, tolerance, {}, 0.0, 0.0)
+    return result
 
 
 def _top1_text(r: Bf16Comparison) -> str:

@@ -14,7 +14,7 @@ from ..frontend import onnx as onnx_frontend
 from ..frontend.dims import ranges_of
 from ..runtime.latency import LatencyStats, load_average, noise_warning
 from ..machine_peak import MachinePeak, machine_peak
-from ..metadata import bench_metadata
+from ..metadata import bench_metadata, bf16_kernels
 from ..native_log import captured_native_stderr, summarize
 from ..config import with_precision
 from ..preparation import Progress, ShapeArg, quiet, resolve_config
@@ -40,6 +40,8 @@ class BenchReport:
     cosine_similarity: dict[str, float] = dataclasses.field(default_factory=dict)
     # A peer's rows: the inference precision the engine reports it chose ("f32", "bf16").
     peer_precision: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The kernels of the tvm_fusion_bf16 row that sum bf16 products (empty: no such row).
+    bf16_kernels: list[str] = dataclasses.field(default_factory=list)
 
     @functools.cached_property
     def stats(self) -> dict[str, LatencyStats]:
@@ -86,7 +88,8 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     ``model_path`` may be an artifact directory written by ``compile``: then its own library is
     timed as ``tvm_fusion``, beside the model it was built from, with the config and input shapes
     it was built with (passing them is an error). ``precision`` (``--precision``) replaces the
-    config's.
+    config's; where it builds bf16 kernels (bf16, or auto on AMX-BF16), the model is timed at
+    float32 (``tvm_fusion``) and at bf16 (``tvm_fusion_bf16``) in the same rounds.
     """
     peers = check_peers(peers)  # a missing package fails now, not after the builds
     artifact = None
@@ -101,13 +104,11 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         prepared = session.prepared(config if artifact else with_precision(resolve_config(config), precision))
         cfg = prepared.config
         set_threads(cfg.threads)
+        bf16: list[str] = []
         if artifact:
             models = {"tvm_fusion": CompiledModel(artifact.library, artifact.metadata)}
         else:
-            progress("building tvm_fusion")
-            models = {"tvm_fusion": CompiledModel(session.built(cfg, tuning_log), bench_metadata(prepared))}
-        if not artifact and session.scheduled(cfg, tuning_log).tuned:
-            models["tvm_fusion_untuned"] = CompiledModel(session.built(cfg, False), bench_metadata(prepared))
+            models, bf16 = _our_models(session, prepared, tuning_log, progress)
         if include_stock:
             progress("building stock TVM")
             models["stock_tvm"] = CompiledModel(session.stock_built(cfg), bench_metadata(prepared))
@@ -166,4 +167,27 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
         inputs={s.name: list(s.shape) for s in run_specs},
         samples_ms={name: [t * 1e3 for t in values] for name, values in times.items()},
         rounds=repeat, peak=peak, load_average={"before": load_before, "after": load_average()},
-        peer_precision=peer_precision, **errors)
+        peer_precision=peer_precision, bf16_kernels=bf16, **errors)
+
+
+def _our_models(session: ModelSession, prepared, tuning_log, progress: Progress) -> tuple[dict, list[str]]:
+    """tvm_fusion built from the model: always at float32 (``tvm_fusion``); where the config
+    builds bf16 kernels, at bf16 too (``tvm_fusion_bf16``), so that one run shows what bf16
+    gains and what it costs in error against the same float32 rounds. Returns the models and
+    the bf16 build's bf16 kernels."""
+    cfg = prepared.config
+    float32 = dataclasses.replace(cfg, precision="float32")
+    meta = bench_metadata(prepared)
+    progress("building tvm_fusion")
+    models = {"tvm_fusion": CompiledModel(session.built(float32, tuning_log), meta)}
+    if session.scheduled(float32, tuning_log).tuned:
+        models["tvm_fusion_untuned"] = CompiledModel(session.built(float32, False), meta)
+    if not cfg.bf16_kernels():
+        return models, []
+    progress("building tvm_fusion at bf16")
+    models["tvm_fusion_bf16"] = CompiledModel(session.built(cfg, tuning_log), meta)
+    bf16 = bf16_kernels(session.scheduled(cfg, tuning_log).module)
+    if not bf16:
+        progress("WARNING: no matmul by a constant float32 weight became a bf16 kernel: "
+                 "tvm_fusion_bf16 computes in float32")
+    return models, bf16

@@ -32,6 +32,7 @@ from ..targets import (ToolchainError, check_toolchain, execution_here, export_o
                        unscheduled_gpu_kernels)
 from ..verify import (SPREAD_MULTIPLE, OutputComparison, ReferenceUnavailable, check_outputs, compare_outputs,
                       ill_conditioned, judge_conditioning, reference_outputs, reference_variants)
+from .bf16_kernels import judge_bf16_kernels
 from .generic_kernels import generic_kernels
 
 
@@ -89,9 +90,11 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     fused instance is checked against its unfused nodes first and undone if it differs
     (``fusion_gate.py``; on targets that run here). ``buckets`` (``["sequence=128", ...]``, as
     ``--bucket`` takes them) replaces the configs' ``[buckets] sizes`` (see ``buckets.py``).
-    ``precision`` (``--precision``) replaces the configs' ``[pipeline] precision``; at bf16 the
-    artifact is judged by the bf16 accuracy gate (``accuracy/bf16_gate.py``), and at auto a
-    model that fails it is built float32 instead, the metadata saying why.
+    ``precision`` (``--precision``) replaces the configs' ``[pipeline] precision``; at bf16 and
+    auto each matmul is judged alone first and kept float32 where bf16 breaks the gate
+    (``bf16_kernels.py``), then the artifact is judged by the bf16 accuracy gate
+    (``accuracy/bf16_gate.py``); at auto a model that still fails it is built float32 instead,
+    the metadata saying why.
     """
     started = time.perf_counter()
     if Path(output_dir).exists() and not Path(output_dir).is_dir():
@@ -176,6 +179,12 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
     native: list[str] = []
     with captured_native_stderr(native):
         prepared = session.prepared(cfg)
+        kernel_gate = None
+        if cfg.bf16_kernels() and verify and execution_here(cfg.target).how == "native":
+            inputs, _ = references.get(cfg, prepared, False, {})
+            fused = session.fused(prepared, frozenset(), gate_config, say)  # what ``scheduled`` lowers
+            kernel_gate = judge_bf16_kernels(session, prepared, cfg, fused, inputs, say)
+            cfg = dataclasses.replace(cfg, bf16_declined=tuple(d.matmul for d in kernel_gate.declined))
         scheduled = session.scheduled(cfg, tuning_log, gate_config=gate_config, say=say)
         plat = platform_of(cfg.target)
         if plat.device == "cuda":
@@ -192,9 +201,13 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
                                  scheduled.records, scheduled.gate, scheduled.schedule_rules)
     if precision_note:
         metadata["precision_fallback"] = {"requested": "auto", "reason": precision_note}
+    if kernel_gate is not None and (kernel_gate.judged or kernel_gate.unjudged):
+        metadata["bf16_gate_per_kernel"] = kernel_gate.to_json()
     if cfg.bf16_kernels() and not metadata["bf16_kernels"]:
-        say(f"WARNING: precision {cfg.precision}, but no matmul by a constant float32 weight became a bf16 kernel: "
-            "every kernel computes in float32, and the artifact says precision float32")
+        declined = kernel_gate.declined if kernel_gate else []
+        kept = f" ({len(declined)} kept float32 by the per-kernel bf16 gate)" if declined else ""
+        say(f"WARNING: precision {cfg.precision}, but no matmul by a constant float32 weight became a bf16 kernel"
+            f"{kept}: every kernel computes in float32, and the artifact says precision float32")
     generic = generic_kernels(scheduled, prepared)
     for kernel in generic:
         say(f"WARNING: {kernel.line()}")

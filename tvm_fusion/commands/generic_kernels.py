@@ -7,7 +7,8 @@ kernel a generic rule scheduled that holds a contraction (a matmul, conv or eins
 spelling) or more than 1 % of the model's FLOPs, with its ONNX nodes and FLOPs, so that such a
 kernel cannot hide: ``compile`` and ``inspect`` print it and record it, and the zoo report
 fails a model that has one. An element-wise kernel (an LSTM's gates) has its proper rule in
-Injective whatever its share of the FLOPs: it is reported only if it holds a contraction.
+Injective whatever its share of the FLOPs: it is reported only if it holds a contraction; so has
+a whole tensor reduced to one value (quantization's min and max) in Reduction.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def generic_kernels(scheduled: Scheduled, prepared: PreparedModel) -> list[Gener
             return 1
 
     funcs = {gvar.name_hint: func for gvar, func in lowered.functions_items() if isinstance(func, tvm.tirx.PrimFunc)}
-    flops = {name: kernel_costs(func, extent)[0] for name, func in funcs.items()}
+    # Shares of all arithmetic, integer included: an int8 model's products are most of its work.
+    flops = {name: kernel_costs(func, extent, integers=True)[0] for name, func in funcs.items()}
     total = sum(flops.values()) or 1
     found = []
     for name, func in funcs.items():
@@ -64,7 +66,7 @@ def generic_kernels(scheduled: Scheduled, prepared: PreparedModel) -> list[Gener
         if rule not in GENERIC_RULES:
             continue
         contraction = has_contraction(func)
-        heavy = rule != "Injective" and flops[name] > FLOP_SHARE * total
+        heavy = rule != "Injective" and not _to_one_value(func) and flops[name] > FLOP_SHARE * total
         if contraction or heavy:
             found.append(GenericKernel(name, rule, [], flops[name], flops[name] / total, contraction))
     if found:  # the node map walks the whole graph: only for a model that has such a kernel
@@ -72,3 +74,10 @@ def generic_kernels(scheduled: Scheduled, prepared: PreparedModel) -> list[Gener
         for kernel in found:
             kernel.onnx_nodes = nodes.get(kernel.kernel, [])
     return sorted(found, key=lambda kernel: -kernel.flops)
+
+
+def _to_one_value(func: tvm.tirx.PrimFunc) -> bool:
+    """A whole tensor reduced to one value (a DynamicQuantizeLinear's min and max): Reduction is
+    its own rule, as Injective is an element-wise kernel's."""
+    shape = func.params[-1].shape  # the output buffer (params are buffers in TVM 0.27)
+    return all(isinstance(dim, tvm.tirx.IntImm) and int(dim) == 1 for dim in shape)

@@ -94,11 +94,12 @@ def kernel_te(data: te.Tensor, packed: te.Tensor, depth: int) -> te.Tensor:
 
 
 def emit_bf16_matmul(bb: relax.BlockBuilder, data: relax.Expr, weight: np.ndarray,
-                     packed: relax.Expr | None = None) -> relax.Expr:
+                     packed: relax.Expr | None = None, name: str = "") -> relax.Expr:
     """``data @ weight`` with bf16 operands and a float32 sum, shaped like ``data`` with its
     last axis N: ``data`` float32 of rank >= 1 with a static last axis K, ``weight`` the
     constant ``[K, N]`` (``bf16_matmul_applies``); ``packed`` what holds ``pack_weight(weight)``
-    (a composite function's parameter: no constant may be inside one), default a constant.
+    (a composite function's parameter: no constant may be inside one), default a constant;
+    ``name`` the kernel call's binding (the matmul's, so that its kernel traces back to its node).
     Static leading axes are merged into one row axis: the tiles then see all rows at once (a
     batch of 197-row items is 394 rows, not two prime row counts)."""
     depth, columns = weight.shape
@@ -108,7 +109,8 @@ def emit_bf16_matmul(bb: relax.BlockBuilder, data: relax.Expr, weight: np.ndarra
         rows = bb.emit(R.reshape(data, [int(np.prod([int(d) for d in leading])), depth]))
     if packed is None:
         packed = relax.const(tvm.runtime.tensor(pack_weight(weight)))
-    total = bb.emit_te(kernel_te, rows, packed, _round_up(depth, DEPTH_BLOCK), primfunc_name_hint=KERNEL_NAME)
+    total = bb.emit_te(kernel_te, rows, packed, _round_up(depth, DEPTH_BLOCK), primfunc_name_hint=KERNEL_NAME,
+                       name_hint=name)
     if _round_up(columns, COLUMN_BLOCK) != columns:
         total = bb.emit(R.strided_slice(total, axes=[rows.ty.ndim - 1], begin=[0], end=[columns]))
     return total if rows is data else bb.emit(R.reshape(total, [*leading, columns]))

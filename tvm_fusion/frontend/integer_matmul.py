@@ -115,7 +115,14 @@ def emit_integer_matmul(bb: relax.BlockBuilder, data: relax.Expr, zero_point, ce
     weight, shift = int8_weight(centered)
     offset = 128 if str(data.ty.dtype) == "int8" else 0
     padded = _round_up(depth, DEPTH_BLOCK)
-    rows = bb.emit(R.reshape(data, [1, depth])) if data.ty.ndim == 1 else data
+    # Static leading axes as one row axis where that gives the kernel more rows: the tiles see
+    # them all at once (an LSTM's input projection, [steps, batch, K], is steps * batch rows, not
+    # batch rows per step). Where it would not ([1, rows, K]), the shape stays: the reshapes
+    # would only change what FuseOps puts in the kernel.
+    *leading, _ = data.ty.shape.values
+    static = all(isinstance(d, tvm.tirx.IntImm) for d in leading)
+    merged = not leading or (static and int(np.prod([int(d) for d in leading])) > int(leading[-1]))
+    rows = bb.emit(R.reshape(data, [int(np.prod([int(d) for d in leading])), depth])) if merged else data
     if offset or padded != depth or str(data.ty.dtype) != "uint8":
         rows = bb.emit_te(activation_te, rows, offset, padded, primfunc_name_hint="int8_activation")
     total = bb.emit_te(sum_te, rows, relax.const(pack_weight(weight)), primfunc_name_hint=KERNEL_NAME)
@@ -134,7 +141,7 @@ def emit_integer_matmul(bb: relax.BlockBuilder, data: relax.Expr, zero_point, ce
             zero, relax.const(depth, "int32"))
         acc = R.add(acc, R.multiply(R.subtract(row_sums, zero_sum), relax.const(shift)))
     out = bb.emit(R.astype(acc, dtype) if dtype != "int32" else acc)
-    return bb.emit(R.reshape(out, [columns])) if data.ty.ndim == 1 else out
+    return bb.emit(R.reshape(out, [*leading, columns])) if merged else out
 
 
 def integer_matmul_applies(data: relax.Expr, centered: np.ndarray | None) -> bool:

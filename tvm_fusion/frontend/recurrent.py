@@ -32,6 +32,7 @@ from tvm.relax import op as R
 
 from ..errors import ModelError
 from . import ort_arithmetic
+from .integer_matmul import emit_integer_matmul, integer_kernels_enabled, integer_matmul_applies
 from .quantized import DynamicQuantization, centered_constant, constant_array
 
 # ONNX's default activations: LSTM (f, g, h), GRU (f, g); repeated per direction.
@@ -111,11 +112,16 @@ class _QuantizedProducts:
 
     def _product(self, weights: tuple, direction: int) -> Callable[[relax.Expr], relax.Expr]:
         bb = self.rnn.bb
-        centered, scale = relax.const(weights[0][direction]), relax.const(weights[1][direction])
+        centered, scale = weights[0][direction], relax.const(weights[1][direction])
 
         def product(left: relax.Expr) -> relax.Expr:
             quantized = DynamicQuantization(bb, bb.normalize(left))
-            whole = R.matmul(quantized.centered(bb), centered)
+            # The int8 kernel reads a quarter of the float weight's bytes: a step's recurrent
+            # product streams its whole weight for one row of output.
+            if integer_kernels_enabled() and integer_matmul_applies(quantized.values, centered):
+                whole = emit_integer_matmul(bb, quantized.values, quantized.zero_point, centered)
+            else:
+                whole = R.matmul(quantized.centered(bb), relax.const(centered))
             return _rounded(bb, R.multiply(whole, R.multiply(quantized.scale, scale)))
 
         return product

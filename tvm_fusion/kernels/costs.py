@@ -11,10 +11,11 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
 
-def kernel_costs(func, extent=int) -> tuple[int, int]:
+def kernel_costs(func, extent=int, integers: bool = False) -> tuple[int, int]:
     """(FLOPs, bytes): float arithmetic of every block times its iteration domain; every
     parameter buffer read or written once. ``extent`` turns a dim into an int (a symbolic one
-    at some size)."""
+    at some size). ``integers``: integer arithmetic counts too (an int8 kernel's products are
+    the model's work, though no FLOPs)."""
     flops = 0
     for block in _blocks(func):
         value = getattr(block.body, "value", None)
@@ -23,7 +24,7 @@ def kernel_costs(func, extent=int) -> tuple[int, int]:
         size = 1
         for iv in block.iter_vars:
             size *= extent(iv.dom.extent)
-        flops += size * _arith_ops(value)
+        flops += size * _arith_ops(value, integers)
     nbytes = 0
     for param in func.params:  # buffers in TVM 0.27
         if hasattr(param, "shape"):
@@ -78,8 +79,9 @@ def _buffers_over(expr, reduced: set) -> set[str]:
     return names
 
 
-def _arith_ops(expr) -> int:
-    """Float arithmetic nodes in a stored value; index math inside loads is not counted.
+def _arith_ops(expr, integers: bool = False) -> int:
+    """Float (with ``integers``, also integer) arithmetic nodes in a stored value; index math
+    inside loads is not counted.
 
     A worklist, not recursion: an unrolled graph's kernel can sum thousands of terms in one
     expression (SLANet's table head)."""
@@ -90,11 +92,14 @@ def _arith_ops(expr) -> int:
         if kind == "BufferLoad" or not hasattr(node, "ty"):
             continue
         if kind == "Select":  # one branch runs (a Winograd transform picks a point's own sum)
-            count += max(_arith_ops(node.true_value), _arith_ops(node.false_value))
+            count += max(_arith_ops(node.true_value, integers), _arith_ops(node.false_value, integers))
             continue
-        is_float = "float" in str(node.ty)
-        count += int(is_float and kind in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Call"))
-        if kind == "Call" and is_float and str(getattr(node.op, "name", "")).endswith("fma"):
+        counted = "float" in str(node.ty) or (integers and "int" in str(node.ty) and "bool" not in str(node.ty))
+        op = str(getattr(node.op, "name", "")) if kind == "Call" else ""
+        # a reinterpret is a bit cast, no arithmetic (bf16 kernels read their operands' bits so)
+        count += int(counted and kind in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Call")
+                     and not op.endswith("reinterpret"))
+        if kind == "Call" and counted and op.endswith("fma"):
             count += 1  # a multiply-add is two
         pending += [getattr(node, field) for field in ("a", "b", "value", "condition", "true_value", "false_value")
                     if hasattr(getattr(node, field, None), "ty")]

@@ -8,10 +8,10 @@ feeds and follows it stays float32.
 
 It runs in the "lower" phase before LegalizeOps, so that FuseOps puts the float32 epilogue
 (bias, activation, residual add) into the same kernel. By then our fusion patterns have made
-composite functions whose weight is a parameter (``FuseOpsByPattern(bind_constants=False)``):
-a matmul in a composite called once, whose weight parameter is a constant at that call and
-read by that matmul alone, is rewritten too; the composite then takes the packed bf16 weight
-in that parameter's place.
+composite functions whose weight is a parameter (``FuseOpsByPattern(bind_constants=False)``),
+one composite for all the layers that share a shape: a matmul in a composite whose weight
+parameter is a constant at every call and read by that matmul alone is rewritten too; the
+composite then takes a packed bf16 weight in that parameter's place, each call its own.
 
 Declines (the module unchanged) on a target without AMX-BF16 (``has_amx_bf16``; the target
 given, else the current one; with neither, no rewrite), and for a weight that is not a float32
@@ -20,9 +20,16 @@ constant (``bf16_matmul_declines`` says why for each matmul), or a row count tha
 TVM 0.27 cannot feed ``vdpbf16ps`` a bf16 vector (``frontend/bf16_matmul.py``), so only AMX
 tiles compute the kernel fast; elsewhere it would run as float32 FMAs on widened bf16 loads
 under the generic rules, slower than the float32 kernels.
+
+``declined``: the names of matmul bindings (``onnx<node>_<k>``, kept inside composites) to leave
+float32, those compile's per-kernel gate found too ill-conditioned for bf16
+(``commands/bf16_kernels.py``); ``bf16_candidates`` lists what the pass would rewrite, with the
+activation each one reads, for that gate to judge.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import tvm
@@ -40,27 +47,47 @@ MATMUL, PERMUTE_DIMS = "relax.matmul", "relax.permute_dims"
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Bf16Matmuls")
 class Bf16Matmuls:
     """Matmuls by constant float32 weights as bf16 x bf16 -> float32 kernels (``target``
-    None: the current target)."""
+    None: the current target); the matmuls named in ``declined`` stay float32."""
 
-    def __init__(self, target: Target | None = None):
-        self.target = target
+    def __init__(self, target: Target | None = None, declined: frozenset[str] = frozenset()):
+        self.target, self.declined = target, frozenset(declined)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = self.target or Target.current(allow_none=True)
         if target is None or not has_amx_bf16(target):
             return mod
-        rewriter = _Rewriter(mod)
-        composites = [(g, f) for g, f in mod.functions_items() if _is_composite(f)]
-        callers = [(g, f) for g, f in mod.functions_items() if isinstance(f, relax.Function) and not _is_composite(f)]
-        functions = {}
-        for gvar, func in composites + callers:  # composites first: their callers pass what they now take
-            functions[gvar] = rewriter.rewrite(gvar, func)
+        rewriter = _Rewriter(mod, self.declined)
+        functions = _rewrite_functions(mod, rewriter)
         if not rewriter.changed:
             return mod
         built = rewriter.builder_.get()  # with the kernels' PrimFuncs and the rewritten composites
         kept = {gvar: func for gvar, func in built.functions_items() if gvar not in rewriter.replaced}
         kept.update({gvar: func for gvar, func in functions.items() if gvar not in rewriter.replaced})
         return relax.transform.Normalize()(tvm.IRModule(kept, mod.attrs, mod.global_infos))
+
+
+@dataclasses.dataclass
+class Bf16Candidate:
+    """A matmul ``Bf16Matmuls`` would rewrite: its binding's name, its ``[K, N]`` weight, and the
+    activation it reads as an expression of ``main`` (None where a composite computes it itself)."""
+
+    name: str
+    weight: np.ndarray
+    activation: relax.Expr | None
+
+
+def bf16_candidates(mod: tvm.IRModule) -> list[Bf16Candidate]:
+    """The matmuls ``Bf16Matmuls`` rewrites in ``mod`` on an AMX-BF16 target, ``mod`` unchanged."""
+    rewriter = _Rewriter(mod, frozenset(), candidates=[])
+    _rewrite_functions(mod, rewriter)
+    return rewriter.candidates
+
+
+def _rewrite_functions(mod: tvm.IRModule, rewriter: _Rewriter) -> dict:
+    composites = [(g, f) for g, f in mod.functions_items() if _is_composite(f)]
+    callers = [(g, f) for g, f in mod.functions_items() if isinstance(f, relax.Function) and not _is_composite(f)]
+    # composites first: their callers pass what they now take
+    return {gvar: rewriter.rewrite(gvar, func) for gvar, func in composites + callers}
 
 
 def _is_composite(func) -> bool:
@@ -89,14 +116,19 @@ def _static_rows(data: relax.Expr) -> bool:
     return all(isinstance(d, tvm.tirx.IntImm) for d in data.ty.shape.values[:-1])
 
 
-def _single_calls(mod: tvm.IRModule) -> dict:
-    """Composite GlobalVar -> its call, for the composites called exactly once."""
+def _calls(mod: tvm.IRModule) -> dict:
+    """Function GlobalVar -> its calls in the module."""
     calls: dict = {}
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, lambda e: calls.setdefault(e.op, []).append(e) if isinstance(
                 e, relax.Call) and isinstance(e.op, tvm.ir.GlobalVar) else None)
-    return {gvar: found[0] for gvar, found in calls.items() if len(found) == 1}
+    return calls
+
+
+def _weight_array(constant: relax.Expr, transposed: bool) -> np.ndarray:
+    weight = constant.value.numpy()
+    return np.ascontiguousarray(weight.T) if transposed else weight
 
 
 def _uses(func: relax.Function) -> dict:
@@ -114,11 +146,13 @@ class _Rewriter(PyExprMutator):
     """One builder for the whole module: the kernels' PrimFuncs and the rewritten composites
     are added to it as it goes (``rewrite`` per function, composites first)."""
 
-    def __init__(self, mod: tvm.IRModule):
+    def __init__(self, mod: tvm.IRModule, declined: frozenset[str], candidates: list | None = None):
         super().__init__(mod)
-        self.calls = _single_calls(mod)
+        self.declined = declined
+        self.candidates = candidates  # a list: record each matmul it would rewrite, rewrite none
+        self.calls = _calls(mod)
         self.changed = False
-        self.packed_arguments: dict = {}  # composite GlobalVar -> {parameter index: packed constant}
+        self.packed_arguments: dict = {}  # composite GlobalVar -> {parameter index: its weight transposed?}
         self.replaced: dict = {}  # a rewritten composite's GlobalVar -> the new one (its type changed)
 
     def rewrite(self, gvar: tvm.ir.GlobalVar, func: relax.Function) -> relax.Function:
@@ -126,11 +160,15 @@ class _Rewriter(PyExprMutator):
         rewritten composites passing their packed weights."""
         self.bindings: dict = {}
         self.uses = _uses(func)
-        call = self.calls.get(gvar) if _is_composite(func) else None
-        self.param_constants = {} if call is None else {
-            param: arg for param, arg in zip(func.params, call.args) if isinstance(arg, tvm.ir.GenericConst)}
+        calls = self.calls.get(gvar, []) if _is_composite(func) else []
+        # a composite's parameters -> their arguments, at each of its calls; None in main
+        self.arguments = [dict(zip(func.params, call.args)) for call in calls] if _is_composite(func) else None
+        # the parameters that are a constant at every call -> those constants, a call's each
+        self.param_constants = {param: [arguments[param] for arguments in self.arguments] for param in func.params
+                                if self.arguments and all(isinstance(arguments[param], tvm.ir.GenericConst)
+                                                          for arguments in self.arguments)}
         self.packed_params: dict = {}  # float32 weight parameter -> its packed bf16 replacement
-        self.packed_weights: dict = {}  # float32 weight parameter -> its packed array
+        self.packed_transposed: dict = {}  # float32 weight parameter -> whether the matmul reads it transposed
         self.rewrote = False
         new = self.visit_expr(func)
         if self.rewrote:
@@ -138,9 +176,8 @@ class _Rewriter(PyExprMutator):
         if self.packed_params:
             params = [self.packed_params.get(p, p) for p in func.params]
             new = relax.Function(params, new.body, new.ret_ty, new.is_pure, new.attrs)
-            self.packed_arguments[gvar] = {
-                i: relax.const(tvm.runtime.tensor(self.packed_weights[p])) for i, p in enumerate(func.params)
-                if p in self.packed_params}
+            self.packed_arguments[gvar] = {i: self.packed_transposed[p] for i, p in enumerate(func.params)
+                                           if p in self.packed_params}
             self.replaced[gvar] = self.builder_.add_func(new, gvar.name_hint)
         return new
 
@@ -148,20 +185,21 @@ class _Rewriter(PyExprMutator):
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.GlobalVar) and call.op in self.replaced):
             return call
-        packed = self.packed_arguments[call.op]
-        args = [packed.get(i, arg) for i, arg in enumerate(call.args)]
+        packed = self.packed_arguments[call.op]  # each call packs its own weight
+        args = [arg if i not in packed else relax.const(tvm.runtime.tensor(pack_weight(_weight_array(arg, packed[i]))))
+                for i, arg in enumerate(call.args)]
         return relax.Call(self.replaced[call.op], args, call.attrs, call.ty_args)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         self.bindings[binding.var] = binding.value
         value = self.visit_expr(binding.value)
-        replaced = self._bf16(binding.value, value)
+        replaced = None if binding.var.name in self.declined else self._bf16(binding.var, binding.value, value)
         if replaced is not None and isinstance(binding.var, relax.DataflowVar):
             self.set_var_remap(binding.var, replaced)  # no alias binding: FuseOps does not fuse through one
         else:
             self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value if replaced is None else replaced))
 
-    def _bf16(self, original: relax.Expr, value: relax.Expr) -> relax.Expr | None:
+    def _bf16(self, var: relax.Var, original: relax.Expr, value: relax.Expr) -> relax.Expr | None:
         found = _weight_of(original, self.bindings)
         if found is None:
             return None
@@ -169,18 +207,23 @@ class _Rewriter(PyExprMutator):
         is_param = weight_expr in self.param_constants
         if is_param and (self.uses.get(weight_expr) != 1 or (transposed and self.uses.get(original.args[1]) != 1)):
             return None  # the parameter (or its transpose) is read elsewhere too: it must stay float32
-        constant = self.param_constants[weight_expr] if is_param else weight_expr
-        if not isinstance(constant, tvm.ir.GenericConst):
+        constants = self.param_constants[weight_expr] if is_param else [weight_expr]
+        if not isinstance(constants[0], tvm.ir.GenericConst):
             return None
-        weight = constant.value.numpy()
-        weight = np.ascontiguousarray(weight.T) if transposed else weight
+        weight = _weight_array(constants[0], transposed)  # every call's has this shape and dtype
         if bf16_matmul_declines(value.args[0], weight) is not None or not _static_rows(value.args[0]):
             return None
+        if self.candidates is not None:  # one per call: each its own weight and activation
+            data = original.args[0]
+            for index, constant in enumerate(constants):
+                activation = data if self.arguments is None else self.arguments[index].get(data)
+                self.candidates.append(Bf16Candidate(var.name, _weight_array(constant, transposed), activation))
+            return None
         packed = None
-        if is_param:  # the composite's caller passes the packed weight in this parameter's place
-            array = pack_weight(weight)
-            packed = relax.Var(f"{weight_expr.name}_bf16", relax.TensorType(array.shape, str(array.dtype)))
+        if is_param:  # the composite's callers pass their packed weights in this parameter's place
+            shape = pack_weight(np.zeros(weight.shape, np.float32)).shape
+            packed = relax.Var(f"{weight_expr.name}_bf16", relax.TensorType(shape, "uint16"))
             self.packed_params[weight_expr] = packed
-            self.packed_weights[weight_expr] = array
+            self.packed_transposed[weight_expr] = transposed
         self.changed = self.rewrote = True
-        return emit_bf16_matmul(self.builder_, value.args[0], weight, packed)
+        return emit_bf16_matmul(self.builder_, value.args[0], weight, packed, var.name)

@@ -95,7 +95,8 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
         ],
         "layout": lambda: layout_passes(config, report),
         "fuse": lambda: [FusePatterns(fusions, report, excluded)],
-        "lower": lambda: lowering_passes(config.fast_math, config.winograd, bf16_target(config)),
+        "lower": lambda: lowering_passes(config.fast_math, config.winograd, bf16_target(config),
+                                         frozenset(config.bf16_declined)),
         "schedule": lambda: schedule_passes(config, schedule_log, tuning, rule_errors),
     }
     return tvm.transform.Sequential([p for phase in phases for p in passes[phase]()],
@@ -136,13 +137,14 @@ def bf16_target(config: PipelineConfig) -> tvm.target.Target | None:
     return config.tvm_target() if config.bf16_kernels() else None
 
 
-def lowering_passes(fast_math: bool = True, winograd: bool = True,
-                    bf16: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
+def lowering_passes(fast_math: bool = True, winograd: bool = True, bf16: tvm.target.Target | None = None,
+                    bf16_declined: frozenset[str] = frozenset()) -> list[tvm.transform.Pass]:
     """With ``bf16`` (a target), matmuls by constant weights become its bf16 kernels before
-    LegalizeOps and FuseOps, so that TVM's fusion puts their float32 epilogues in the same kernel."""
+    LegalizeOps and FuseOps, so that TVM's fusion puts their float32 epilogues in the same kernel;
+    those named in ``bf16_declined`` stay float32."""
     return [
         SplitWideConcats(),
-        *([Bf16Matmuls(bf16)] if bf16 is not None else []),
+        *([Bf16Matmuls(bf16, bf16_declined)] if bf16 is not None else []),
         relax.transform.LegalizeOps(legalize_map(fast_math, winograd)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

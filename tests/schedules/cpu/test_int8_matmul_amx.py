@@ -65,15 +65,23 @@ def test_must_not_take_a_float_matmul():
     assert Int8MatmulAmx().apply(te.create_prim_func([a, b, c]), AMX, False) is None
 
 
-@pytest.mark.parametrize("m", [1, 4, (2, 3), (2, 19)], ids=["1", "4", "2x3", "2x19"])
+@pytest.mark.parametrize("m", [1, 4], ids=["1", "4"])
 def test_leaves_few_rows_to_the_vnni_rule(m):
     """Fewer than MIN_TILE_ROWS rows (M=1, M=4) do not pay on AMX (benchmarks/bench_int8.py):
-    the VNNI rule takes them; so it does a batch of a prime row count (blockize would bind the
-    batch loop outside loop_partition's copies as 0)."""
+    the VNNI rule takes them."""
     mod, _ = int8_module(m, 64, 32)
     _, func = int8_kernel(mod)
     assert Int8MatmulAmx().apply(func, AMX, False) is None
     assert Int8MatmulVnni().apply(func, AMX, False) is not None
+
+
+@pytest.mark.parametrize("m", [(2, 3), (2, 19)], ids=["2x3", "2x19"])
+def test_a_batch_of_items_is_one_row_axis_for_the_tiles(m):
+    """The import merges static leading axes (frontend/integer_matmul.py): 2 items of 3 or 19
+    rows are 6 or 38 rows of one kernel, which the tiles take (38: two tiles of 16 and a tail)."""
+    mod, _ = int8_module(m, 64, 32)
+    _, func = int8_kernel(mod)
+    assert Int8MatmulAmx().apply(func, AMX, False) is not None
 
 
 def test_a_prime_row_count_runs_tiles_of_16_and_a_tail():

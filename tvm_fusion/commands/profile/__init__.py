@@ -4,9 +4,10 @@ The model is compiled as ``compile`` does, by the session whose import names bin
 ONNX nodes (``build``), so each kernel lists the nodes it covers; given an artifact directory
 instead of a model, the artifact's own kernels (``artifact``). Each kernel is timed alone and in
 the model, the model end to end and with empty kernels (``timing``); its FLOPs and bytes
-(``costs``) place it against the machine's roofs (``machine_peak``). The gap between the sum of
-kernel times and the end-to-end time is split into its parts (``report.Gap``); ``mine`` ranks
-the unfused kernel chains worth a pattern (``mining``).
+(``costs``) place it against the machine's roofs (``machine_peak``): a kernel that sums bf16
+products against the AMX-BF16 peak, any other against the float32 FMA peak. The gap between
+the sum of kernel times and the end-to-end time is split into its parts (``report.Gap``);
+``mine`` ranks the unfused kernel chains worth a pattern (``mining``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import tvm
 
 from ...frontend import onnx as onnx_frontend
+from ...metadata import bf16_kernels
 from ...machine_peak import MachinePeak, machine_peak
 from ...native_log import captured_native_stderr
 from ...config import with_precision
@@ -76,7 +78,8 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
         check_same_kernels(artifact, profiled.module, profiled.tuned, set(funcs), args)
     progress(f"timing {len(funcs)} kernels and the whole model, {rounds} interleaved rounds")
     timings = time_model(executable, empty_executable, set(funcs), args, rounds=rounds)
-    kernels = [_kernel_profile(name, funcs[name], profiled, timings, peak) for name in timings.calls]
+    bf16 = set(bf16_kernels(profiled.lowered))
+    kernels = [_kernel_profile(name, funcs[name], profiled, timings, peak, name in bf16) for name in timings.calls]
     total = sum(k.total_us for k in kernels) or 1.0
     for kernel in kernels:
         kernel.share = kernel.total_us / total
@@ -93,16 +96,29 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
                          str(artifact.directory) if artifact else None, timings.end_to_end)
 
 
-def _kernel_profile(name, func, profiled: ProfiledModule, timings: Timings, peak: MachinePeak) -> KernelProfile:
+def _kernel_profile(name, func, profiled: ProfiledModule, timings: Timings, peak: MachinePeak,
+                    bf16: bool) -> KernelProfile:
+    """``bf16``: the kernel sums bf16 products, and is set against the AMX-BF16 roof."""
     flops, nbytes = kernel_costs(func)
     us = timings.alone_us.get(name, 0.0)
     seconds = us / 1e6 or float("inf")
     gflops, gbps = flops / seconds / 1e9, nbytes / seconds / 1e9
     intensity = flops / nbytes if nbytes else 0.0
-    bound = "compute" if intensity >= peak.ridge else "memory"
-    # A kernel without arithmetic (data movement) is measured against the bandwidth roof only.
-    achieved = gflops / min(peak.gflops, intensity * peak.gbytes_per_s) if flops else gbps / peak.gbytes_per_s
+    roof, roof_gflops, bound, achieved = roof_position(peak, bf16, flops, intensity, gflops, gbps)
     pattern = profiled.patterns.get(name, "single op")
     return KernelProfile(name, pattern, profiled.schedule_rules.get(name, "-"), kernel_kind(name, func, pattern),
                          timings.calls[name], us, timings.in_model_us.get(name, 0.0), 0.0, flops, nbytes,
-                         gflops, gbps, intensity, bound, 100.0 * achieved, profiled.covers.get(name, []))
+                         gflops, gbps, intensity, bound, 100.0 * achieved, profiled.covers.get(name, []),
+                         roof, roof_gflops)
+
+
+def roof_position(peak: MachinePeak, bf16: bool, flops: int, intensity: float, gflops: float,
+                  gbps: float) -> tuple[str, float, str, float]:
+    """(compute roof's name, its GFLOP/s, bound, achieved share of the lower roof): a bf16
+    kernel under the AMX-BF16 roof (its bound then says so: ``AMX-BF16 compute``), any other
+    under the float32 FMA roof; both meet the DRAM roof at their own ridge."""
+    roof, roof_gflops = peak.compute_roof(bf16)
+    bound = "compute" if intensity >= roof_gflops / peak.gbytes_per_s else "memory"
+    # A kernel without arithmetic (data movement) is measured against the bandwidth roof only.
+    achieved = gflops / min(roof_gflops, intensity * peak.gbytes_per_s) if flops else gbps / peak.gbytes_per_s
+    return roof, roof_gflops, bound if roof == "FMA" else f"{roof} {bound}", achieved

@@ -49,16 +49,20 @@ def plot_profile(report, path: str | Path) -> Path:
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
     roof.plot(x, np.minimum(peak.gflops, x * peak.gbytes_per_s), color="black", lw=1.5,
               label=f"roof: {peak.gflops:.0f} GFLOP/s FMA, {peak.gbytes_per_s:.1f} GB/s triad")
+    bf16_roofs = {k.compute_roof_gflops for k in kernels if k.compute_roof != "FMA"}
+    for gflops in bf16_roofs:  # the roof bf16 kernels are set against (profile's roof_position)
+        roof.plot(x, np.minimum(gflops, x * peak.gbytes_per_s), color="tab:purple", lw=1.5, ls="--",
+                  label=f"bf16 kernels' roof: {gflops:.0f} GFLOP/s AMX-BF16")
     total = max(k.total_us for k in kernels) if kernels else 1.0
     sizes = [30 + 400 * k.total_us / total for k in kernels]
-    colors = ["tab:orange" if k.bound == "memory" else "tab:blue" for k in kernels]
+    colors = ["tab:orange" if k.bound.endswith("memory") else "tab:blue" for k in kernels]
     roof.scatter([k.intensity for k in kernels], [k.gflops for k in kernels], s=sizes, c=colors, alpha=0.6,
                  edgecolors="black", linewidths=0.5)
     roof.set_xscale("log")
     roof.set_yscale("log")
     roof.set_xlim(lo, hi)
     ymin = min([k.gflops for k in kernels] + [peak.gflops / 100]) / 2
-    roof.set_ylim(ymin, peak.gflops * 3)
+    roof.set_ylim(ymin, max([peak.gflops, *bf16_roofs]) * 3)
     roof.set_xlabel("arithmetic intensity (FLOP / byte, parameters moved once)")
     roof.set_ylabel("achieved GFLOP/s (kernel alone)")
     roof.set_title(f"{report.model}: roofline ({report.threads} threads, {peak.target_key})", fontsize=11)
@@ -73,7 +77,7 @@ def plot_profile(report, path: str | Path) -> Path:
     # Top kernels by time.
     ranked = sorted(report.kernels, key=lambda k: -k.total_us)[:BARS][::-1]
     bars.barh(range(len(ranked)), [k.total_us for k in ranked],
-              color=["tab:orange" if k.bound == "memory" else "tab:blue" for k in ranked])
+              color=["tab:orange" if k.bound.endswith("memory") else "tab:blue" for k in ranked])
     bars.set_yticks(range(len(ranked)))
     ranks = {id(k): rank for rank, k in enumerate(top, 1)}
     bars.set_yticklabels([(f"{ranks[id(k)]}. " if id(k) in ranks else "") + _short(k)

@@ -28,9 +28,13 @@ class KernelProfile:
     gflops: float
     gbytes_per_s: float
     intensity: float        # FLOP per byte
-    bound: str              # "compute" or "memory": which roof is lower at this intensity
+    # "compute" or "memory": which roof is lower at this intensity ("AMX-BF16 compute" or
+    # "AMX-BF16 memory" for a bf16 kernel, against that roof and its ridge)
+    bound: str
     roof_percent: float     # achieved / the lower roof at this intensity
     onnx_nodes: list[str]
+    compute_roof: str = "FMA"  # the compute roof it is set against: "FMA" (float32) or "AMX-BF16"
+    compute_roof_gflops: float = 0.0
 
     @property
     def total_us(self) -> float:

@@ -1,0 +1,107 @@
+"""The per-kernel bf16 gate (tvm_fusion/commands/bf16_kernels.py) on a planted ill-conditioned
+matmul: at auto and at bf16 it stays float32 and is named, the benign matmul beside it is bf16,
+and the outputs pass; profile sets the bf16 kernel against the AMX-BF16 roof."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion import api, cli
+from tvm_fusion.commands.profile import roof_position
+from tvm_fusion.kernels.cpu_features import has_amx_bf16
+from tvm_fusion.machine_peak import MachinePeak
+
+HOST_HAS_BF16 = has_amx_bf16(tvm.target.Target.from_device(tvm.cpu()))
+OFFSET = 1000.0  # bf16's spacing there is 4: rounding the shifted activation loses x itself
+
+
+def planted_model() -> onnx.ModelProto:
+    """``benign = x @ A`` and ``ill = (x + OFFSET) @ B``, B's columns summing to zero: the float32
+    product of the second is ``x @ B``, a small remainder of two large sums, which bf16 rounding of
+    either operand swamps. The first is an ordinary matmul on centered activations."""
+    rng = np.random.default_rng(0)
+    raw = rng.standard_normal((64, 32))
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "a"),
+             numpy_helper.from_array((raw - raw.mean(axis=0)).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(OFFSET, np.float32), "offset")]
+    nodes = [helper.make_node("MatMul", ["x", "a"], ["benign"], name="benign_matmul"),
+             helper.make_node("Add", ["x", "offset"], ["shifted"], name="shift"),
+             helper.make_node("MatMul", ["shifted", "b"], ["ill"], name="ill_matmul")]
+    # 3-D outputs: hidden values, not a classifier head's logits (no top-1 in the gate)
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 4, 32]) for name in ("benign", "ill")]
+    graph = helper.make_graph(nodes, "planted", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 64])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module", params=["auto", "bf16"])
+def planted_build(request, tmp_path_factory):
+    if not HOST_HAS_BF16:
+        pytest.skip("the host CPU lacks AMX-BF16: no bf16 kernel is built or run here")
+    folder = tmp_path_factory.mktemp(f"planted-{request.param}")
+    onnx.save(planted_model(), folder / "planted.onnx")
+    said: list[str] = []
+    result = api.compile_model(folder / "planted.onnx", None, None, folder / "build", precision=request.param,
+                               progress=said.append)
+    return result, said
+
+
+def test_the_ill_conditioned_matmul_stays_float32_and_is_named(planted_build):
+    result, said = planted_build
+    meta = result.metadata
+    gate = meta["bf16_gate_per_kernel"]
+    assert gate["judged"] == 2 and gate["unjudged"] == []
+    (declined,) = gate["declined"]
+    assert declined["onnx_nodes"] == ["ill_matmul"]
+    assert declined["cosine"] < meta["verification"]["bf16_gate"]["min_cosine"]
+    assert "cosine" in declined["reason"]
+    assert meta["built_from"]["config"]["bf16_declined"] == [declined["matmul"]]
+    assert any(line.startswith("bf16 gate: kept ill_matmul float32") for line in said)
+
+
+def test_the_benign_matmul_is_bf16_and_the_outputs_pass(planted_build):
+    result, _ = planted_build
+    meta = result.metadata
+    assert meta["precision"] == "bf16" and "precision_fallback" not in meta  # no whole-model fallback
+    assert len(meta["bf16_kernels"]) == 1
+    outputs = {o["name"]: o for o in meta["verification"]["outputs"]}
+    assert all(o["passed"] for o in outputs.values())
+    assert outputs["benign"]["max_abs"] > 1e-6  # bf16's rounding
+    assert outputs["ill"]["max_abs"] < 1e-2  # float32's: bf16 would be off by tens (the declined cosine)
+
+
+def test_profile_sets_the_bf16_kernel_against_the_amx_roof(planted_build, tmp_path, capsys):
+    """Of the artifact: its declined matmul rebuilt float32, as compile built it."""
+    result, _ = planted_build
+    assert cli.main(["profile", str(result.artifact), "--repeat", "3", "--json", str(tmp_path / "p.json")]) == 0
+    table = capsys.readouterr().out
+    report = json.loads((tmp_path / "p.json").read_text())
+    kernels = {node: k for k in report["kernels"] for node in k["onnx_nodes"]}
+    bf16, float32 = kernels["benign_matmul"], kernels["ill_matmul"]
+    assert bf16["compute_roof"] == "AMX-BF16" and bf16["compute_roof_gflops"] == report["peak"]["amx_bf16_gflops"]
+    assert float32["compute_roof"] == "FMA" and float32["compute_roof_gflops"] == report["peak"]["gflops"]
+    assert bf16["bound"].startswith("AMX-BF16 ") and f"{bf16['bound']} {bf16['roof_percent']:.0f}%" in table
+    assert bf16["flops"] == 2 * 8 * 64 * 32  # a multiply-add per product: bf16's bit casts count nothing
+
+
+PEAK = MachinePeak("llvm-test-2c", 2, gflops=100.0, gbytes_per_s=10.0, l2_gbytes_per_s=50.0, probed_at="-",
+                   amx_bf16_gflops=1000.0)
+
+
+def test_a_bf16_kernel_is_set_against_the_amx_roof_and_its_ridge():
+    """Intensity 50 FLOP/B: above the FMA ridge (10), below the AMX-BF16 ridge (100)."""
+    assert roof_position(PEAK, False, 5000, 50.0, 50.0, 1.0) == ("FMA", 100.0, "compute", 0.5)
+    assert roof_position(PEAK, True, 5000, 50.0, 250.0, 5.0) == ("AMX-BF16", 1000.0, "AMX-BF16 memory", 0.5)
+    assert roof_position(PEAK, True, 5000, 200.0, 500.0, 2.5) == ("AMX-BF16", 1000.0, "AMX-BF16 compute", 0.5)
+
+
+def test_without_an_amx_probe_every_kernel_is_set_against_the_fma_roof():
+    no_amx = dataclasses.replace(PEAK, amx_bf16_gflops=None)
+    assert roof_position(no_amx, True, 5000, 50.0, 50.0, 1.0) == ("FMA", 100.0, "compute", 0.5)
