@@ -28,25 +28,23 @@ import tvm
 from tvm import relax, te
 from tvm.relax import op as R
 
-# The tile layout: 16 float32 lanes of output columns, each summing 2 consecutive k.
-COLUMN_BLOCK, DEPTH_BLOCK = 16, 2
+from .packed_weights import COLUMN_BLOCK, pack_panels, packed_shape, round_up
+
+# The tile layout (packed_weights.py): 16 float32 lanes of output columns, each summing 2 consecutive k.
+DEPTH_BLOCK = 2
 KERNEL_NAME = "bf16_matmul"  # the sum block's name: the schedule rules look for it
 PROLOGUE_NAME = "bf16_activation"
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
     """``[K, N]`` float32 rounded to bf16 as ``[N16/16, K2/2, 16, 2]`` uint16 (the bf16 bits),
     zero-padded: ``packed[j, q, c, r] = bf16(weight[2q + r, 16j + c])``."""
-    depth, columns = weight.shape
-    padded = np.zeros((_round_up(depth, DEPTH_BLOCK), _round_up(columns, COLUMN_BLOCK)), ml_dtypes.bfloat16)
-    padded[:depth, :columns] = weight.astype(ml_dtypes.bfloat16)
-    blocks = padded.reshape(padded.shape[0] // DEPTH_BLOCK, DEPTH_BLOCK, padded.shape[1] // COLUMN_BLOCK,
-                            COLUMN_BLOCK)
-    return np.ascontiguousarray(blocks.transpose(2, 0, 3, 1)).view(np.uint16)
+    return pack_panels(weight.astype(ml_dtypes.bfloat16), DEPTH_BLOCK).view(np.uint16)
+
+
+def packed_weight_shape(weight_shape: tuple[int, int]) -> tuple[int, int, int, int]:
+    """What ``pack_weight`` makes of a weight of this shape."""
+    return packed_shape(*weight_shape, DEPTH_BLOCK)
 
 
 def bf16_bits(value: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
@@ -109,9 +107,9 @@ def emit_bf16_matmul(bb: relax.BlockBuilder, data: relax.Expr, weight: np.ndarra
         rows = bb.emit(R.reshape(data, [int(np.prod([int(d) for d in leading])), depth]))
     if packed is None:
         packed = relax.const(tvm.runtime.tensor(pack_weight(weight)))
-    total = bb.emit_te(kernel_te, rows, packed, _round_up(depth, DEPTH_BLOCK), primfunc_name_hint=KERNEL_NAME,
+    total = bb.emit_te(kernel_te, rows, packed, round_up(depth, DEPTH_BLOCK), primfunc_name_hint=KERNEL_NAME,
                        name_hint=name)
-    if _round_up(columns, COLUMN_BLOCK) != columns:
+    if round_up(columns, COLUMN_BLOCK) != columns:
         total = bb.emit(R.strided_slice(total, axes=[rows.ty.ndim - 1], begin=[0], end=[columns]))
     return total if rows is data else bb.emit(R.reshape(total, [*leading, columns]))
 

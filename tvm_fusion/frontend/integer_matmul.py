@@ -36,9 +36,10 @@ from tvm.relax import op as R
 from tvm.target import Target
 
 from ..kernels.cpu_features import has_vnni
+from .packed_weights import COLUMN_BLOCK, pack_panels, round_up
 
-# The dot-product layout: 16 int32 lanes of output columns, each summing 4 consecutive k.
-COLUMN_BLOCK, DEPTH_BLOCK = 16, 4
+# The dot-product layout (packed_weights.py): 16 int32 lanes of output columns, each summing 4 consecutive k.
+DEPTH_BLOCK = 4
 KERNEL_NAME = "int8_matmul"  # the sum block's name: the schedule rule looks for it
 # Off: every integer sum as float32 products, whatever the target (benchmarks compare the two).
 INT8_KERNELS = True
@@ -53,19 +54,10 @@ def integer_kernels_enabled() -> bool:
     return INT8_KERNELS and target is not None and has_vnni(target)
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def pack_weight(shifted: np.ndarray) -> np.ndarray:
     """``[K, N]`` int8 as ``[N16/16, K4/4, 16, 4]``, zero-padded: ``packed[j, q, c, r] =
     shifted[4q + r, 16j + c]``."""
-    depth, columns = shifted.shape
-    padded = np.zeros((_round_up(depth, DEPTH_BLOCK), _round_up(columns, COLUMN_BLOCK)), np.int8)
-    padded[:depth, :columns] = shifted
-    blocks = padded.reshape(padded.shape[0] // DEPTH_BLOCK, DEPTH_BLOCK, padded.shape[1] // COLUMN_BLOCK,
-                            COLUMN_BLOCK)
-    return np.ascontiguousarray(blocks.transpose(2, 0, 3, 1))
+    return pack_panels(shifted.astype(np.int8, copy=False), DEPTH_BLOCK)
 
 
 def int8_weight(centered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +106,7 @@ def emit_integer_matmul(bb: relax.BlockBuilder, data: relax.Expr, zero_point, ce
     depth, columns = centered.shape
     weight, shift = int8_weight(centered)
     offset = 128 if str(data.ty.dtype) == "int8" else 0
-    padded = _round_up(depth, DEPTH_BLOCK)
+    padded = round_up(depth, DEPTH_BLOCK)
     # Static leading axes as one row axis where that gives the kernel more rows: the tiles see
     # them all at once (an LSTM's input projection, [steps, batch, K], is steps * batch rows, not
     # batch rows per step). Where it would not ([1, rows, K]), the shape stays: the reshapes
@@ -126,7 +118,7 @@ def emit_integer_matmul(bb: relax.BlockBuilder, data: relax.Expr, zero_point, ce
     if offset or padded != depth or str(data.ty.dtype) != "uint8":
         rows = bb.emit_te(activation_te, rows, offset, padded, primfunc_name_hint="int8_activation")
     total = bb.emit_te(sum_te, rows, relax.const(pack_weight(weight)), primfunc_name_hint=KERNEL_NAME)
-    if _round_up(columns, COLUMN_BLOCK) != columns:
+    if round_up(columns, COLUMN_BLOCK) != columns:
         total = bb.emit(R.strided_slice(total, axes=[rows.ty.ndim - 1], begin=[0], end=[columns]))
     column_sums = weight.astype(np.int64).sum(axis=0)
     if not isinstance(zero_point, relax.Expr):

@@ -37,7 +37,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
-from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight
+from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight, packed_weight_shape
 from ..kernels.cpu_features import has_amx_bf16
 from .rebinding import rebind, vars_in
 
@@ -221,8 +221,7 @@ class _Rewriter(PyExprMutator):
             return None
         packed = None
         if is_param:  # the composite's callers pass their packed weights in this parameter's place
-            shape = pack_weight(np.zeros(weight.shape, np.float32)).shape
-            packed = relax.Var(f"{weight_expr.name}_bf16", relax.TensorType(shape, "uint16"))
+            packed = relax.Var(f"{weight_expr.name}_bf16", relax.TensorType(packed_weight_shape(weight.shape), "uint16"))
             self.packed_params[weight_expr] = packed
             self.packed_transposed[weight_expr] = transposed
         self.changed = self.rewrote = True

@@ -36,14 +36,14 @@ from collections.abc import Callable
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
+from ...frontend.packed_weights import COLUMN_BLOCK
 from ...kernels.blocks import OneReduction
 from ...targets.amx import request_amx_permission
 from .amx_copies import normalized_copies
 from .helpers import extent_of, largest_divisor
 from .int8_sum import place_prologue, write_back_tiles
 
-TILE_ROWS, TILE_BYTES = 16, 64  # an AMX tile: 16 rows of 64 bytes
-COLUMN_BLOCK = 16  # 4-byte accumulators per C tile row
+TILE_ROWS, TILE_BYTES = 16, 64  # an AMX tile: 16 rows of 64 bytes; a C tile row is one COLUMN_BLOCK
 # C tiles side by side per call (of the 8 tile registers: C tiles, A, B, and A, B for K's tail).
 MAX_BLOCKS = 4
 # Rows of a tile at least past 16 rows (a divisor of M, else tiles of 16 and a tail); the int8
