@@ -190,6 +190,7 @@ def render_zoo(data) -> str:
     # zoo_report.py timed it have no such columns.
     default = any("openvino_default_ms" in m for m in data["models"])
     bf16 = any("ours_bf16_ms" in m for m in data["models"])  # a --precision bf16 run
+    derived = any("float_ours_ms" in m for m in data["models"])  # quantized models made from zoo float ones
     rows, own = [], []
     for m in data["models"]:
         name = m["model"] + (" *" if "machine" in m else "")
@@ -207,7 +208,8 @@ def render_zoo(data) -> str:
                      *([_openvino_default_ms(m), _ratio(m.get("ratio_to_openvino_default")),
                         f"{_err(m.get('openvino_max_abs_error'))} / {_err(m.get('openvino_default_max_abs_error'))}"]
                        if default else []),
-                     *(_bf16_cells(m) if bf16 else []), _compile_cost(m)])
+                     *(_bf16_cells(m) if bf16 else []), *(_float_build_cells(m) if derived else []),
+                     _compile_cost(m)])
     text = table(["model", "exporter", "inputs", "compiles", "max abs err vs ORT",
                   "coverage (targeted chains / compute nodes)", "kernels (ours / stock)", "ORT ms", "ours ms",
                   "ours / ORT", "OpenVINO f32 ms", "ours / OpenVINO",
@@ -215,9 +217,17 @@ def render_zoo(data) -> str:
                      "OpenVINO max abs err vs ORT (f32 / default)"] if default else []),
                   *(["ours bf16 ms", "bf16 / f32", "bf16 / OpenVINO default", "bf16 max abs err vs ORT",
                      "bf16 kernels"] if bf16 else []),
+                  *(["float model: ours float32 ms", "ours int8 / ours float32"] if derived else []),
                   "compile s, peak RSS MB (budget)"], rows)
     notes = [data["note"]] if isinstance(data, dict) and data.get("note") else []
     return text + ("\n\n" + " ".join(own) if own else "") + ("\n\n" + " ".join(notes) if notes else "")
+
+
+def _float_build_cells(m: dict) -> list[str]:
+    """A quantized model made from a zoo float one: our float32 build of that (its own rounds)."""
+    if "float_ours_ms" not in m:
+        return ["-", "-"]
+    return [f"{_ms(m['float_ours_ms'])} ({m['float_model']})", _ratio(m["ours_ms"] / m["float_ours_ms"])]
 
 
 def _bf16_cells(m: dict) -> list[str]:

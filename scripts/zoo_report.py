@@ -78,6 +78,8 @@ def measure(name: str, repeat: int, out_dir: str, precision: str, queue) -> None
         try:
             if repeat > 0:
                 row.update(timings(path, model.input_shapes, repeat, installed_peers(), precision))
+                if model.derived_from:
+                    row.update(float_build_timings(model.derived_from, repeat))
         except ModelError as err:
             if "OpenVINO" not in err.message:
                 raise
@@ -114,6 +116,18 @@ def timings(path, input_shapes, repeat: int, peers: list[str], precision: str = 
                       f"{row}_max_rel_error": bench.max_rel_error[row],
                       f"{row}_cosine_similarity": bench.cosine_similarity[row]})
     return found | bf16_timings(bench)
+
+
+def float_build_timings(source: str, repeat: int) -> dict:
+    """Our float32 build of the float model a quantized one was made from (``derived_from``),
+    and ONNX Runtime on it, in rounds of their own in the same worker: what int8 gains over it."""
+    from tvm_fusion import api
+
+    model = zoo.load_manifest()[source]
+    bench = api.bench_model(zoo.model_path(source), None, list(model.input_shapes), repeat=repeat,
+                            include_stock=False)
+    return dict(float_model=source, float_ours_ms=round(bench.medians_ms["tvm_fusion"], 3),
+                float_ort_ms=round(bench.medians_ms["onnxruntime"], 3))
 
 
 def bf16_timings(bench) -> dict:

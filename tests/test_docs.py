@@ -394,3 +394,14 @@ def test_site_builds_strictly(tmp_path):
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "patterns" / "index.html").exists()
+
+
+def test_the_zoo_table_sets_a_quantized_model_beside_our_float_build_of_its_float_model():
+    """A quantized model made from a zoo float one (``derived_from``) gets our float32 build of
+    that model and the int8 / float32 ratio; other rows get dashes, other files no such columns."""
+    derived = {"model": "bert-qdq", "compiles": True, "ours_ms": 2.0, "float_model": "bert", "float_ours_ms": 5.0}
+    zoo = gen_docs.render_zoo({"models": [derived, {"model": "plain", "compiles": True, "ours_ms": 1.0}]}).splitlines()
+    assert "| float model: ours float32 ms | ours int8 / ours float32 |" in zoo[0]
+    assert "| 5.000 (bert) | 0.40x |" in zoo[2] and "| - | - |" in zoo[3]
+    assert len({line.count("|") for line in zoo}) == 1
+    assert "float model" not in gen_docs.render_zoo({"models": [{"model": "plain", "compiles": True}]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import onnx
@@ -306,3 +307,76 @@ def test_compile_passes_an_ill_conditioned_output_and_says_so(tmp_path, capsys, 
     assert output["within_tolerance"] is False and output["passed"] is True
     assert output["reference_spread"]["accepted"] and output["reference_spread"]["max_abs"] == pytest.approx(0.3, 1e-3)
     assert verification["ill_conditioned"]["outputs"] == ["y"]
+
+
+def mean_before_a_cancellation():
+    """(row mean of x - c) * 1e6, with c each row's mean rounded from float64: the output is the
+    mean's last bits. No graph optimization rewrites a lone ReduceMean, so only its sums taken in
+    another order show ONNX Runtime's own spread (T5's layer norms before DynamicQuantizeLinear)."""
+    x = np.random.default_rng(0).standard_normal((8, 512)).astype(np.float32)
+    constants = {"axes": np.array([-1], np.int64), "c": x.astype(np.float64).mean(-1, keepdims=True).astype(np.float32),
+                 "big": np.array(1e6, np.float32)}
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"]), helper.make_node("Sub", ["m", "c"], ["d"]),
+             helper.make_node("Mul", ["d", "big"], ["y"])]
+    graph = helper.make_graph(nodes, "mean_cancel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 1])],
+                              [numpy_helper.from_array(value, name) for name, value in constants.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8), {"x": x}
+
+
+def test_only_sums_in_another_order_show_the_spread_of_a_mean_before_a_cancellation():
+    model, inputs = mean_before_a_cancellation()
+    expected = verify.reference_outputs(model, inputs)
+    runs = verify.reference_variants(model, inputs)
+    assert set(runs) == set(verify.REFERENCE_VARIANTS)
+    for name in ("graph optimizations off", "another intra-op thread count"):
+        np.testing.assert_array_equal(runs[name]["y"], expected["y"])  # the same sums, bit for bit
+    assert verify.tolerance_multiple(runs["reductions summed by halves"]["y"], expected["y"], RTOL, ATOL) > 1
+
+
+def test_sums_of_halves_compute_the_same_function():
+    """Each float ReduceMean / ReduceSum over a static, even last axis becomes the reduction of
+    its halves' reductions, at opsets with axes as an attribute and as an input; others stay."""
+    x = np.random.default_rng(1).standard_normal((3, 6, 8)).astype(np.float32)
+    for opset, axes_as_input in ((13, False), (18, True)):
+        def reduce(op, source, out, axes, keepdims=1):
+            if axes_as_input or (op == "ReduceSum" and opset >= 13):
+                return helper.make_node(op, [source, f"axes{axes}"], [out], keepdims=keepdims)
+            return helper.make_node(op, [source], [out], axes=[axes], keepdims=keepdims)
+        nodes = [reduce("ReduceMean", "x", "a", -1), reduce("ReduceSum", "x", "b", 2, keepdims=0),
+                 reduce("ReduceMean", "x", "c", 0), helper.make_node("Slice", ["x", "s0", "s1", "s2"], ["odd"]),
+                 reduce("ReduceSum", "odd", "d", -1)]
+        initializers = [numpy_helper.from_array(np.array([axes], np.int64), f"axes{axes}") for axes in (-1, 2, 0)]
+        initializers += [numpy_helper.from_array(np.array([value], np.int64), name)
+                         for name, value in (("s0", 0), ("s1", 7), ("s2", 2))]
+        outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+                   for name, shape in zip("abcd", ([3, 6, 1], [3, 6], [1, 6, 8], [3, 6, 1]))]
+        source = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6, 8])
+        graph = helper.make_graph(nodes, "reductions", [source], outputs, initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+        halved = verify.halved_reductions(model)
+        onnx.checker.check_model(halved)
+        ops = [node.op_type for node in halved.graph.node]
+        assert ops.count("Reshape") == 2 and ops.count("ReduceMean") == 3 and ops.count("ReduceSum") == 3
+        expected, got = verify.reference_outputs(model, {"x": x}), verify.reference_outputs(halved, {"x": x})
+        for name in "abcd":
+            assert got[name].shape == expected[name].shape
+            np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-6)
+
+
+def test_the_reference_runs_on_a_thread_of_its_own(monkeypatch, mlp_path):
+    """ONNX Runtime's AMX products take the tile configuration of their thread to be their own;
+    our AMX kernels load theirs on the threads they run on (verify._reference_thread)."""
+    threads = []
+
+    def recording(session, feeds):
+        threads.append(threading.current_thread())
+        return run(session, feeds)
+
+    run = verify.run_onnxruntime
+    monkeypatch.setattr(verify, "run_onnxruntime", recording)
+    model, inputs = onnx.load(mlp_path), {"x": np.zeros((4, 16), np.float32)}
+    verify.reference_outputs(model, inputs)
+    verify.reference_variants(model, inputs)
+    assert len(threads) == 1 + len(verify.REFERENCE_VARIANTS)
+    assert {thread.name for thread in threads} == {"onnxruntime-reference_0"}

@@ -225,7 +225,7 @@ def test_committed_manifest_covers_the_zoo():
     assert len(small) >= 12, "CI runs a subset of models under 30 MB"
     for model in models.values():
         assert re.fullmatch(r"[0-9a-f]{64}", model.sha256), model.name
-        assert model.member.endswith(".onnx"), model.name
+        assert model.member.endswith(".onnx") or model.derived_from in models, model.name
         assert model.input_shapes and len(parse_input_shapes(list(model.input_shapes))) == len(model.input_shapes)
 
 
@@ -243,3 +243,54 @@ def test_manifest_rejects_unknown_words(tmp_path, field, value, complaint):
 def test_manifest_optional_fields_default_to_a_float_model(tmp_path):
     (model,) = zoo.load_manifest(write_manifest(tmp_path / "manifest.toml", "0" * 64)).values()
     assert not model.quantized and model.op_families == () and model.license == ""
+
+
+def derived_entry(sha256: str, source: str = "tiny", quantizer: str = "quantize_static") -> str:
+    return f"""
+[[model]]
+name = "tiny-qdq"
+derived_from = "{source}"
+quantizer = "{quantizer}"
+sha256 = "{sha256}"
+size = 1
+exporter = "ort-quantization"
+quantization = "qdq"
+float_exporter = "torch-legacy"
+category = "tabular"
+architecture = "two-layer MLP, int8 QDQ"
+input_shapes = ["x:4x16"]
+"""
+
+
+def test_a_derived_model_is_made_from_its_float_model_and_checked(tmp_path, index, tiny_onnx_bytes):
+    """The same quantizer on the same seeded samples writes the same bytes: the second make
+    (another cache) matches the first's sha256; a wrong sha256 is refused and leaves nothing."""
+    manifest = write_manifest(tmp_path / "m.toml", hashlib.sha256(tiny_onnx_bytes).hexdigest())
+    first = tmp_path / "first"
+    made = tmp_path / "probe.toml"
+    made.write_text(manifest.read_text() + derived_entry("0" * 64))
+    with pytest.raises(zoo.ZooError, match="its sha256 is ([0-9a-f]{64})") as raised:
+        zoo.fetch(["tiny-qdq"], cache=first, manifest=made, download=FakeDownloader(index), progress=lambda _: None)
+    assert not (first / "models" / "tiny-qdq.onnx").exists()
+    assert [p.name for p in (first / "models").iterdir()] == ["tiny.onnx"]  # no temp file left
+    digest = re.search(r"its sha256 is ([0-9a-f]{64})", str(raised.value)).group(1)
+    manifest.write_text(manifest.read_text() + derived_entry(digest))
+    lines: list[str] = []
+    (path,) = zoo.fetch(["tiny-qdq"], cache=tmp_path / "second", manifest=manifest, download=FakeDownloader(index),
+                        progress=lines.append).values()
+    assert any("making it from tiny with quantize_static" in line for line in lines)
+    ops = {node.op_type for node in __import__("onnx").load(str(path)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops and ops & {"MatMul", "Gemm"}
+    model = zoo.load_manifest(manifest)["tiny-qdq"]
+    assert model.package == PACKAGE and model.quantized and model.derived_from == "tiny"
+
+
+@pytest.mark.parametrize("source, quantizer, complaint", [
+    ("nowhere", "quantize_static", "derived from 'nowhere', which is not listed before it"),
+    ("tiny", "quantize_everything", "quantizer 'quantize_everything'"),
+], ids=["unknown-source", "unknown-quantizer"])
+def test_a_bad_derived_entry_is_refused(tmp_path, source, quantizer, complaint):
+    manifest = write_manifest(tmp_path / "m.toml", "0" * 64)
+    manifest.write_text(manifest.read_text() + derived_entry("0" * 64, source, quantizer))
+    with pytest.raises(ValueError, match=re.escape(complaint)):
+        zoo.load_manifest(manifest)

@@ -32,7 +32,7 @@ TARGET_KINDS = ("llvm", "cuda")
 TARGET_KEYS = ("kind", "mcpu", "mtriple", "mattr", "num-cores", "arch", "host")
 SCHEDULE_MODES = ("default", "none")
 CONV_LAYOUTS = ("NCHW", "NCHWc")
-# "bf16": matmul operands in bfloat16, float32 sums; "auto": bf16 per kernel where the gate holds (docs/precision.md)
+# "bf16": matmul/conv operands in bfloat16, float32 sums; "auto": bf16 per kernel where the gate holds (docs/precision.md)
 PRECISIONS = ("float32", "bf16", "auto")
 SECTIONS = {
     "target": TARGET_KEYS,

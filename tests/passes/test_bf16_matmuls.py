@@ -334,3 +334,70 @@ def test_a_candidate_whose_composite_computes_its_activation_has_none_to_judge_o
     (candidate,) = bf16_candidates(ActivationInside)
     assert candidate.name == "gv" and candidate.activation is None
     assert len(kernel_weights(Bf16Matmuls(AMX)(ActivationInside))) == 1  # still rewritten: the outputs' gate judges it
+
+
+def cnn_model() -> onnx.ModelProto:
+    """An RGB stem conv, then two 3x3 convs with bias and ReLU (our conv_epilogue composite,
+    one composite for both, in the blocked layout), then a depthwise conv."""
+    rng = np.random.default_rng(8)
+    shapes = {"W0": (16, 3, 3, 3), "W1": (32, 16, 3, 3), "B1": (32,), "W2": (32, 32, 3, 3), "B2": (32,),
+              "W3": (32, 1, 3, 3)}
+    inits = [numpy_helper.from_array((0.2 * rng.standard_normal(s)).astype(np.float32), n) for n, s in shapes.items()]
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    nodes = [helper.make_node("Conv", ["X", "W0"], ["c0"], **conv),
+             helper.make_node("Conv", ["c0", "W1", "B1"], ["c1"], **conv), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], **conv), helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "W3"], ["out"], group=32, **conv)]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 12, 10])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 32, 12, 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def conv_calls(mod: tvm.IRModule) -> list:
+    found = []
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.Call) and isinstance(
+                e.op, tvm.ir.Op) and e.op.name == "relax.nn.conv2d" else None)
+    return found
+
+
+def test_dense_convs_become_bf16_kernels_and_the_stem_and_depthwise_stay_float32():
+    """The two 3x3 convs (in composites, blocked) take packed weights, each call its own; the
+    RGB stem (3 input channels) and the depthwise conv are still conv2d. Within bf16 rounding of
+    ONNX Runtime's float32, relative to the output's scale."""
+    model = cnn_model()
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(model))
+    assert len(conv_calls(fused)) == 4
+    after = Bf16Matmuls(AMX)(fused)
+    remaining = conv_calls(after)
+    assert sorted(int(call.attrs.groups) for call in remaining) == [1, 32]
+    (stem,) = [call for call in remaining if int(call.attrs.groups) == 1]
+    assert int(stem.args[0].ty.shape.values[1]) == 3
+    assert len(kernel_weights(after)) == 2
+    candidates = bf16_candidates(fused)
+    assert len(candidates) == 2 and all(c.conv is not None for c in candidates)
+    x = np.random.default_rng(9).standard_normal((1, 3, 12, 10)).astype(np.float32)
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"X": x})[0]
+    got = run(after, x)
+    assert np.abs(got - expected).max() <= 2e-2 * np.abs(expected).max()
+    assert np.abs(got - expected).max() > 1e-5 * np.abs(expected).max()  # bf16 was used
+
+
+def test_a_conv_candidates_rows_times_its_weight_is_its_conv():
+    """What the per-kernel gate multiplies: the candidate's patch rows of its activation by its
+    ``[K, Co]`` weight are the conv's output pixels (here the first dense conv, on the stem's output)."""
+    model = cnn_model()
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(model))
+    first = bf16_candidates(fused)[0]
+    stem_out = np.random.default_rng(10).standard_normal((1, 16, 12, 10)).astype(np.float32)
+    weight = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "W1"))
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w")])
+    conv = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    expected = onnxruntime.InferenceSession(conv.SerializeToString()).run(None, {"x": stem_out})[0]
+    activation = stem_out.reshape(1, 1, 16, 12, 10).transpose(0, 1, 3, 4, 2)  # NCHW16c, as the conv reads it
+    got = first.rows(activation) @ first.weight
+    np.testing.assert_allclose(got.reshape(12, 10, 32).transpose(2, 0, 1)[None], expected, rtol=1e-4, atol=1e-4)

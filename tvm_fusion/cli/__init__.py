@@ -99,7 +99,7 @@ def _compile(args, say) -> int:
     result = compile_model(args.model, args.config[0] if args.config else None, args.input_shape,
                            args.output_dir, verify=not args.no_verify, progress=say,
                            tuning_log=tuning_log_choice(args), fusion_gate=not args.no_fusion_gate,
-                           buckets=args.bucket, precision=args.precision)
+                           buckets=args.bucket, precision=args.precision, calibration=args.calibration)
     cli_output.print_compile(result)
     return 0
 
@@ -110,7 +110,8 @@ def _compile_targets(args, say) -> int:
 
     results = compile_targets(args.model, args.config, args.input_shape, args.output_dir,
                               verify=not args.no_verify, progress=say, tuning_log=tuning_log_choice(args),
-                              fusion_gate=not args.no_fusion_gate, buckets=args.bucket, precision=args.precision)
+                              fusion_gate=not args.no_fusion_gate, buckets=args.bucket, precision=args.precision,
+                              calibration=args.calibration)
     cli_output.print_compile_targets(results)
     failed = [r.error for r in results if r.error is not None]
     return failed[0].exit_code if failed else 0

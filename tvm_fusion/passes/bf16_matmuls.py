@@ -1,10 +1,13 @@
-"""Bf16Matmuls: matmuls by constant float32 weights as bf16 kernels with float32 sums.
+"""Bf16Matmuls: matmuls and dense convs by constant float32 weights as bf16 kernels with float32 sums.
 
 ``--precision bf16`` (issue 43): each ``x @ W`` with ``W`` a 2-D float32 constant, and each
 ``x @ permute_dims(W)`` (an ONNX Gemm with ``transB=1``), becomes the kernel of
 ``frontend/bf16_matmul.py``: the weight rounded to bf16 and packed at build time, the
-activation rounded to bf16 in the kernel's prologue, the products summed in float32. What
-feeds and follows it stays float32.
+activation rounded to bf16 in the kernel's prologue, the products summed in float32. Each
+dense ``conv2d`` by a constant (NCHW or the blocked layout, any stride, dilation and padding)
+becomes the same sum over its input's patches (``frontend/bf16_conv.py``); a grouped or
+depthwise conv, and an image stem of fewer than 16 channels, stays float32 (``conv_geometry``
+says why). What feeds and follows them stays float32.
 
 It runs in the "lower" phase before LegalizeOps, so that FuseOps puts the float32 epilogue
 (bias, activation, residual add) into the same kernel. By then our fusion patterns have made
@@ -21,15 +24,16 @@ TVM 0.27 cannot feed ``vdpbf16ps`` a bf16 vector (``frontend/bf16_matmul.py``), 
 tiles compute the kernel fast; elsewhere it would run as float32 FMAs on widened bf16 loads
 under the generic rules, slower than the float32 kernels.
 
-``declined``: the names of matmul bindings (``onnx<node>_<k>``, kept inside composites) to leave
+``declined``: the names of matmul and conv bindings (``onnx<node>_<k>``, kept inside composites) to leave
 float32, those compile's per-kernel gate found too ill-conditioned for bf16
 (``commands/bf16_kernels.py``); ``bf16_candidates`` lists what the pass would rewrite, with the
-activation each one reads, for that gate to judge.
+activation each one reads (a conv's: its patch rows), for that gate to judge.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import tvm
@@ -37,11 +41,12 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
+from ..frontend.bf16_conv import ConvGeometry, conv_geometry, emit_bf16_conv2d, oihw_weight, patch_rows, weight_matrix
 from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight, packed_weight_shape
 from ..kernels.cpu_features import has_amx_bf16
 from .rebinding import rebind, vars_in
 
-MATMUL, PERMUTE_DIMS = "relax.matmul", "relax.permute_dims"
+MATMUL, PERMUTE_DIMS, CONV2D = "relax.matmul", "relax.permute_dims", "relax.nn.conv2d"
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Bf16Matmuls")
@@ -68,12 +73,18 @@ class Bf16Matmuls:
 
 @dataclasses.dataclass
 class Bf16Candidate:
-    """A matmul ``Bf16Matmuls`` would rewrite: its binding's name, its ``[K, N]`` weight, and the
-    activation it reads as an expression of ``main`` (None where a composite computes it itself)."""
+    """A matmul ``Bf16Matmuls`` would rewrite: its binding's name, its ``[K, N]`` weight, the
+    activation it reads as an expression of ``main`` (None where a composite computes it itself),
+    and for a conv its geometry (the activation's patch rows are what multiply the weight)."""
 
     name: str
     weight: np.ndarray
     activation: relax.Expr | None
+    conv: ConvGeometry | None = None
+
+    def rows(self, activation: np.ndarray) -> np.ndarray:
+        """The rows that multiply ``weight``, of the activation the model gave."""
+        return activation if self.conv is None else patch_rows(activation, self.conv)
 
 
 def bf16_candidates(mod: tvm.IRModule) -> list[Bf16Candidate]:
@@ -98,16 +109,34 @@ def _is_op(expr, name: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
-def _weight_of(value: relax.Expr, bindings: dict) -> tuple[relax.Expr, bool] | None:
-    """The right operand of ``matmul(x, W)`` or ``matmul(x, permute_dims(W))`` (then True:
-    transposed); None for any other value."""
+@dataclasses.dataclass(frozen=True)
+class _Product:
+    """A matmul or conv the bf16 kernels can compute: the weight as the op reads it (a constant
+    or a composite's parameter), whether it is read through a transpose, how a float32 value of
+    it becomes the ``[K, N]`` matrix the kernel multiplies, and a conv's geometry."""
+
+    weight: relax.Expr
+    transposed: bool
+    matrix: Callable[[np.ndarray], np.ndarray]
+    conv: ConvGeometry | None = None
+
+
+def _product_of(value: relax.Expr, bindings: dict) -> _Product | None:
+    """``matmul(x, W)``, ``matmul(x, permute_dims(W))`` (an ONNX Gemm with ``transB=1``) or a
+    dense float32 ``conv2d(x, W)`` (``conv_geometry``); None for any other value."""
+    if _is_op(value, CONV2D):
+        geometry = conv_geometry(value)
+        if isinstance(geometry, str):
+            return None
+        layout = str(value.attrs.kernel_layout)
+        return _Product(value.args[1], False, lambda w: weight_matrix(oihw_weight(w, layout), geometry), geometry)
     if not _is_op(value, MATMUL) or value.attrs.out_dtype not in (None, "", "void", "float32"):
         return None
     weight = bindings.get(value.args[1], value.args[1])
     if _is_op(weight, PERMUTE_DIMS) and weight.args[0].ty.ndim == 2 and (
             weight.attrs.axes is None or [int(a) for a in weight.attrs.axes] == [1, 0]):
-        return weight.args[0], True
-    return value.args[1], False
+        return _Product(weight.args[0], True, lambda w: np.ascontiguousarray(w.T))
+    return _Product(value.args[1], False, lambda w: w)
 
 
 def _static_rows(data: relax.Expr) -> bool:
@@ -124,11 +153,6 @@ def _calls(mod: tvm.IRModule) -> dict:
             relax.analysis.post_order_visit(func, lambda e: calls.setdefault(e.op, []).append(e) if isinstance(
                 e, relax.Call) and isinstance(e.op, tvm.ir.GlobalVar) else None)
     return calls
-
-
-def _weight_array(constant: relax.Expr, transposed: bool) -> np.ndarray:
-    weight = constant.value.numpy()
-    return np.ascontiguousarray(weight.T) if transposed else weight
 
 
 def _uses(func: relax.Function) -> dict:
@@ -152,7 +176,7 @@ class _Rewriter(PyExprMutator):
         self.candidates = candidates  # a list: record each matmul it would rewrite, rewrite none
         self.calls = _calls(mod)
         self.changed = False
-        self.packed_arguments: dict = {}  # composite GlobalVar -> {parameter index: its weight transposed?}
+        self.packed_arguments: dict = {}  # composite GlobalVar -> {parameter index: its constant -> [K, N]}
         self.replaced: dict = {}  # a rewritten composite's GlobalVar -> the new one (its type changed)
 
     def rewrite(self, gvar: tvm.ir.GlobalVar, func: relax.Function) -> relax.Function:
@@ -168,7 +192,7 @@ class _Rewriter(PyExprMutator):
                                 if self.arguments and all(isinstance(arguments[param], tvm.ir.GenericConst)
                                                           for arguments in self.arguments)}
         self.packed_params: dict = {}  # float32 weight parameter -> its packed bf16 replacement
-        self.packed_transposed: dict = {}  # float32 weight parameter -> whether the matmul reads it transposed
+        self.packed_matrix: dict = {}  # float32 weight parameter -> its constant -> the [K, N] matrix
         self.rewrote = False
         new = self.visit_expr(func)
         if self.rewrote:
@@ -176,7 +200,7 @@ class _Rewriter(PyExprMutator):
         if self.packed_params:
             params = [self.packed_params.get(p, p) for p in func.params]
             new = relax.Function(params, new.body, new.ret_ty, new.is_pure, new.attrs)
-            self.packed_arguments[gvar] = {i: self.packed_transposed[p] for i, p in enumerate(func.params)
+            self.packed_arguments[gvar] = {i: self.packed_matrix[p] for i, p in enumerate(func.params)
                                            if p in self.packed_params}
             self.replaced[gvar] = self.builder_.add_func(new, gvar.name_hint)
         return new
@@ -186,7 +210,7 @@ class _Rewriter(PyExprMutator):
         if not (isinstance(call.op, tvm.ir.GlobalVar) and call.op in self.replaced):
             return call
         packed = self.packed_arguments[call.op]  # each call packs its own weight
-        args = [arg if i not in packed else relax.const(tvm.runtime.tensor(pack_weight(_weight_array(arg, packed[i]))))
+        args = [arg if i not in packed else relax.const(tvm.runtime.tensor(pack_weight(packed[i](arg.value.numpy()))))
                 for i, arg in enumerate(call.args)]
         return relax.Call(self.replaced[call.op], args, call.attrs, call.ty_args)
 
@@ -200,29 +224,33 @@ class _Rewriter(PyExprMutator):
             self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value if replaced is None else replaced))
 
     def _bf16(self, var: relax.Var, original: relax.Expr, value: relax.Expr) -> relax.Expr | None:
-        found = _weight_of(original, self.bindings)
-        if found is None:
+        product = _product_of(original, self.bindings)
+        if product is None:
             return None
-        weight_expr, transposed = found
+        weight_expr = product.weight
         is_param = weight_expr in self.param_constants
-        if is_param and (self.uses.get(weight_expr) != 1 or (transposed and self.uses.get(original.args[1]) != 1)):
+        if is_param and (self.uses.get(weight_expr) != 1 or (product.transposed and self.uses.get(original.args[1]) != 1)):
             return None  # the parameter (or its transpose) is read elsewhere too: it must stay float32
         constants = self.param_constants[weight_expr] if is_param else [weight_expr]
         if not isinstance(constants[0], tvm.ir.GenericConst):
             return None
-        weight = _weight_array(constants[0], transposed)  # every call's has this shape and dtype
-        if bf16_matmul_declines(value.args[0], weight) is not None or not _static_rows(value.args[0]):
+        weight = product.matrix(constants[0].value.numpy())  # every call's has this shape and dtype
+        if product.conv is None and (bf16_matmul_declines(value.args[0], weight) is not None
+                                     or not _static_rows(value.args[0])):
             return None
         if self.candidates is not None:  # one per call: each its own weight and activation
             data = original.args[0]
             for index, constant in enumerate(constants):
                 activation = data if self.arguments is None else self.arguments[index].get(data)
-                self.candidates.append(Bf16Candidate(var.name, _weight_array(constant, transposed), activation))
+                self.candidates.append(Bf16Candidate(var.name, product.matrix(constant.value.numpy()), activation,
+                                                     product.conv))
             return None
         packed = None
         if is_param:  # the composite's callers pass their packed weights in this parameter's place
             packed = relax.Var(f"{weight_expr.name}_bf16", relax.TensorType(packed_weight_shape(weight.shape), "uint16"))
             self.packed_params[weight_expr] = packed
-            self.packed_transposed[weight_expr] = transposed
+            self.packed_matrix[weight_expr] = product.matrix
         self.changed = self.rewrote = True
+        if product.conv is not None:
+            return emit_bf16_conv2d(self.builder_, value.args[0], product.conv, weight, packed, var.name)
         return emit_bf16_matmul(self.builder_, value.args[0], weight, packed, var.name)

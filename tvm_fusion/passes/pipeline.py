@@ -19,7 +19,8 @@
                   weights, matmul weights in column panels, subnormal values flushed to zero),
                   then a tuned schedule
                   from the tuning log, else a hand-written TensorIR schedule (stock CPU
-                  schedules none)
+                  schedules none); a kernel with AMX tiles restores its caller's tile
+                  configuration at its end
 
 The stock comparison pipeline is TVM's "zero" pipeline: the same lowering without our
 patterns or schedules.
@@ -50,6 +51,7 @@ from .conv1d_as_conv2d import Conv1dAsConv2d
 from .merge_sibling_convs import MergeSiblingConvs
 from .pack_matmul_weights import PackMatmulWeights
 from .precompute_winograd_weights import PrecomputeWinogradWeights
+from .restore_tile_config import RestoreTileConfig
 from .sink_views import SinkViews
 from .split_wide_concats import SplitWideConcats
 from .strided_row_conv_as_matmul import StridedRowConvAsMatmul
@@ -164,7 +166,7 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
     # Weights are transformed before the tuning log is read: MetaSchedule tunes the kernels
     # that take them (tuning/tasks.py), so records and hand schedules see the same kernel.
     return [*weight_passes(config), *tuned,
-            ApplySchedules(config.tvm_target(), log=schedule_log, errors=rule_errors)]
+            ApplySchedules(config.tvm_target(), log=schedule_log, errors=rule_errors), RestoreTileConfig()]
 
 
 def weight_passes(config: PipelineConfig) -> list[tvm.transform.Pass]:

@@ -8,15 +8,19 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
-from bf16_kernels import assert_bf16_result, bf16_kernel, bf16_module, leading
+from bf16_kernels import (assert_bf16_conv_result, assert_bf16_result, bf16_conv_module, bf16_kernel, bf16_module,
+                          leading)
 from helpers import run_python
 from int8_kernels import kernel_assembly, scheduled
 from loop_structure import loop_kinds
 from machine import host_target
 from tvm import relax, te
 
+from tvm_fusion.frontend.bf16_conv import ConvGeometry
 from tvm_fusion.kernels.cpu_features import has_amx_bf16
 from tvm_fusion.schedules.cpu import Bf16MatmulAmx
+from tvm_fusion.schedules.cpu.amx_tiles import square_rows
+from tvm_fusion.schedules.cpu.bf16_matmul_amx import BF16_TILES
 from tvm_fusion.schedules.registry import rules_for_kind
 from tvm_fusion.targets import export_options, host_cpu_flags
 from tvm_fusion.targets.amx import request_amx_permission
@@ -46,9 +50,40 @@ def test_amx_target_uses_bf16_tile_instructions():
     # 2 row tiles of 16 x 1 column tile of 64 (4 C tiles), one AMX call each, across cores
     assert loop_kinds(bf16_kernel(done)[1]).parallel[-1] == 2
     assembly = kernel_assembly(done, AMX)
-    for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"):
+    for instruction in ("sttilecfg", "ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"):
         assert instruction in assembly, instruction
     assert "tdpbusd" not in assembly
+
+
+def test_a_sum_of_whole_tile_pairs_takes_2x2_calls():
+    """64 rows x 64 columns x K 128: each call two A tiles by two B tiles (four products, A tile
+    5 meeting B tile 7), the tiles configured only when they hold another configuration."""
+    mod, _ = bf16_module(64, 128, 64)
+    assembly = kernel_assembly(on_tiles(mod, AMX), AMX)
+    assert "tdpbf16ps\t%tmm7, %tmm5, %tmm3" in assembly
+    assert "sttilecfg" in assembly and "tilerelease" not in assembly
+
+
+@pytest.mark.parametrize("rows, columns, depth, expected", [
+    (64, 64, 128, 32), (40, 32, 64, 20), (80, 64, 576, 20), (160, 32, 32, 32),
+    (64, 48, 128, 0),  # an odd number of column blocks
+    (64, 64, 100, 0),  # a K tail
+    (14, 64, 64, 0), (34, 64, 64, 0)])  # no two row tiles of 8 or more
+def test_2x2_calls_need_whole_tiles(rows, columns, depth, expected):
+    assert square_rows(BF16_TILES, rows, columns, depth) == expected
+
+
+@host_amx
+def test_kernels_of_other_tile_shapes_alternate_in_one_process():
+    """Each call loads its tile configuration when the tiles hold another: two kernels of other
+    shapes (a 2 x 2 call, a 1 x 4 call with a K tail) run one after the other, both right."""
+    modules = [bf16_module(64, 128, 64, seed=1), bf16_module(7, 100, 20, seed=2)]
+    runs = [(relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())["main"], weight,
+             np.random.default_rng(4).standard_normal((64 if i == 0 else 7, weight.shape[0])).astype(np.float32))
+            for i, (mod, weight) in enumerate(modules)]
+    for _ in range(3):
+        for main, weight, a in runs:
+            assert_bf16_result(main(tvm.runtime.tensor(a)).numpy(), a, weight)
 
 
 @pytest.mark.parametrize("mcpu", ["znver4", "cooperlake", "skylake-avx512"])
@@ -128,3 +163,56 @@ def test_an_exported_kernel_runs_in_a_fresh_process(tmp_path):
     ran = run_python(PLAIN_TVM, str(library), str(tmp_path / "a.npy"), str(tmp_path / "y.npy"))
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert_bf16_result(np.load(tmp_path / "y.npy"), a, weight)
+
+
+CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel, strides, dilation, padding
+    "3x3-rows-of-10": ConvGeometry(16, 16, 1, 32, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "1x1-batch": ConvGeometry(16, 16, 2, 64, 7, 7, 32, 7, 7, (1, 1), (1, 1), (1, 1), (0, 0)),
+    "strided-k-tail": ConvGeometry(16, 16, 1, 16, 17, 33, 48, 9, 17, (3, 3), (2, 2), (1, 1), (1, 1)),
+    "nchw-odd-k": ConvGeometry(0, 0, 1, 17, 9, 12, 20, 9, 12, (3, 3), (1, 1), (1, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
+def test_a_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
+    """The patches are built under the tile loop that reads them (where there are row tiles to
+    share among cores), on vectors of a blocked input's 16 channels, from an input rounded once."""
+    mod, _ = bf16_conv_module(CONVS[conv])
+    func = bf16_kernel(on_tiles(mod, AMX))[1]
+    script = func.script()
+    assert "tdpbf16ps" in script
+    assert script.count("T.parallel") >= 2  # the rounded input, and the tiles
+    if conv == "3x3-rows-of-10":
+        assert "T.vectorized(T.int64(16))" in script
+        rows_loop = script.index("T.parallel(T.int64(40))")  # 20 output rows x 2 tiles of 20 rows
+        assert rows_loop < script.index('T.sblock("bf16_activation")')
+
+
+@host_amx
+@pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
+def test_scheduled_conv_matches_the_bf16_reference_on_the_host(conv):
+    """Rows per output row (tiles of 10, 2 x 2 calls), a batch of 7 x 7 maps, a stride with a
+    prime output width (flat rows, the output layout after the whole sum) and a K tail, and
+    NCHW with K = 153 (its patches built element by element)."""
+    geometry = CONVS[conv]
+    mod, matrix = bf16_conv_module(geometry)
+    g = geometry
+    shape = (g.batch, g.channels // g.data_block, g.height, g.width, g.data_block) if g.data_block else (
+        g.batch, g.channels, g.height, g.width)
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())
+    assert_bf16_conv_result(vm["main"](tvm.runtime.tensor(x)).numpy(), x, matrix, geometry)
+
+
+@host_amx
+def test_a_conv_kernel_with_an_elementwise_prologue_takes_the_tiles():
+    """A multiply before the conv in the same kernel (a composite's affine) is inlined into the
+    rounded input; the rule finds the patches' block before that (its handle would go stale)."""
+    geometry = CONVS["3x3-rows-of-10"]
+    mod, matrix = bf16_conv_module(geometry, scale=0.5)
+    func = bf16_kernel(mod)[1]
+    assert Bf16MatmulAmx().apply(func, HOST, False) is not None
+    g = geometry
+    x = np.random.default_rng(6).standard_normal((1, g.channels // 16, g.height, g.width, 16)).astype(np.float32)
+    vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())
+    assert_bf16_conv_result(vm["main"](tvm.runtime.tensor(x)).numpy(), x * 0.5, matrix, geometry)

@@ -44,7 +44,7 @@ def test_amx_target_uses_tile_instructions():
     # 2 row tiles of 16 x 1 column tile of 64 (4 C tiles), one AMX call each, across cores
     assert loop_kinds(int8_kernel(done)[1]).parallel == [2]
     assembly = kernel_assembly(done, AMX)
-    for instruction in ("ldtilecfg", "tileloadd", "tdpbusd", "tilestored", "tilerelease"):
+    for instruction in ("sttilecfg", "ldtilecfg", "tileloadd", "tdpbusd", "tilestored"):
         assert instruction in assembly, instruction
 
 

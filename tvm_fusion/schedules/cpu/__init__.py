@@ -25,9 +25,10 @@ from .skip_norm import SkipNorm
 from .softmax import Softmax
 from .softmax_outer_axis import SoftmaxOverOuterAxis
 from .squeeze_excitation import SqueezeExcitation
+from .whole_reduction import WholeTensorReduction
 from .winograd_conv2d_nchwc import WinogradConv2dNCHWc
 
 __all__ = ["Attention", "Bf16MatmulAmx", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
            "DepthwiseConv2dNCHWc", "Fallback", "Injective", "Int8MatmulAmx", "Int8MatmulVnni", "MatmulEpilogue", "MatmulMultiOutput",
            "Pooling", "Reduction", "Resize", "SkipNorm", "Softmax", "SoftmaxOverOuterAxis",
-           "SqueezeExcitation", "WinogradConv2dNCHWc"]
+           "SqueezeExcitation", "WholeTensorReduction", "WinogradConv2dNCHWc"]

@@ -1,5 +1,6 @@
 """AMX tile kernels for the packed-weight matmuls: shared by ``Int8MatmulAmx`` (``tdpbusd``,
-uint8 x int8 -> int32) and ``Bf16MatmulAmx`` (``tdpbf16ps``, bf16 x bf16 -> float32).
+uint8 x int8 -> int32) and ``Bf16MatmulAmx`` (``tdpbf16ps``, bf16 x bf16 -> float32). The
+tensor intrinsics (a call's tiles over all of K) are ``amx_intrinsics.py``'s.
 
 An AMX tile is up to 16 rows of 64 bytes. One product instruction adds, to each 4-byte
 accumulator of a 16 x 16 C tile, the products of 16 groups of ``depth_block`` consecutive k
@@ -7,12 +8,13 @@ accumulator of a 16 x 16 C tile, the products of 16 groups of ``depth_block`` co
 memory), B 16 groups x 16 columns, which is the kernel's packed weight ``[N/16, K/d, 16, d]``
 as it is (``W[j, 16q:16q+16]`` is 16 rows of 64 contiguous bytes).
 
-Each output tile of ``rows x 16*blocks`` (``blocks`` C tiles side by side, sharing each A tile)
-is one call of a tensor intrinsic that covers the whole of K: it configures the tiles
-(``ldtilecfg``; rows below 16 and a K that does not fill the last tile are shapes of the
-configuration, no padding), zeroes the C tiles, runs the K loop and stores them into a local
-accumulator; the epilogue then runs on the tile. The intrinsic is registered per (rows,
-blocks, K): all three are shapes in its configuration.
+Each output tile is one call of a tensor intrinsic that covers the whole of K: it configures
+the tiles (when they hold another configuration), zeroes the C tiles, runs the K loop and
+stores them into a local accumulator; the epilogue then runs on the tile. A call is 2 x 2 (two
+row tiles by 32 columns: ``square_rows``) where K is whole tiles and M has two row tiles of 8
+or more, else 1 x 4 (one row tile by up to 64 columns, ``blocks`` C tiles side by side); the
+2 x 2 call reads half the weight bytes per row, which bounds a call in L2. The intrinsic is
+registered per (rows, blocks, K): all three are shapes in its configuration.
 
 Linux hands a process the AMX state only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM,
 XFEATURE_XTILEDATA)``, one permission for every AMX product), else the first tile instruction
@@ -30,254 +32,43 @@ the batch loop outside the copies as 0).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from math import prod
 
-from tvm import s_tir, tirx
-from tvm.script import tirx as T
+from tvm import s_tir
 
 from ...frontend.packed_weights import COLUMN_BLOCK
-from ...kernels.blocks import OneReduction
+from ...kernels.blocks import OneReduction, among
 from ...targets.amx import request_amx_permission
 from .amx_copies import normalized_copies
+from .amx_intrinsics import TILE_ROWS, TileProduct, register_amx_intrins
 from .helpers import extent_of, largest_divisor
 from .int8_sum import place_prologue, write_back_tiles
 
-TILE_ROWS, TILE_BYTES = 16, 64  # an AMX tile: 16 rows of 64 bytes; a C tile row is one COLUMN_BLOCK
-# C tiles side by side per call (of the 8 tile registers: C tiles, A, B, and A, B for K's tail).
+# C tiles side by side per 1 x 4 call (of the 8 tile registers: C tiles, A, B, and A, B for K's tail).
 MAX_BLOCKS = 4
+# Rows of each of a 2 x 2 call's two row tiles at least (``square_rows``); below it, 1 x 4 calls.
+MIN_SQUARE_TILE_ROWS = 8
 # Rows of a tile at least past 16 rows (a divisor of M, else tiles of 16 and a tail); the int8
 # tiles' min_rows: below it the VNNI kernel was the faster one (a tile's configuration and loads
 # cost more than a few rows gain).
 MIN_TILE_ROWS = 5
+# Tiles of rows a kernel needs for its A operand to be computed per row tile: the row tiles are
+# then the only loop shared among cores.
+MIN_ROW_TILES_FOR_OPERAND = 8
 # A weight larger than this is swept once per tile of columns, all rows under it, instead of
 # once per tile of rows: it no longer stays in L2 between row tiles.
 COLUMNS_OUTER_WEIGHT_BYTES = 1 << 20
 
 
-@dataclasses.dataclass(frozen=True)
-class TileProduct:
-    """One AMX product instruction as the kernel's sum reads it: ``c += product(a, b)`` over
-    ``depth_block`` consecutive k per 4-byte group, operands of ``operand_dtypes``."""
-
-    name: str  # in the registered intrinsics' names
-    instruction: str  # the LLVM intrinsic: llvm.x86.tdpbusd, llvm.x86.tdpbf16ps
-    operand_dtypes: tuple[str, str]
-    accumulator_dtype: str
-    depth_block: int
-    product: Callable  # (a element, b element) -> the accumulated term, as the kernel writes it
-    min_rows: int  # rows below which the tiles do not pay against the ISA's register kernel
-
-    @property
-    def depth_per_tile(self) -> int:
-        """k per full A tile row (64 bytes)."""
-        return TILE_ROWS * self.depth_block
-
-    @property
-    def operand_bytes(self) -> int:
-        return 4 // self.depth_block
-
-
-def tile_config(spec: TileProduct, rows: int, blocks: int, depth: int) -> list[int]:
-    """``ldtilecfg``'s 64 bytes as 8 little-endian uint64 words: palette 1; tiles 0..blocks-1 the
-    accumulators (rows x 16 of 4 bytes), 4 and 5 a full A and B, 6 and 7 K's tail."""
-    tail = depth % spec.depth_per_tile
-    config = bytearray(64)
-    config[0] = 1
-    shapes = {j: (rows, TILE_BYTES) for j in range(blocks)}
-    shapes[4], shapes[5] = (rows, TILE_BYTES), (TILE_ROWS, TILE_BYTES)
-    if tail:
-        shapes[6], shapes[7] = (rows, tail * spec.operand_bytes), (tail // spec.depth_block, TILE_BYTES)
-    for tile, (tile_rows, colsb) in shapes.items():
-        config[16 + 2 * tile:18 + 2 * tile] = colsb.to_bytes(2, "little")
-        config[48 + tile] = tile_rows
-    return [int.from_bytes(config[8 * i:8 * i + 8], "little") for i in range(8)]
-
-
-@T.macro
-def _tile_zero(tile: int):
-    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(tile)))
-
-
-@T.macro
-def _tile_load(tile: int, address, stride):
-    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(tile), address, stride))
-
-
-@T.macro
-def _tile_store(tile: int, address, stride):
-    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(tile), address, stride))
-
-
-@T.macro
-def _tile_product(instruction: str, b, c_tile: int, a_tile: int, b_tile: int, k_group):
-    """C tile ``c_tile`` += A tile x column block ``c_tile`` of the weight from k group ``k_group``."""
-    _tile_load(b_tile, T.address_of(b[c_tile, k_group, 0, 0]), T.int64(TILE_BYTES))
-    T.evaluate(T.call_llvm_intrin("void", instruction, T.int8(c_tile), T.int8(a_tile), T.int8(b_tile)))
-
-
-def _amx_intrin(spec: TileProduct, rows: int, blocks: int, depth: int, scope: str):
-    """Description: ``c[i, j] += product(a[i, k], b[j/16, k/d, j%16, k%d])`` over all of K, for
-    an accumulator of ``rows x 16*blocks`` in a buffer of ``scope`` (one row: ``c[0, j]``, the
-    form a unit row loop leaves); implementation:
-    ``ldtilecfg``, the C tiles zeroed (the init before it is a no-op: ``_zeroed_by_the_product``),
-    the K loop, the C tiles stored, ``tilerelease``. Tile ids are immediates, so the column
-    blocks are spelled out (``blocks > j`` is read when parsed). Several row tiles per call, one
-    ``ldtilecfg`` for them, ran slower at 128 x 256 x 1024: the larger accumulator left L1."""
-    columns, block = blocks * COLUMN_BLOCK, spec.depth_block
-    full, tail = divmod(depth, spec.depth_per_tile)
-    a_dtype, b_dtype = spec.operand_dtypes
-    c_dtype, product, instruction = spec.accumulator_dtype, spec.product, spec.instruction
-    a_stride = T.int64(depth * spec.operand_bytes)
-    words = tile_config(spec, rows, blocks, depth)
-
-    @T.prim_func(s_tir=True)
-    def desc(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
-        c_stride = T.int32()
-        a = T.match_buffer(a_handle, (rows, depth), a_dtype, offset_factor=1)
-        b = T.match_buffer(b_handle, (blocks, depth // block, COLUMN_BLOCK, block), b_dtype, offset_factor=1)
-        c = T.match_buffer(c_handle, (rows, columns), c_dtype, offset_factor=1, strides=[c_stride, 1], scope=scope)
-        with T.sblock("root"):
-            T.reads(c[0:rows, 0:columns], a[0:rows, 0:depth], b[0:blocks, 0:depth // block, 0:COLUMN_BLOCK, 0:block])
-            T.writes(c[0:rows, 0:columns])
-            for i, j, k in T.grid(rows, columns, depth):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    c[vi, vj] = c[vi, vj] + product(
-                        a[vi, vk], b[vj // COLUMN_BLOCK, vk // block, vj % COLUMN_BLOCK, vk % block])
-
-    @T.prim_func(s_tir=True)
-    def one_row_desc(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
-        c_stride = T.int32()
-        a = T.match_buffer(a_handle, (rows, depth), a_dtype, offset_factor=1)
-        b = T.match_buffer(b_handle, (blocks, depth // block, COLUMN_BLOCK, block), b_dtype, offset_factor=1)
-        c = T.match_buffer(c_handle, (rows, columns), c_dtype, offset_factor=1, strides=[c_stride, 1], scope=scope)
-        with T.sblock("root"):
-            T.reads(c[0:rows, 0:columns], a[0:rows, 0:depth], b[0:blocks, 0:depth // block, 0:COLUMN_BLOCK, 0:block])
-            T.writes(c[0:rows, 0:columns])
-            for j, k in T.grid(columns, depth):
-                with T.sblock("update"):
-                    vj, vk = T.axis.remap("SR", [j, k])
-                    c[0, vj] = c[0, vj] + product(
-                        a[0, vk], b[vj // COLUMN_BLOCK, vk // block, vj % COLUMN_BLOCK, vk % block])
-
-    @T.prim_func(s_tir=True)
-    def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
-        c_stride = T.int32()
-        a = T.match_buffer(a_handle, (rows, depth), a_dtype, offset_factor=1)
-        b = T.match_buffer(b_handle, (blocks, depth // block, COLUMN_BLOCK, block), b_dtype, offset_factor=1)
-        c = T.match_buffer(c_handle, (rows, columns), c_dtype, offset_factor=1, strides=[c_stride, 1], scope=scope)
-        with T.sblock("root"):
-            T.reads(c[0:rows, 0:columns], a[0:rows, 0:depth], b[0:blocks, 0:depth // block, 0:COLUMN_BLOCK, 0:block])
-            T.writes(c[0:rows, 0:columns])
-            # On the stack: a local buffer in a parallel loop's body is a workspace allocation per call
-            config = T.decl_buffer((8,), "int64", data=T.tvm_stack_alloca("shape", 8))
-            config[0] = T.int64(words[0])
-            config[1] = T.int64(words[1])
-            config[2] = T.int64(words[2])
-            config[3] = T.int64(words[3])
-            config[4] = T.int64(words[4])
-            config[5] = T.int64(words[5])
-            config[6] = T.int64(words[6])
-            config[7] = T.int64(words[7])
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(config[0])))
-            _tile_zero(0)
-            if blocks > 1:
-                _tile_zero(1)
-            if blocks > 2:
-                _tile_zero(2)
-            if blocks > 3:
-                _tile_zero(3)
-            for q in range(full):  # tiles 4 (A) and 5 (B): one full tile of k
-                _tile_load(4, T.address_of(a[0, q * spec.depth_per_tile]), a_stride)
-                _tile_product(instruction, b, 0, 4, 5, q * TILE_ROWS)
-                if blocks > 1:
-                    _tile_product(instruction, b, 1, 4, 5, q * TILE_ROWS)
-                if blocks > 2:
-                    _tile_product(instruction, b, 2, 4, 5, q * TILE_ROWS)
-                if blocks > 3:
-                    _tile_product(instruction, b, 3, 4, 5, q * TILE_ROWS)
-            if tail > 0:  # tiles 6 (A) and 7 (B): the last k
-                _tile_load(6, T.address_of(a[0, full * spec.depth_per_tile]), a_stride)
-                _tile_product(instruction, b, 0, 6, 7, full * TILE_ROWS)
-                if blocks > 1:
-                    _tile_product(instruction, b, 1, 6, 7, full * TILE_ROWS)
-                if blocks > 2:
-                    _tile_product(instruction, b, 2, 6, 7, full * TILE_ROWS)
-                if blocks > 3:
-                    _tile_product(instruction, b, 3, 6, 7, full * TILE_ROWS)
-            _tile_store(0, T.address_of(c[0, 0]), T.Cast("int64", c_stride * 4))
-            if blocks > 1:
-                _tile_store(1, T.address_of(c[0, COLUMN_BLOCK]), T.Cast("int64", c_stride * 4))
-            if blocks > 2:
-                _tile_store(2, T.address_of(c[0, 2 * COLUMN_BLOCK]), T.Cast("int64", c_stride * 4))
-            if blocks > 3:
-                _tile_store(3, T.address_of(c[0, 3 * COLUMN_BLOCK]), T.Cast("int64", c_stride * 4))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
-
-    return (one_row_desc if rows == 1 else desc), impl
-
-
-def _zeroed_by_the_product(dtype: str, rows: int, columns: int, scope: str):
-    """Description: the accumulator's init, ``c[i, j] = 0`` (one row: ``c[0, j]``, the form a
-    unit row loop leaves); implementation: nothing, as the AMX
-    intrinsic, which always follows it (the rule tensorizes the init and the product together),
-    starts from zeroed C tiles (``tilezero``) instead of loading ``c``: no pass that writes
-    zeros to memory for the tiles to load them again."""
-
-    zero = tirx.const(0, dtype)
-
-    @T.prim_func(s_tir=True)
-    def desc(c_handle: T.handle) -> None:
-        c_stride = T.int32()
-        c = T.match_buffer(c_handle, (rows, columns), dtype, offset_factor=1, strides=[c_stride, 1], scope=scope)
-        with T.sblock("root"):
-            T.reads()
-            T.writes(c[0:rows, 0:columns])
-            for i, j in T.grid(rows, columns):
-                with T.sblock("init"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    c[vi, vj] = zero
-
-    @T.prim_func(s_tir=True)
-    def one_row_desc(c_handle: T.handle) -> None:
-        c_stride = T.int32()
-        c = T.match_buffer(c_handle, (rows, columns), dtype, offset_factor=1, strides=[c_stride, 1], scope=scope)
-        with T.sblock("root"):
-            T.reads()
-            T.writes(c[0:rows, 0:columns])
-            for j in range(columns):
-                with T.sblock("init"):
-                    vj = T.axis.spatial(columns, j)
-                    c[0, vj] = zero
-
-    @T.prim_func(s_tir=True)
-    def impl(c_handle: T.handle) -> None:
-        c_stride = T.int32()
-        c = T.match_buffer(c_handle, (rows, columns), dtype, offset_factor=1, strides=[c_stride, 1], scope=scope)
-        with T.sblock("root"):
-            T.reads()
-            T.writes(c[0:rows, 0:columns])
-            T.evaluate(0)
-
-    return (one_row_desc if rows == 1 else desc), impl
-
-
-def register_amx_intrins(spec: TileProduct, rows: int, blocks: int, depth: int,
-                         scope: str = "local") -> tuple[str, str]:
-    """(the init's, the product's) tensor intrinsics for a tile's shapes and its accumulator's
-    scope (a local tile, or the whole sum in memory), registered."""
-    name = f"tvm_fusion_amx_{spec.name}_{rows}x{blocks * COLUMN_BLOCK}x{depth}_{scope}"
-    s_tir.TensorIntrin.register(name, *_amx_intrin(spec, rows, blocks, depth, scope), override=True)
-    s_tir.TensorIntrin.register(
-        f"{name}_init", *_zeroed_by_the_product(spec.accumulator_dtype, rows, blocks * COLUMN_BLOCK, scope),
-        override=True)
-    return f"{name}_init", name
-
-
-def schedule_tiles(kernel: OneReduction, spec: TileProduct) -> s_tir.Schedule | None:
+def schedule_tiles(kernel: OneReduction, spec: TileProduct, per_tile: bool = True,
+                   operand_per_row_tile: bool = False) -> s_tir.Schedule | None:
     """``kernel`` (a packed-weight sum of ``spec``'s form) as AMX tiles, its element-wise
-    epilogue per tile where it can follow one; None where tiles do not pay or cannot be formed."""
+    epilogue per tile where it can follow one (never without ``per_tile``: an epilogue whose
+    index map a tile's rows straddle, which ``reverse_compute_at`` cannot bound exactly); None
+    where tiles do not pay or cannot be formed. With ``operand_per_row_tile`` the prologue that
+    writes the A operand (a conv's patch rows) is computed per tile of rows, where there are
+    enough of them to share among cores (``MIN_ROW_TILES_FOR_OPERAND``): those rows stay in L1
+    between the prologue and the tiles instead of making a round trip through memory."""
     *batch, m, _, _ = kernel.stmt.iter_vars
     rows = extent_of(m.dom.extent)
     if not isinstance(rows, int) or rows < spec.min_rows:
@@ -287,6 +78,9 @@ def schedule_tiles(kernel: OneReduction, spec: TileProduct) -> s_tir.Schedule | 
     if partitioned and batch:
         return None  # blockize binds a batch loop outside loop_partition's copies as 0: wrong sums
     sch = kernel.sch
+    row_tiles = rows // tile_rows * prod(extent_of(iv.dom.extent) for iv in batch)
+    # found before place_prologue inlines other prologue blocks (their handles then go stale)
+    operand = _operand_block(sch, kernel) if operand_per_row_tile and row_tiles >= MIN_ROW_TILES_FOR_OPERAND else None
     place_prologue(sch, kernel)
     if partitioned:  # 197 rows: 12 tiles of 16, one of 5
         try:
@@ -295,10 +89,10 @@ def schedule_tiles(kernel: OneReduction, spec: TileProduct) -> s_tir.Schedule | 
             return None
         request_amx_permission()
         return scheduled
-    for per_tile in (True, False):
+    for epilogue_per_tile in (True, False) if per_tile else (False,):
         attempt = sch.copy()
         try:
-            _schedule(attempt, kernel.block, kernel.epilogue, tile_rows, per_tile, spec)
+            _schedule(attempt, kernel.block, kernel.epilogue, tile_rows, epilogue_per_tile, spec, operand)
         except s_tir.ScheduleError:
             continue  # an epilogue that cannot follow the tile (one that reads across tiles)
         request_amx_permission()  # this process may run the kernel (compile's verification)
@@ -310,25 +104,51 @@ def _columns_outer(spec: TileProduct, columns: int, depth: int) -> bool:
     return columns * depth * spec.operand_bytes > COLUMNS_OUTER_WEIGHT_BYTES
 
 
-def _schedule(sch: s_tir.Schedule, block, epilogue: list, tile_rows: int, per_tile: bool, spec: TileProduct) -> None:
+def _operand_block(sch: s_tir.Schedule, kernel: OneReduction):
+    """The prologue block that writes the sum's A operand, or None."""
+    operand = kernel.stmt.reads[0].source
+    found = [b for b in kernel.prologue if any(among(r.source, [operand]) for r in sch.get(b).writes)]
+    return found[0] if len(found) == 1 else None
+
+
+def _schedule(sch: s_tir.Schedule, block, epilogue: list, tile_rows: int, per_tile: bool, spec: TileProduct,
+              operand=None) -> None:
     """One AMX call per output tile of ``tile_rows`` (a divisor of M) x up to 64 columns; the
-    epilogue computed per tile, or (``per_tile`` False) after the whole sum, across cores."""
+    epilogue computed per tile, or (``per_tile`` False) after the whole sum, across cores; the
+    ``operand`` block (None: left as it is) computed per tile of rows, the column tiles under it."""
     *batch, m, n, k = sch.get_loops(block)
-    columns, depth = extent_of(sch.get(n).extent), extent_of(sch.get(k).extent)
+    rows, columns, depth = (extent_of(sch.get(loop).extent) for loop in (m, n, k))
     blocks = largest_divisor(columns // COLUMN_BLOCK, MAX_BLOCKS)
+    square = square_rows(spec, rows, columns, depth)
+    if square:
+        tile_rows, blocks = square, 2
     m_outer, m_inner = sch.split(m, [None, tile_rows])
     n_outer, n_inner = sch.split(n, [None, blocks * COLUMN_BLOCK])
-    outer = (n_outer, m_outer) if _columns_outer(spec, columns, depth) else (m_outer, n_outer)
+    outer = (n_outer, m_outer) if operand is None and _columns_outer(spec, columns, depth) else (m_outer, n_outer)
     sch.reorder(*outer, m_inner, n_inner, k)
-    write_back_tiles(sch, block, batch, outer, epilogue, per_tile)
+    if operand is None:
+        write_back_tiles(sch, block, batch, outer, epilogue, per_tile)
+    else:
+        write_back_tiles(sch, block, batch, outer, epilogue, per_tile, parallel_outer=1)
+        sch.compute_at(operand, sch.get_loops(block)[0])
     init = sch.decompose_reduction(block, m_inner)
-    init_intrin, intrin = register_amx_intrins(spec, tile_rows, blocks, depth)
+    init_intrin, intrin = register_amx_intrins(spec, tile_rows, blocks, depth, square=bool(square))
     if tile_rows == 1:  # a unit row loop leaves no row axis in the blocks: the tile starts at the columns
         sch.tensorize(sch.get_loops(init)[-1], init_intrin)
         sch.tensorize(n_inner, intrin)
     else:
         sch.tensorize(sch.get_loops(init)[-2], init_intrin)
         sch.tensorize(m_inner, intrin)
+
+
+def square_rows(spec: TileProduct, rows: int, columns: int, depth: int) -> int:
+    """The rows of a 2 x 2 call (two row tiles, 32 columns) for this sum, or 0 where 1 x 4 calls
+    take it: K in whole tiles, whole pairs of column blocks, and two row tiles of at least
+    ``MIN_SQUARE_TILE_ROWS`` rows that divide M (the most rows there are)."""
+    if depth % spec.depth_per_tile or columns % (2 * COLUMN_BLOCK):
+        return 0
+    tile = max((t for t in range(MIN_SQUARE_TILE_ROWS, TILE_ROWS + 1) if rows % (2 * t) == 0), default=0)
+    return 2 * tile
 
 
 def row_partitions(rows: int) -> list[tuple[int, int]]:

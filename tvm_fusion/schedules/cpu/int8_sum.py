@@ -4,6 +4,7 @@ as their schedule rules read them: the sum block, and the blocks before it. Shar
 
 from tvm import s_tir, tirx
 
+from ...frontend.bf16_conv import READ_MANY_TIMES
 from ...frontend.integer_matmul import COLUMN_BLOCK, DEPTH_BLOCK, KERNEL_NAME
 from ...kernels.blocks import among
 from .helpers import extent_of
@@ -35,10 +36,13 @@ def place_prologue(sch: s_tir.Schedule, kernel) -> None:
     """Blocks FuseOps put before the sum: one that feeds it (an activation's offset and padding)
     runs as a pass of its own, as inlined into the sum it would break its tensorization; one
     only the epilogue reads (a run-time zero point's cast) is inlined into its readers, so the
-    epilogue can follow each tile (``reverse_compute_at`` wants every producer under the tile)."""
+    epilogue can follow each tile (``reverse_compute_at`` wants every producer under the tile);
+    one marked ``READ_MANY_TIMES`` (a conv's rounded input, which its patches re-read) is
+    computed once, as inlined it would be computed again at each read."""
     operands = [region.source for region in kernel.stmt.reads]
     for block in kernel.prologue:
-        if not any(among(region.source, operands) for region in sch.get(block).writes):
+        once = READ_MANY_TIMES in sch.get(block).annotations
+        if not once and not any(among(region.source, operands) for region in sch.get(block).writes):
             try:
                 sch.compute_inline(block)
                 continue
@@ -49,14 +53,18 @@ def place_prologue(sch: s_tir.Schedule, kernel) -> None:
             sch.parallel(loops[0])
 
 
-def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epilogue: list, per_tile: bool) -> None:
+def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epilogue: list, per_tile: bool,
+                     parallel_outer: int = 2) -> None:
     """The sum's tiles (``outer``, under the ``batch`` loops) across cores, each written back from
     a local buffer; with ``per_tile`` the epilogue follows each tile (the write-back and all but
-    the last epilogue block inlined into the last), else it runs after the whole sum, across cores."""
+    the last epilogue block inlined into the last), else it runs after the whole sum, across
+    cores. ``parallel_outer``: how many of ``outer`` are shared among cores with the batch (1:
+    the first, the second then runs in each task)."""
     writeback = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(writeback, outer[1])
-    tile = sch.fuse(*batch, *outer)
-    sch.parallel(tile)
+    shared = sch.fuse(*batch, *outer[:parallel_outer])
+    sch.parallel(shared)
+    tile = shared if parallel_outer == len(outer) else outer[-1]
     if per_tile:
         *inlined, output = [writeback, *epilogue]
         for block_rv in inlined:

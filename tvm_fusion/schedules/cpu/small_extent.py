@@ -34,9 +34,11 @@ MIN_PARALLEL_ELEMENTS = 4096
 MIN_PARALLEL_TILE_WORK = 1 << 18
 
 
-def serial_when_small(sch: s_tir.Schedule, min_work: int) -> s_tir.Schedule:
+def serial_when_small(sch: s_tir.Schedule, min_work: int, static_tasks: bool = False) -> s_tir.Schedule:
     """``sch``'s function with each outermost parallel loop of symbolic extent guarded by a
-    run-time test, ``work < min_work``, that selects a serial copy of its nest.
+    run-time test, ``work < min_work``, that selects a serial copy of its nest; with
+    ``static_tasks``, also a parallel loop of constant extent (a fixed number of tasks) over
+    symbolic work.
 
     Returns ``sch`` itself when no loop qualifies (static kernels stay as scheduled), else a new
     schedule of the rewritten function.
@@ -47,12 +49,16 @@ def serial_when_small(sch: s_tir.Schedule, min_work: int) -> s_tir.Schedule:
         return sch
     root = realize.block
     stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    if not any(_is_symbolic_parallel(stmt) for stmt in stmts):
-        return sch
     analyzer = Analyzer()
+
+    def guarded(stmt) -> bool:
+        return _is_symbolic_parallel(stmt) or (static_tasks and _is_parallel_over_symbolic_work(stmt, analyzer))
+
+    if not any(guarded(stmt) for stmt in stmts):
+        return sch
     body, scratch = [], list(root.alloc_buffers)
     for i, stmt in enumerate(stmts):
-        if not _is_symbolic_parallel(stmt):
+        if not guarded(stmt):
             body.append(stmt)
             continue
         work = analyzer.simplify(_work(stmt, tirx.IntImm("int64", 1)))
@@ -76,6 +82,11 @@ def serial_when_small(sch: s_tir.Schedule, min_work: int) -> s_tir.Schedule:
 def _is_symbolic_parallel(stmt) -> bool:
     return (isinstance(stmt, tirx.For) and stmt.kind == ForKind.PARALLEL
             and not isinstance(stmt.extent, tirx.IntImm))
+
+
+def _is_parallel_over_symbolic_work(stmt, analyzer: Analyzer) -> bool:
+    return (isinstance(stmt, tirx.For) and stmt.kind == ForKind.PARALLEL
+            and not isinstance(analyzer.simplify(_work(stmt, tirx.IntImm("int64", 1))), tirx.IntImm))
 
 
 def _work(stmt, outer: tirx.Expr) -> tirx.Expr:

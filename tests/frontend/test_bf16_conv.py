@@ -1,0 +1,165 @@
+"""frontend/bf16_conv.py: a dense conv2d as the bf16 matmul kernel. Its patch matrix times its
+weight matrix is the conv (NCHW and NCHW16c, strides, dilation, asymmetric padding, a batch);
+the kernel, built as written for the host, equals that product of bf16-rounded operands; the
+rows follow output rows where OW has a divisor that fills a tile; and convs it does not take
+are declined with a reason."""
+
+import ml_dtypes
+import numpy as np
+import onnxruntime
+import pytest
+import tvm
+from machine import host_target
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from tvm_fusion.frontend.bf16_conv import (ConvGeometry, conv_geometry, emit_bf16_conv2d, oihw_weight, patch_rows,
+                                           rows_per_output_row, weight_matrix)
+from tvm_fusion.passes.pipeline import lowering_passes
+
+HOST = tvm.target.Target(host_target())
+BLOCK = 16
+
+
+def conv_call(shape, weight_shape, layout="NCHW", groups=1, dtype="float32", **attrs):
+    """A ``relax.nn.conv2d`` call of a data variable by a constant, normalized (typed)."""
+    data = relax.Var("x", relax.TensorType(shape, dtype))
+    kernel_layout = "OIHW" if layout == "NCHW" else f"OIHW{BLOCK}i{BLOCK}o"
+    weight = relax.const(np.zeros(weight_shape, dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [data]):
+        with bb.dataflow():
+            out = bb.emit(relax.op.nn.conv2d(data, weight, data_layout=layout, kernel_layout=kernel_layout,
+                                             out_layout=layout, groups=groups, **attrs))
+            bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()["main"].body.blocks[0].bindings[0].value
+
+
+def ort_conv(x: np.ndarray, weight: np.ndarray, strides, pads, dilations) -> np.ndarray:
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=strides, pads=pads, dilations=dilations)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def blocked(x: np.ndarray) -> np.ndarray:
+    """NCHW as NCHW16c."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // BLOCK, BLOCK, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def unblocked(y: np.ndarray) -> np.ndarray:
+    n, blocks, h, w, b = y.shape
+    return y.transpose(0, 1, 4, 2, 3).reshape(n, blocks * b, h, w)
+
+
+def blocked_weight(weight: np.ndarray) -> np.ndarray:
+    """OIHW as OIHW16i16o."""
+    o, i, kh, kw = weight.shape
+    return np.ascontiguousarray(weight.reshape(o // BLOCK, BLOCK, i // BLOCK, BLOCK, kh, kw).transpose(0, 2, 4, 5, 3, 1))
+
+
+CASES = {  # (N, C, H, W), Co, kernel, strides, pads (top, left, bottom, right), dilations
+    "3x3": ((1, 32, 9, 11), 48, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    "1x1-batch": ((2, 16, 5, 6), 32, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    "strided-dilated-asymmetric": ((1, 32, 15, 13), 16, 3, (2, 1), (1, 0, 2, 1), (2, 1)),
+    "prime-width": ((1, 16, 6, 19), 16, 3, (1, 1), (0, 0, 0, 0), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NCHW16c"])
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_patches_times_weight_matrix_is_the_conv(case, layout):
+    shape, out_channels, k, strides, pads, dilations = CASES[case]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    weight = rng.standard_normal((out_channels, shape[1], k, k)).astype(np.float32)
+    expected = ort_conv(x, weight, strides, pads, dilations)
+    data, kernel = (x, weight) if layout == "NCHW" else (blocked(x), blocked_weight(weight))
+    call = conv_call(data.shape, kernel.shape, layout, strides=strides, padding=pads, dilation=dilations)
+    geometry = conv_geometry(call)
+    assert isinstance(geometry, ConvGeometry), geometry
+    plain = oihw_weight(kernel, str(call.attrs.kernel_layout))
+    np.testing.assert_array_equal(plain, weight)
+    product = patch_rows(data, geometry) @ weight_matrix(plain, geometry)  # [pixels, Co]
+    n, _, oh, ow = expected.shape
+    got = product.reshape(n, oh, ow, out_channels).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def run_bf16_conv(data: np.ndarray, kernel: np.ndarray, layout: str, **attrs) -> np.ndarray:
+    """The bf16 kernel as written (no schedule), built for the host."""
+    call = conv_call(data.shape, kernel.shape, layout, **attrs)
+    geometry = conv_geometry(call)
+    matrix = weight_matrix(oihw_weight(kernel, str(call.attrs.kernel_layout)), geometry)
+    x = relax.Var("x", relax.TensorType(data.shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_bf16_conv2d(bb, x, geometry, matrix))
+        bb.emit_func_output(out)
+    lowered = tvm.transform.Sequential(lowering_passes())(bb.get())
+    vm = relax.VirtualMachine(tvm.compile(lowered, target=HOST), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(data)).numpy()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NCHW16c"])
+@pytest.mark.parametrize("case", ["3x3", "strided-dilated-asymmetric", "prime-width"])
+def test_the_kernel_is_the_product_of_bf16_operands(case, layout):
+    """Within float32 summation error of the float64 product of the bf16-rounded patches and
+    weights, and with the input rounded (not the float32 conv)."""
+    shape, out_channels, k, strides, pads, dilations = CASES[case]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    weight = rng.standard_normal((out_channels, shape[1], k, k)).astype(np.float32)
+    data, kernel = (x, weight) if layout == "NCHW" else (blocked(x), blocked_weight(weight))
+    got = run_bf16_conv(data, kernel, layout, strides=strides, padding=pads, dilation=dilations)
+    got = got if layout == "NCHW" else unblocked(got)
+    rounded_x, rounded_w = (v.astype(ml_dtypes.bfloat16).astype(np.float32) for v in (x, weight))
+    expected = ort_conv(rounded_x, rounded_w, strides, pads, dilations)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    assert np.abs(got - ort_conv(x, weight, strides, pads, dilations)).max() > 1e-3  # bf16 was used
+
+
+def test_rows_follow_output_rows_unless_the_width_has_no_tile_divisor():
+    def geometry(width):
+        return ConvGeometry(BLOCK, BLOCK, 1, 32, 8, width, 32, 8, width, (1, 1), (1, 1), (1, 1), (0, 0))
+    assert rows_per_output_row(geometry(40))  # tiles of 10
+    assert rows_per_output_row(geometry(13))  # one tile per row
+    assert not rows_per_output_row(geometry(17))  # prime past 16: tiles of 16 over flat rows
+    assert not rows_per_output_row(geometry(38))  # 2 x 19
+    assert not rows_per_output_row(geometry(1))  # a conv1d's map: 1-row tiles, 508 of them
+    assert not rows_per_output_row(geometry(4))
+    assert rows_per_output_row(geometry(7))
+
+
+@pytest.mark.parametrize("call, reason", [
+    (lambda: conv_call((1, 32, 8, 8), (32, 16, 3, 3), groups=2), "grouped"),
+    (lambda: conv_call((1, 32, 8, 8), (32, 32, 3, 3), dtype="float16"), "float16"),
+    (lambda: conv_call((1, 3, 8, 8), (16, 3, 3, 3)), "3 input channels"),
+], ids=["grouped", "float16", "rgb-stem"])
+def test_must_not_take(call, reason):
+    declined = conv_geometry(call())
+    assert isinstance(declined, str) and reason in declined
+
+
+def test_must_not_take_a_symbolic_shape():
+    n = tvm.tirx.Var("n", "int64")
+    declined = conv_geometry(conv_call((n, 32, 8, 8), (32, 32, 3, 3)))
+    assert declined == "a shape is not static"
+
+
+def test_bf16_weight_order_matches_the_blocked_patches():
+    """In NCHW16c, k runs over (channel block, kh, kw, channel in block): the weight matrix's
+    row for (block 1, tap (0, 2), channel 3) holds the weights of input channel 16 + 3 there."""
+    weight = np.arange(16 * 32 * 3 * 3, dtype=np.float32).reshape(16, 32, 3, 3)
+    geometry = ConvGeometry(BLOCK, BLOCK, 1, 32, 5, 5, 16, 5, 5, (3, 3), (1, 1), (1, 1), (1, 1))
+    matrix = weight_matrix(weight, geometry)
+    assert matrix.shape == (32 * 9, 16)
+    row = ((1 * 3 + 0) * 3 + 2) * BLOCK + 3
+    np.testing.assert_array_equal(matrix[row], weight[:, BLOCK + 3, 0, 2])
+
