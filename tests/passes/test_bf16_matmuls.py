@@ -28,13 +28,18 @@ HOST = tvm.target.Target(host_target())
 WEIGHT = np.random.default_rng(0).standard_normal((24, 20)).astype(np.float32)
 
 
-def ops(mod: tvm.IRModule) -> list[str]:
+def op_calls(mod: tvm.IRModule) -> list[relax.Call]:
+    """Every call of an operator in ``mod``'s Relax functions."""
     found = []
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, lambda e: found.append(e.op.name) if isinstance(
+            relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(
                 e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
     return found
+
+
+def ops(mod: tvm.IRModule) -> list[str]:
+    return [call.op.name for call in op_calls(mod)]
 
 
 def kernel_weights(mod: tvm.IRModule) -> list[np.ndarray]:
@@ -353,13 +358,8 @@ def cnn_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def conv_calls(mod: tvm.IRModule) -> list:
-    found = []
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.Call) and isinstance(
-                e.op, tvm.ir.Op) and e.op.name == "relax.nn.conv2d" else None)
-    return found
+def conv_calls(mod: tvm.IRModule) -> list[relax.Call]:
+    return [call for call in op_calls(mod) if call.op.name == "relax.nn.conv2d"]
 
 
 def test_dense_convs_become_bf16_kernels_and_the_stem_and_depthwise_stay_float32():

@@ -9,7 +9,6 @@ import json
 import time
 from pathlib import Path
 
-
 from ..accuracy.bf16_gate import Bf16GateFailure, check_bf16, classifier_outputs, compare_bf16
 from ..buckets import parse_bucket
 from ..build import build, kernel_calls
@@ -29,9 +28,9 @@ from ..targets import ToolchainError, check_toolchain, execution_here, export_op
 from ..verify import (SPREAD_MULTIPLE, OutputComparison, ReferenceUnavailable, check_outputs, compare_outputs,
                       ill_conditioned, judge_conditioning, reference_outputs, reference_variants)
 from .bf16_kernels import judge_bf16_kernels
+from .generic_kernels import generic_kernels
 from .int8_precision import Int8Model, accuracy_against_float, format_accuracy, quantize_for_int8
 from .library_run import cuda_source_modules, run_library
-from .generic_kernels import generic_kernels
 
 
 @dataclasses.dataclass

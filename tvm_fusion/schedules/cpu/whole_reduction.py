@@ -20,12 +20,11 @@ import math
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
-from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from ...kernels.blocks import among, indices_are, is_spatial, is_static
+from ...kernels.blocks import among, indices_are, is_static, only_reduction
 from ...targets.target_info import num_cores, vector_lanes
 from .helpers import cpu_schedule, extent_of, iter_kinds
 from .small_extent import serial_when_small
@@ -64,7 +63,7 @@ class WholeTensorReduction(ScheduleRule):
         stmt = sch.get(block)
         spatial = iter_kinds(stmt).count("S")
         extents = [extent_of(iv.dom.extent) for iv in stmt.iter_vars]
-        length = _product(extents[spatial:])
+        length = math.prod(extents[spatial:])  # a PrimExpr where an extent is symbolic
         outputs = math.prod(extents[:spatial])  # static: _lone_reduction checked
         lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
         if isinstance(length, int) and length < 2 * lanes:
@@ -83,15 +82,11 @@ class WholeTensorReduction(ScheduleRule):
 def _lone_reduction(sch: s_tir.Schedule):
     """The kernel's one reduction block, its element-wise producers inlined into it, when it is
     shaped for this rule (see ``WholeTensorReduction``); else None."""
-    blocks = list(sch.get_child_blocks(get_root_block(sch)))
-    reductions = [i for i, block in enumerate(blocks) if not is_spatial(sch.get(block))]
-    if len(reductions) != 1:
-        return None
-    index = reductions[0]
-    if index != len(blocks) - 1:
-        return None  # work after the reduction (FuseOps puts none there)
-    block = blocks[index]
-    for producer in reversed(blocks[:index]):
+    kernel = only_reduction(sch)
+    if kernel is None or kernel.epilogue:
+        return None  # several reductions, or work after it (FuseOps puts none there)
+    block = kernel.block
+    for producer in reversed(kernel.prologue):
         try:
             sch.compute_inline(producer)
         except s_tir.ScheduleError:
@@ -125,13 +120,6 @@ def _uses(exprs, variables: list) -> bool:
     for expr in exprs:
         tvm_ffi.structural_walk(expr, (tirx.Var, lambda var: used.append(var) if among(var, variables) else None))
     return bool(used)
-
-
-def _product(extents: list) -> int | tirx.Expr:
-    total = 1
-    for extent in extents:
-        total = total * extent
-    return total
 
 
 def _static_factor(extents: list) -> int:
