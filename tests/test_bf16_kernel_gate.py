@@ -87,6 +87,7 @@ def test_profile_sets_the_bf16_kernel_against_the_amx_roof(planted_build, tmp_pa
     bf16, float32 = kernels["benign_matmul"], kernels["ill_matmul"]
     assert bf16["compute_roof"] == "AMX-BF16" and bf16["compute_roof_gflops"] == report["peak"]["amx_bf16_gflops"]
     assert float32["compute_roof"] == "FMA" and float32["compute_roof_gflops"] == report["peak"]["gflops"]
+    assert (bf16["roof_kind"], float32["roof_kind"]) == ("bf16", "float32")
     assert bf16["bound"].startswith("AMX-BF16 ") and f"{bf16['bound']} {bf16['roof_percent']:.0f}%" in table
     assert bf16["flops"] == 2 * 8 * 64 * 32  # a multiply-add per product: bf16's bit casts count nothing
 
@@ -97,11 +98,11 @@ PEAK = MachinePeak("llvm-test-2c", 2, gflops=100.0, gbytes_per_s=10.0, l2_gbytes
 
 def test_a_bf16_kernel_is_set_against_the_amx_roof_and_its_ridge():
     """Intensity 50 FLOP/B: above the FMA ridge (10), below the AMX-BF16 ridge (100)."""
-    assert roof_position(PEAK, False, 5000, 50.0, 50.0, 1.0) == ("FMA", 100.0, "compute", 0.5)
-    assert roof_position(PEAK, True, 5000, 50.0, 250.0, 5.0) == ("AMX-BF16", 1000.0, "AMX-BF16 memory", 0.5)
-    assert roof_position(PEAK, True, 5000, 200.0, 500.0, 2.5) == ("AMX-BF16", 1000.0, "AMX-BF16 compute", 0.5)
+    assert roof_position(PEAK, "float32", 5000, 50.0, 50.0, 1.0) == ("FMA", 100.0, "compute", 0.5)
+    assert roof_position(PEAK, "bf16", 5000, 50.0, 250.0, 5.0) == ("AMX-BF16", 1000.0, "AMX-BF16 memory", 0.5)
+    assert roof_position(PEAK, "bf16", 5000, 200.0, 500.0, 2.5) == ("AMX-BF16", 1000.0, "AMX-BF16 compute", 0.5)
 
 
 def test_without_an_amx_probe_every_kernel_is_set_against_the_fma_roof():
     no_amx = dataclasses.replace(PEAK, amx_bf16_gflops=None)
-    assert roof_position(no_amx, True, 5000, 50.0, 50.0, 1.0) == ("FMA", 100.0, "compute", 0.5)
+    assert roof_position(no_amx, "bf16", 5000, 50.0, 50.0, 1.0) == ("FMA", 100.0, "compute", 0.5)

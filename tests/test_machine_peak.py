@@ -5,6 +5,8 @@ import json
 
 from tvm_fusion import machine_peak as mp
 from tvm_fusion.api import resolve_config
+from tvm_fusion.kernels.cpu_features import has_amx_bf16, has_amx_int8, has_vnni
+from tvm_fusion.targets.amx import request_amx_permission
 
 
 def test_probed_once_then_read_from_disk_then_from_memory(tmp_path, monkeypatch, config_path):
@@ -15,19 +17,34 @@ def test_probed_once_then_read_from_disk_then_from_memory(tmp_path, monkeypatch,
     monkeypatch.setattr(mp, "probe_triad", lambda cfg: probes.append("triad") or 10.0)
     monkeypatch.setattr(mp, "probe_l2", lambda cfg: probes.append("l2") or 40.0)
     monkeypatch.setattr(mp, "probe_amx_bf16", lambda cfg: probes.append("amx") or 900.0)
+    monkeypatch.setattr(mp, "probe_amx_int8", lambda cfg: probes.append("amx int8") or 1800.0)
+    monkeypatch.setattr(mp, "probe_vnni_int8", lambda cfg: probes.append("vnni") or 400.0)
     cfg = resolve_config(config_path())
 
     first = mp.machine_peak(cfg)
-    assert probes == ["fma", "triad", "l2", "amx"] and first.ridge == 10.0 and first.amx_bf16_gflops == 900.0
+    # AMX-INT8 there: no VNNI probe, its roof would never be used
+    assert sorted(probes) == ["amx", "amx int8", "fma", "l2", "triad"] and first.ridge == 10.0
+    assert (first.amx_bf16_gflops, first.amx_int8_gops, first.vnni_int8_gops) == (900.0, 1800.0, None)
     cached = json.loads((tmp_path / "tvm_fusion" / f"peak-{first.target_key}.v{mp.PROBE_VERSION}.json").read_text())
     assert cached["gflops"] == 100.0 and cached["threads"] == cfg.threads
 
     monkeypatch.setattr(mp, "_IN_PROCESS", {})  # a new process: the disk cache answers, the FMA probed again
-    assert mp.machine_peak(cfg) == first and probes == ["fma", "triad", "l2", "amx", "fma"]
+    assert mp.machine_peak(cfg) == first and probes[5:] == ["fma"]
     (tmp_path / "tvm_fusion" / f"peak-{first.target_key}.v{mp.PROBE_VERSION}.json").unlink()
-    assert mp.machine_peak(cfg) == first and len(probes) == 5  # the same process: no disk read needed
+    assert mp.machine_peak(cfg) == first and len(probes) == 6  # the same process: no disk read needed
     mp.machine_peak(cfg, refresh=True)
-    assert len(probes) == 9
+    assert len(probes) == 11
+
+
+def test_without_amx_int8_the_vnni_peak_is_probed_instead(tmp_path, monkeypatch, config_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(mp, "_IN_PROCESS", {})
+    for name, value in (("fma", 100.0), ("triad", 10.0), ("l2", 40.0), ("amx_bf16", None), ("amx_int8", None),
+                        ("vnni_int8", 400.0)):
+        monkeypatch.setattr(mp, f"probe_{name}", lambda _cfg, value=value: value)
+    peak = mp.machine_peak(resolve_config(config_path()))
+    assert (peak.amx_int8_gops, peak.vnni_int8_gops) == (None, 400.0)
+    assert peak.compute_roof("int8") == ("AVX512-VNNI", 400.0)
 
 
 def test_a_probe_taken_on_a_busy_machine_is_raised_by_a_later_one(tmp_path, monkeypatch, config_path):
@@ -41,6 +58,8 @@ def test_a_probe_taken_on_a_busy_machine_is_raised_by_a_later_one(tmp_path, monk
         monkeypatch.setattr(mp, "probe_triad", lambda _cfg: 19.0)
         monkeypatch.setattr(mp, "probe_l2", lambda _cfg: 80.0)
         monkeypatch.setattr(mp, "probe_amx_bf16", lambda _cfg: None)
+        monkeypatch.setattr(mp, "probe_amx_int8", lambda _cfg: None)
+        monkeypatch.setattr(mp, "probe_vnni_int8", lambda _cfg: None)
         assert mp.machine_peak(cfg).gflops == expected
     cached = json.loads(next((tmp_path / "tvm_fusion").glob("peak-*.json")).read_text())
     assert cached["gflops"] == 465.0 and cached["gbytes_per_s"] == 19.0
@@ -59,9 +78,6 @@ def test_amx_bf16_probe_outruns_the_fma_peak_where_the_target_has_it(config_path
     """A tdpbf16ps does 16x16x32 multiply-adds (16 cycles apart on Sapphire Rapids), a 512-bit
     FMA 16 (two a cycle): the AMX-BF16 roof is far above the float32 one. A target without
     AMX-BF16 has none, and no kernel is compiled or run for it."""
-    from tvm_fusion.kernels.cpu_features import has_amx_bf16
-    from tvm_fusion.targets.amx import request_amx_permission
-
     cfg = resolve_config(config_path())
     amx = mp.probe_amx_bf16(cfg)
     if has_amx_bf16(cfg.tvm_target()) and request_amx_permission():
@@ -70,6 +86,34 @@ def test_amx_bf16_probe_outruns_the_fma_peak_where_the_target_has_it(config_path
         assert amx is None
     avx2 = dataclasses.replace(cfg, target={"kind": "llvm", "mcpu": "haswell"})
     assert mp.probe_amx_bf16(avx2) is None
+
+
+def test_amx_int8_probe_outruns_the_fma_peak_where_the_target_has_it(config_path):
+    """A tdpbusd does 16x16x64 uint8 x int8 products (16 cycles apart on Sapphire Rapids), twice
+    a tdpbf16ps's: 2 ops each, the AMX-INT8 roof is tens of times the float32 FMA one. A target
+    without AMX-INT8 (Zen 4 has AVX512-VNNI, no AMX) has none, and nothing is compiled for it."""
+    cfg = resolve_config(config_path())
+    amx = mp.probe_amx_int8(cfg)
+    if has_amx_int8(cfg.tvm_target()) and request_amx_permission():
+        assert amx > 8 * mp.probe_fma(cfg)
+    else:
+        assert amx is None
+    zen4 = dataclasses.replace(cfg, target={"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    assert mp.probe_amx_int8(zen4) is None
+
+
+def test_vnni_probe_is_near_four_fmas_where_the_target_has_it(config_path):
+    """A 512-bit vpdpbusd sums 64 uint8 x int8 products (128 ops) where an FMA does 32 FLOPs, on
+    the same ports: about 4x the FMA peak, the int8 roof of a target without AMX-INT8. None
+    without AVX512-VNNI (Haswell)."""
+    cfg = resolve_config(config_path())
+    vnni = mp.probe_vnni_int8(cfg)
+    if has_vnni(cfg.tvm_target()):
+        assert 2 * mp.probe_fma(cfg) < vnni < 6 * mp.probe_fma(cfg)
+    else:
+        assert vnni is None
+    haswell = dataclasses.replace(cfg, target={"kind": "llvm", "mcpu": "haswell"})
+    assert mp.probe_vnni_int8(haswell) is None
 
 
 def test_l2_size_is_read_from_the_os_or_a_default(monkeypatch, tmp_path):

@@ -1,10 +1,14 @@
-"""This machine's roofline: FMA throughput, DRAM bandwidth and L2 bandwidth, and the bf16 dot
-product's throughput on AMX tiles where the target has them, measured once per machine class
-(the FMA peak again in each process, keeping the best).
+"""This machine's roofline: FMA throughput, DRAM bandwidth and L2 bandwidth, and the bf16 and
+int8 dot products' throughput on AMX tiles (int8: on AVX512-VNNI where there are no tiles) where
+the target has them, measured once per machine class (the FMA peak again in each process,
+keeping the best).
 
 ``profile`` sets each kernel against the FMA and DRAM roofs, a bf16 kernel (``--precision
 bf16``) against the AMX-BF16 and DRAM roofs (``compute_roof``): its products run as
-``tdpbf16ps`` on AMX tiles, far above the float32 FMA roof. The L2 roof is for kernels whose
+``tdpbf16ps`` on AMX tiles, far above the float32 FMA roof. An int8 kernel (a quantized
+matmul's or conv's uint8 x int8 -> int32 sum) is set against the AMX-INT8 roof (``tdpbusd``),
+or the AVX512-VNNI one (``vpdpbusd``) on a target without AMX-INT8, in integer operations per
+second, not FLOPs. The L2 roof is for kernels whose
 tasks work in cache, depthwise convs above all: they read each input value for 9-25
 multiply-adds, in rows that their task has just brought into cache, so DRAM does not bound them
 (``benchmarks/bench_cnn.py`` sets them against it). There is no roof for AVX512_BF16's
@@ -31,7 +35,7 @@ from tvm.script import tirx as T
 from .config import PipelineConfig
 from .report import write_json
 from .session import through_pipeline
-from .kernels.cpu_features import has_amx_bf16
+from .kernels.cpu_features import has_amx_bf16, has_amx_int8, has_vnni
 from .targets.amx import request_amx_permission
 from .targets.target_info import vector_lanes
 from .tuning.store_contents import target_key
@@ -44,7 +48,8 @@ from .tuning.store_contents import target_key
 # (230-460 GFLOP/s from one process to the next here; 460-475 at 6 ms).
 # 4: the L2 bandwidth probe.
 # 5: the AMX-BF16 probe.
-PROBE_VERSION = 5
+# 6: the AMX-INT8 probe (the AVX512-VNNI one without it).
+PROBE_VERSION = 6
 PROBE_RUNS = 7
 FMA_ACCUMULATORS = 12       # independent vector chains per thread: more than FMA latency x ports
 FMA_ITERATIONS = 4_000_000
@@ -53,7 +58,10 @@ L2_SHARE = 4                  # each thread's two arrays fill a quarter of its L
 L2_DEFAULT_BYTES = 256 * 1024  # where the OS does not say (the smallest L2 of recent x86 and Arm cores)
 L2_BYTES_PER_RUN = 256 * 1024 * 1024  # per thread: a few milliseconds, far above the fork/join cost
 AMX_ITERATIONS = 500_000   # 4 tile products each: tens of milliseconds, as the FMA probe
-AMX_TILE_ROWS, AMX_TILE_BYTES = 16, 64  # the largest tile: 16 rows of 32 bf16 (A, B) or 16 float32 (C)
+AMX_TILE_ROWS, AMX_TILE_BYTES = 16, 64  # the largest tile: 16 rows of 64 bytes (32 bf16, 64 int8, 16 float32)
+VNNI_LANES = 16            # int32 sums per vpdpbusd, each adding 4 uint8 x int8 products
+# The compute roofs a kernel can be set against, by what its sum multiplies (``compute_roof``).
+ROOF_KINDS = ("float32", "bf16", "int8")
 
 
 @dataclasses.dataclass
@@ -65,19 +73,36 @@ class MachinePeak:
     l2_gbytes_per_s: float  # x = 0.999 x + y on arrays in each thread's L2, 3 streams counted
     probed_at: str
     amx_bf16_gflops: float | None = None  # tdpbf16ps on AMX tiles, all threads; None: no AMX-BF16
+    amx_int8_gops: float | None = None  # tdpbusd on AMX tiles (integer ops), all threads; None: no AMX-INT8
+    # vpdpbusd (integer ops), all threads; probed only where the AMX-INT8 probe gave none
+    vnni_int8_gops: float | None = None
 
     @property
     def ridge(self) -> float:
         """Arithmetic intensity (FLOP/byte) where the two roofs meet."""
         return self.gflops / self.gbytes_per_s
 
-    def compute_roof(self, bf16: bool) -> tuple[str, float]:
-        """(name, GFLOP/s) of the compute roof a kernel is set against: the AMX-BF16 peak for one
-        that sums bf16 products (they run as ``tdpbf16ps``, far above the float32 FMAs), where it
-        was probed; the float32 FMA peak otherwise."""
-        if bf16 and self.amx_bf16_gflops:
+    def compute_roof(self, kind: str = "float32") -> tuple[str, float]:
+        """(name, GFLOP/s or GOP/s) of the compute roof a kernel is set against, by ``kind``
+        (``ROOF_KINDS``): one that sums bf16 products against the AMX-BF16 peak, one that sums
+        uint8 x int8 products against the AMX-INT8 peak (AVX512-VNNI's without AMX-INT8), where
+        probed: their instructions run far above the float32 FMAs. The FMA peak otherwise."""
+        if kind not in ROOF_KINDS:
+            raise ValueError(f"no compute roof for {kind!r}: one of {', '.join(ROOF_KINDS)}")
+        if kind == "bf16" and self.amx_bf16_gflops:
             return "AMX-BF16", self.amx_bf16_gflops
+        if kind == "int8" and self.amx_int8_gops:
+            return "AMX-INT8", self.amx_int8_gops
+        if kind == "int8" and self.vnni_int8_gops:
+            return "AVX512-VNNI", self.vnni_int8_gops
         return "FMA", self.gflops
+
+    def dot_product_roofs(self) -> str:
+        """The probed bf16 and int8 peaks as the headers of ``bench`` and ``profile`` list them
+        (after the FMA peak): ``""`` where none was probed."""
+        roofs = [(self.amx_bf16_gflops, "GFLOP/s AMX-BF16"), (self.amx_int8_gops, "GOP/s AMX-INT8"),
+                 (self.vnni_int8_gops, "GOP/s AVX512-VNNI")]
+        return "".join(f", {value:.0f} {name}" for value, name in roofs if value)
 
 
 def cache_dir() -> Path:
@@ -105,8 +130,10 @@ def machine_peak(config: PipelineConfig, refresh: bool = False) -> MachinePeak:
             return _IN_PROCESS.setdefault((key, config.threads), cached)
         peak = dataclasses.replace(cached, gflops=fma, probed_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
     else:
+        amx_int8 = probe_amx_int8(config)
         peak = MachinePeak(key, config.threads, probe_fma(config), probe_triad(config), probe_l2(config),
-                           time.strftime("%Y-%m-%dT%H:%M:%S"), probe_amx_bf16(config))
+                           time.strftime("%Y-%m-%dT%H:%M:%S"), probe_amx_bf16(config), amx_int8,
+                           None if amx_int8 else probe_vnni_int8(config))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, dataclasses.asdict(peak), flag="$XDG_CACHE_HOME")
     _IN_PROCESS[key, config.threads] = peak
@@ -192,14 +219,34 @@ def probe_l2(config: PipelineConfig) -> float:
 
 
 def probe_amx_bf16(config: PipelineConfig) -> float | None:
-    """GFLOP/s of ``tdpbf16ps`` (C += A x B on 16 x 32 bf16 tiles into 16 x 16 float32) with
-    four independent accumulator tiles per thread, each product's latency hidden behind the
-    other three; None where the target has no AMX-BF16 or Linux does not grant this process
-    the tile state."""
-    target = config.tvm_target()
-    if not has_amx_bf16(target) or not request_amx_permission():
+    """GFLOP/s of ``tdpbf16ps`` (C += A x B on 16 x 32 bf16 tiles into 16 x 16 float32); None
+    where the target has no AMX-BF16 or Linux does not grant this process the tile state."""
+    if not has_amx_bf16(config.tvm_target()):
         return None
+    # bf16 0x3A83 is about 0.001: the sums grow by 3.2e-5 per product, far from overflow.
+    return _probe_amx_tiles(config, "llvm.x86.tdpbf16ps", "uint16", 0x3A83, "float32")
+
+
+def probe_amx_int8(config: PipelineConfig) -> float | None:
+    """GOP/s (a multiply and an add per product) of ``tdpbusd`` (C += A x B on a 16 x 64 uint8
+    tile by a 64 x 16 int8 one into 16 x 16 int32); None where the target has no AMX-INT8 or
+    Linux does not grant this process the tile state."""
+    if not has_amx_int8(config.tvm_target()):
+        return None
+    # Ones: each sum grows by 64 per product, 3.2e7 in all, far from int32's overflow.
+    return _probe_amx_tiles(config, "llvm.x86.tdpbusd", "int8", 1, "int32")
+
+
+def _probe_amx_tiles(config: PipelineConfig, instruction: str, operand_dtype: str, operand_value: int,
+                     sum_dtype: str) -> float | None:
+    """GFLOP/s or GOP/s (a multiply and an add per product) of the AMX tile product
+    ``instruction`` with four independent accumulator tiles per thread, each product's latency
+    hidden behind the other three; None where Linux does not grant this process the tile state."""
+    if not request_amx_permission():
+        return None
+    target = config.tvm_target()
     threads, iters, rows, width = config.threads, AMX_ITERATIONS, AMX_TILE_ROWS, AMX_TILE_BYTES
+    depth = width // np.dtype(operand_dtype).itemsize  # operands per tile row: the product's k
     # ldtilecfg's 64 bytes: palette 1, then every tile (0-3 the sums, 4-7 the operands) full size.
     layout = bytearray(64)
     layout[0] = 1
@@ -214,11 +261,11 @@ def probe_amx_bf16(config: PipelineConfig) -> float | None:
 
     @T.macro
     def product(c: int, a: int, b: int):
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(c), T.int8(a), T.int8(b)))
+        T.evaluate(T.call_llvm_intrin("void", instruction, T.int8(c), T.int8(a), T.int8(b)))
 
     @T.prim_func
-    def products(layout: T.Buffer((8,), "int64"), operands: T.Buffer((threads, 2, rows, width // 2), "uint16"),
-                 sums: T.Buffer((threads, 4, rows, width // 4), "float32")):
+    def products(layout: T.Buffer((8,), "int64"), operands: T.Buffer((threads, 2, rows, depth), operand_dtype),
+                 sums: T.Buffer((threads, 4, rows, width // 4), sum_dtype)):
         for p in T.parallel(threads):
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(layout[0])))
             for c in T.unroll(4):
@@ -238,13 +285,44 @@ def probe_amx_bf16(config: PipelineConfig) -> float | None:
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
 
     library = tvm.compile(tvm.IRModule({"main": products}), target=target)
-    # bf16 0x3A83 is about 0.001: the sums grow by 3.2e-5 per product, far from overflow.
     args = [tvm.runtime.tensor(tile_config),
-            tvm.runtime.tensor(np.full((threads, 2, rows, width // 2), 0x3A83, "uint16")),
-            tvm.runtime.tensor(np.zeros((threads, 4, rows, width // 4), "float32"))]
+            tvm.runtime.tensor(np.full((threads, 2, rows, depth), operand_value, operand_dtype)),
+            tvm.runtime.tensor(np.zeros((threads, 4, rows, width // 4), sum_dtype))]
     best = _best_seconds(lambda: library["main"](*args))
-    m, n, k = rows, width // 4, width // 2  # one product: a 16 x 32 bf16 tile by a 32 x 16 one
+    m, n, k = rows, width // 4, depth  # one product: an m x k tile by a k x n one
     return 4 * 2.0 * m * n * k * threads * iters / best / 1e9
+
+
+def probe_vnni_int8(config: PipelineConfig) -> float | None:
+    """GOP/s (a multiply and an add per product) of independent ``vpdpbusd`` chains held in
+    registers, one per thread: each adds 4 uint8 x int8 products into each of 16 int32 lanes.
+    None where the target has no AVX512-VNNI."""
+    target = config.tvm_target()
+    if not has_vnni(target):
+        return None
+    threads, accs, iters, lanes = config.threads, FMA_ACCUMULATORS, FMA_ITERATIONS, VNNI_LANES
+
+    # Constant operands, as the FMA probe's coefficients: loaded from a buffer, they were kept
+    # in memory and the sums stored back after every vpdpbusd. Ones: each lane grows by 4 per
+    # instruction, 1.6e7 in all, far from int32's overflow.
+    @T.prim_func
+    def dots(out: T.Buffer((threads, accs * lanes), "int32")):
+        for p in T.parallel(threads):
+            acc = T.alloc_buffer((accs,), f"int32x{lanes}", scope="local")
+            for a in T.unroll(accs):
+                acc[a] = T.Broadcast(T.int32(0), lanes)
+            for _ in range(iters):
+                for a in T.unroll(accs):
+                    acc[a] = T.call_llvm_pure_intrin(f"int32x{lanes}", "llvm.x86.avx512.vpdpbusd.512", acc[a],
+                                                     T.Broadcast(T.int8(1), 4 * lanes),
+                                                     T.Broadcast(T.int8(1), 4 * lanes))
+            for a in T.unroll(accs):
+                out[p, T.Ramp(a * lanes, 1, lanes)] = acc[a]
+
+    library = tvm.compile(tvm.IRModule({"main": dots}), target=target)
+    out = tvm.runtime.tensor(np.zeros((threads, accs * lanes), "int32"))
+    best = _best_seconds(lambda: library["main"](out))
+    return 2.0 * 4 * lanes * threads * accs * iters / best / 1e9
 
 
 def l2_bytes() -> int:

@@ -21,6 +21,7 @@ from .frontend.bf16_matmul import KERNEL_NAME as BF16_KERNEL
 from .frontend.dims import ranges_of
 from .patterns import PatternReport
 from .preparation import PreparedModel
+from .schedules.cpu.int8_sum import is_int8_sum
 from .tuning.store_contents import target_key
 
 
@@ -66,12 +67,24 @@ def artifact_metadata(prepared: PreparedModel, cfg: PipelineConfig, module, plat
 
 def bf16_kernels(module) -> list[str]:
     """The kernels that sum bf16 products (``frontend/bf16_matmul.py``'s block, or its tiles)."""
+    return _kernels_holding(module, lambda block: block.name_hint.startswith(BF16_KERNEL))
+
+
+def int8_kernels(module) -> list[str]:
+    """The kernels of ``module`` (before schedules) that hold a uint8 x int8 -> int32 sum
+    (``frontend/integer_matmul.py``'s block, a quantized matmul's or ``int8_conv.py``'s conv's):
+    ``profile`` counts their integer operations and sets them against the int8 roof."""
+    return _kernels_holding(module, is_int8_sum)
+
+
+def _kernels_holding(module, holds) -> list[str]:
+    """The names of the PrimFuncs with a block that ``holds`` is true of, sorted."""
     found = []
     for gvar, func in module.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc):
-            blocks: list[str] = []
-            tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda block: blocks.append(block.name_hint))])
-            if any(name.startswith(BF16_KERNEL) for name in blocks):
+            blocks: list = []
+            tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, blocks.append)])
+            if any(holds(block) for block in blocks):
                 found.append(gvar.name_hint)
     return sorted(found)
 

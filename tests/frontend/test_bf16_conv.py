@@ -13,8 +13,9 @@ from machine import host_target
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from tvm_fusion.frontend.bf16_conv import (ConvGeometry, conv_geometry, emit_bf16_conv2d, oihw_weight, patch_rows,
-                                           rows_per_output_row, weight_matrix)
+from tvm_fusion.frontend.bf16_conv import emit_bf16_conv2d
+from tvm_fusion.frontend.conv_patches import (ConvGeometry, conv_geometry, oihw_weight, patch_rows, rows_per_output_row,
+                                              weight_matrix)
 from tvm_fusion.passes.pipeline import lowering_passes
 
 HOST = tvm.target.Target(host_target())

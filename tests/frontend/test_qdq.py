@@ -10,8 +10,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-from helpers import mlp_model, run_imported
+from helpers import mlp_model, ort_outputs, run_imported, save
+from tvm_fusion import api
 from tvm_fusion.frontend.qdq_fusion import fuse_qdq_groups
+from tvm_fusion.kernels.cpu_features import has_amx_int8
+from tvm_fusion.runtime import load
 from tvm_fusion.verify import reference_outputs
 
 
@@ -45,21 +48,28 @@ def test_quantize_linear_rounds_ties_to_even_and_saturates_as_onnxruntime(dtype,
     np.testing.assert_array_equal(got, expected)
 
 
-def conv_model(channels: int = 16) -> onnx.ModelProto:
-    """x -> Conv(3x3, bias) -> Relu -> Conv(3x3, bias) -> Add(the Relu) -> Relu: a residual block."""
+def two_conv_model(nodes: list, channels: int, second_kernel: int, opset: int) -> onnx.ModelProto:
+    """``nodes`` over x [1, 3, 16, 16] -> y, with the weights of a 3x3 conv from RGB to
+    ``channels`` (w1, b1) and a ``second_kernel`` square conv on those channels (w2, b2)."""
     rng = np.random.default_rng(7)
     inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name) for name, shape in (
-        ("w1", (channels, 3, 3, 3)), ("b1", (channels,)), ("w2", (channels, channels, 3, 3)), ("b2", (channels,)))]
+        ("w1", (channels, 3, 3, 3)), ("b1", (channels,)), ("w2", (channels, channels, second_kernel, second_kernel)),
+        ("b2", (channels,)))]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def conv_model(channels: int = 16) -> onnx.ModelProto:
+    """x -> Conv(3x3, bias) -> Relu -> Conv(3x3, bias) -> Add(the Relu) -> Relu: a residual block."""
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
              helper.make_node("Add", ["c2", "r1"], ["s"], name="residual"),
              helper.make_node("Relu", ["s"], ["y"], name="relu2")]
-    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    return two_conv_model(nodes, channels, 3, opset=13)
 
 
 class _RandomReader(CalibrationDataReader):
@@ -113,6 +123,45 @@ def test_static_quantized_conv_matches_onnxruntime(options, tmp_path):
     assert "QLinearConv" in {node.op_type for node in fuse_qdq_groups(model).graph.node}
     x = np.random.default_rng(6).standard_normal((1, 3, 16, 16)).astype(np.float32)
     assert_matches_onnxruntime(model, {model.graph.input[0].name: x})
+
+
+def hardswish_convs_model(channels: int = 16) -> onnx.ModelProto:
+    """x -> Conv(3x3) -> HardSwish -> Conv(1x1) -> HardSwish: a MobileNet's layers."""
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c1"], ["h1"], name="hardswish1"),
+             helper.make_node("Conv", ["h1", "w2", "b2"], ["c2"], name="conv2"),
+             helper.make_node("HardSwish", ["c2"], ["y"], name="hardswish2")]
+    return two_conv_model(nodes, channels, 1, opset=14)
+
+
+def test_a_quantized_conv_computes_what_follows_it_up_to_the_next_conv_in_its_kernel(tmp_path):
+    """Each QLinearConv's requantization, the DequantizeLinear, HardSwish and QuantizeLinear
+    after it run on the conv's output tile: one kernel per conv (they were kernels of their
+    own, each reading the map back), and the values stay ONNX Runtime's."""
+    model = static_quantized(hardswish_convs_model(), tmp_path, (1, 3, 16, 16), **OPTIONS["per-channel u8/s8"])
+    path = save(model, tmp_path / "layers_qdq.onnx")
+    fused = api.inspect_model(path).fused_ops
+    convs = [name for name in fused if "conv2d" in name]
+    assert len(convs) == 2 and all(name.endswith("_elementwise") for name in convs)
+    assert not {"round", "clip", "dequantize", "requantize"} & set(fused)
+    model = load(api.compile_model(path, output_dir=tmp_path / "build").artifact)
+    x = np.random.default_rng(6).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(model.run({"x": x})["y"], ort_outputs(path, {"x": x})["y"], rtol=0, atol=1e-5)
+
+
+def test_a_quantized_cnn_matches_onnxruntime_with_its_convs_as_int8_kernels_where_the_host_has_amx(tmp_path):
+    """The 1x1 conv of 64 channels is a uint8 x int8 kernel on AMX tiles where the host has
+    AMX-INT8 (passes/int8_convs.py), a float32 conv of whole numbers elsewhere: the same
+    values either way, ONNX Runtime's."""
+    model = static_quantized(hardswish_convs_model(channels=64), tmp_path, (1, 3, 16, 16),
+                             **OPTIONS["per-channel u8/s8"])
+    path = save(model, tmp_path / "wide_qdq.onnx")
+    result = api.compile_model(path, output_dir=tmp_path / "build")
+    int8_kernels = [name for name in api.inspect_model(path).fused_ops if name.startswith("int8_conv2d")]
+    assert len(int8_kernels) == (1 if has_amx_int8(api.resolve_config(None).tvm_target()) else 0)
+    x = np.random.default_rng(8).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got = load(result.artifact).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ort_outputs(path, {"x": x})["y"], rtol=0, atol=1e-5)
 
 
 def unoptimized_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

@@ -341,7 +341,11 @@ def test_a_candidate_whose_composite_computes_its_activation_has_none_to_judge_o
     assert len(kernel_weights(Bf16Matmuls(AMX)(ActivationInside))) == 1  # still rewritten: the outputs' gate judges it
 
 
-def cnn_model() -> onnx.ModelProto:
+# An image whose two dense convs have enough multiply-adds for bf16 (``MIN_CONV_MACS``: 4.7M and 9.4M).
+HEIGHT, WIDTH = 32, 32
+
+
+def cnn_model(height: int = HEIGHT, width: int = WIDTH) -> onnx.ModelProto:
     """An RGB stem conv, then two 3x3 convs with bias and ReLU (our conv_epilogue composite,
     one composite for both, in the blocked layout), then a depthwise conv."""
     rng = np.random.default_rng(8)
@@ -353,8 +357,8 @@ def cnn_model() -> onnx.ModelProto:
              helper.make_node("Conv", ["c0", "W1", "B1"], ["c1"], **conv), helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], **conv), helper.make_node("Relu", ["c2"], ["r2"]),
              helper.make_node("Conv", ["r2", "W3"], ["out"], group=32, **conv)]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 12, 10])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 32, 12, 10])], inits)
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, height, width])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 32, height, width])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -377,11 +381,20 @@ def test_dense_convs_become_bf16_kernels_and_the_stem_and_depthwise_stay_float32
     assert len(kernel_weights(after)) == 2
     candidates = bf16_candidates(fused)
     assert len(candidates) == 2 and all(c.conv is not None for c in candidates)
-    x = np.random.default_rng(9).standard_normal((1, 3, 12, 10)).astype(np.float32)
+    x = np.random.default_rng(9).standard_normal((1, 3, HEIGHT, WIDTH)).astype(np.float32)
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"X": x})[0]
     got = run(after, x)
     assert np.abs(got - expected).max() <= 2e-2 * np.abs(expected).max()
     assert np.abs(got - expected).max() > 1e-5 * np.abs(expected).max()  # bf16 was used
+
+
+def test_must_not_take_convs_too_small_for_tiles_to_pay():
+    """The same convs on an 8 x 8 image (0.3M and 0.6M multiply-adds, under ``MIN_CONV_MACS``)
+    stay float32 convs: their patches and calls cost more than the tiles save."""
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(cnn_model(8, 8)))
+    after = Bf16Matmuls(AMX)(fused)
+    assert sorted(int(call.attrs.groups) for call in conv_calls(after)) == [1, 1, 1, 32]
+    assert not bf16_candidates(fused)
 
 
 def test_a_conv_candidates_rows_times_its_weight_is_its_conv():
@@ -390,14 +403,14 @@ def test_a_conv_candidates_rows_times_its_weight_is_its_conv():
     model = cnn_model()
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(model))
     first = bf16_candidates(fused)[0]
-    stem_out = np.random.default_rng(10).standard_normal((1, 16, 12, 10)).astype(np.float32)
+    stem_out = np.random.default_rng(10).standard_normal((1, 16, HEIGHT, WIDTH)).astype(np.float32)
     weight = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "W1"))
     node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
-    graph = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 10])],
+    graph = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, HEIGHT, WIDTH])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(weight, "w")])
     conv = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     expected = onnxruntime.InferenceSession(conv.SerializeToString()).run(None, {"x": stem_out})[0]
-    activation = stem_out.reshape(1, 1, 16, 12, 10).transpose(0, 1, 3, 4, 2)  # NCHW16c, as the conv reads it
+    activation = stem_out.reshape(1, 1, 16, HEIGHT, WIDTH).transpose(0, 1, 3, 4, 2)  # NCHW16c, as the conv reads it
     got = first.rows(activation) @ first.weight
-    np.testing.assert_allclose(got.reshape(12, 10, 32).transpose(2, 0, 1)[None], expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got.reshape(HEIGHT, WIDTH, 32).transpose(2, 0, 1)[None], expected, rtol=1e-4, atol=1e-4)

@@ -195,3 +195,44 @@ def test_must_not_pad_a_depthwise_conv_of_a_map_that_is_not_padded():
     after, count = padded(before)
     assert count == 0
     tvm.ir.assert_structural_equal(after, before)
+
+
+def _requantized(x, scale):
+    """A QDQ model's layer output as the import writes it: the conv's requantization (round,
+    shift, clip, cast to uint8), DequantizeLinear and QuantizeLinear by ``scale`` (one number,
+    or one per channel), and the next conv's input ``float32(q) - 3``."""
+    q = relax.op.astype(relax.op.clip(add(relax.op.round(relax.op.multiply(x, relax.const(4.0))),
+                                          relax.const(3.0)), 0, 255), "uint8")
+    d = relax.op.dequantize(q, scale, relax.const(3, "uint8"), axis=1)
+    again = relax.op.quantize(d, scale, relax.const(3, "uint8"), axis=1, out_dtype="uint8")
+    return relax.op.subtract(relax.op.astype(again, "float32"), relax.const(3.0))
+
+
+def test_a_quantized_models_layers_between_convs_run_padded():
+    """16 -> 24 (padded to 32) -> requantization, DequantizeLinear, QuantizeLinear -> depthwise
+    3x3 over 24 channels: a quantized MobileNet's expansion stays blocked, as the float one."""
+    def body(b, x):
+        expanded = b.normalize(_requantized(nn.conv2d(conv_map(x, 16), const(24, 16, 1, 1)), relax.const(0.25)))
+        return nn.conv2d(expanded, const(24, 1, 3, 3), padding=1, groups=24)
+
+    before = module((1, 16, 6, 6), body)
+    after, count = padded(before)
+    assert count == 2
+    depthwise = next(call for call in calls(after, "relax.nn.conv2d") if int(call.attrs.groups) != 1)
+    assert int(depthwise.attrs.groups) == 32
+    assert_same_outputs(before, after, (1, 16, 6, 6))
+
+
+def test_must_not_pad_through_a_dequantize_by_channel():
+    """A scale per channel has no value for the padded channels: the depthwise conv is left
+    alone (the expansion's slice feeds the per-channel layers)."""
+    def body(b, x):
+        scale = relax.const(np.linspace(0.1, 1, 24, dtype="float32"))
+        expanded = b.normalize(_requantized(nn.conv2d(conv_map(x, 16), const(24, 16, 1, 1)), scale))
+        return nn.conv2d(expanded, const(24, 1, 3, 3), padding=1, groups=24)
+
+    before = module((1, 16, 6, 6), body)
+    after, _ = padded(before)
+    depthwise = next(call for call in calls(after, "relax.nn.conv2d") if int(call.attrs.groups) != 1)
+    assert int(depthwise.attrs.groups) == 24
+    assert_same_outputs(before, after, (1, 16, 6, 6))

@@ -128,6 +128,42 @@ def test_a_broadcast_across_channels_keeps_its_transform():
     tvm.ir.assert_structural_equal(sink_transforms_to_nchw(AcrossChannels), AcrossChannels)
 
 
+def _requantized_between_convs(scale):
+    """A QDQ model's layers as layout inference leaves them: back to NCHW for the
+    requantization's clip, QuantizeLinear/DequantizeLinear, and blocked again for the next conv."""
+
+    @I.ir_module
+    class Requantized:
+        @R.function
+        def main(x: R.Tensor((1, 2, 4, 4, 16), "float32")):
+            with R.dataflow():
+                a = R.layout_transform(x, index_map=T.index_map(lambda n, c, h, w, b: (n, c * 16 + b, h, w), index_dtype="int32"))
+                q = R.astype(R.clip(a, 0, 255), "uint8")
+                d = R.dequantize(q, scale, R.const(3, "uint8"), axis=1)
+                again = R.quantize(d, R.const(0.25, "float32"), R.const(7, "uint8"), axis=1, out_dtype="uint8")
+                back = R.astype(again, "float32")
+                gv = R.layout_transform(back, index_map=T.index_map(lambda n, c, h, w: (n, c // 16, h, w, c % 16), index_dtype="int32"))
+                R.output(gv)
+            return gv
+
+    return Requantized
+
+
+def test_quantize_and_dequantize_by_scalars_run_blocked():
+    before = _requantized_between_convs(R.const(0.5, "float32"))
+    after = sink_transforms_to_nchw(before)
+    assert "layout_transform" not in after["main"].script()
+    x = (np.random.default_rng(2).standard_normal((1, 2, 4, 4, 16)) * 300).round().astype("float32")
+    np.testing.assert_array_equal(run_lowered(after, x), run_lowered(before, x))
+
+
+def test_must_not_sink_a_dequantize_by_channel():
+    """A scale per channel of the NCHW map has no blocked twin here: the transforms stay."""
+    before = _requantized_between_convs(R.const(np.linspace(0.1, 1, 32, dtype="float32")))
+    after = sink_transforms_to_nchw(before)
+    assert after["main"].script().count("layout_transform") == 2
+
+
 @I.ir_module
 class CircularPadBetweenConvs:
     """A circular pad of a blocked map's columns (Slice + Concat), as layout inference leaves it:

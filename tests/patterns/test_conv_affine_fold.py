@@ -14,14 +14,17 @@ from tvm_fusion.patterns import PatternReport
 RNG = np.random.default_rng(0)
 
 
-def conv_affine_module(scale_shape=(1, 4, 1, 1), bias=True, shift=True, groups=1):
-    """x -> conv [+ b] -> * s [+ o] -> relu: a BatchNormalization written out (captcha CRNN)."""
+def conv_affine_module(scale_shape=(1, 4, 1, 1), bias=True, shift=True, groups=1, whole_weights=False):
+    """x -> conv [+ b] -> * s [+ o] -> relu: a BatchNormalization written out (captcha CRNN);
+    ``whole_weights``: the conv's weights are whole numbers, as a quantized conv's are."""
     x = relax.Var("x", relax.TensorType((1, 4, 6, 5), "float32"))
     const = lambda shape: relax.const(RNG.standard_normal(shape).astype("float32"))  # noqa: E731
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, const((4, 4 // groups, 3, 3)), padding=1, groups=groups))
+            weight = RNG.integers(-128, 128, (4, 4 // groups, 3, 3)).astype("float32") if whole_weights else None
+            y = bb.emit(relax.op.nn.conv2d(x, const((4, 4 // groups, 3, 3)) if weight is None else relax.const(weight),
+                                           padding=1, groups=groups))
             if bias:
                 y = bb.emit(relax.op.add(y, const((1, 4, 1, 1))))
             y = bb.emit(relax.op.multiply(y, const(scale_shape)))
@@ -57,6 +60,16 @@ def test_must_not_fold_a_scalar_scale_which_may_be_a_hard_gates_slope():
     after, report = apply_rule(before, "conv_affine_fold")
     tvm.ir.assert_structural_equal(after, before)
     assert [m.reason for m in report.near_misses] == ["the scale is one scalar, not one value per channel"]
+
+
+def test_must_not_fold_into_whole_number_weights_whose_scaled_sum_a_requantization_rounds():
+    """A QLinearConv (frontend/qoperator.py) is a float conv of whole numbers, exact, times its
+    requantization scale, then rounded: folded, the products would round first."""
+    before = conv_affine_module(shift=False, whole_weights=True)
+    after, report = apply_rule(before, "conv_affine_fold")
+    tvm.ir.assert_structural_equal(after, before)
+    assert [m.reason for m in report.near_misses] == [
+        "the weights are whole numbers (a quantized conv's exact sum, then requantized)"]
 
 
 def test_must_not_fold_a_scale_that_varies_over_the_map():

@@ -7,6 +7,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_fusion.frontend.conv_patches import ConvGeometry
+from tvm_fusion.frontend.int8_conv import emit_int8_conv2d
 from tvm_fusion.frontend.integer_matmul import emit_integer_matmul
 from tvm_fusion.passes.pipeline import lowering_passes
 
@@ -24,6 +26,26 @@ def int8_module(m, k: int, n: int, dtype: str = "uint8", seed: int = 0):
             out = bb.emit_output(emit_integer_matmul(bb, a, 3, centered))
         bb.emit_func_output(out)
     return tvm.transform.Sequential(lowering_passes())(bb.get()), centered
+
+
+def int8_conv_module(geometry: ConvGeometry, offset: int = 3, seed: int = 0) -> tvm.IRModule:
+    """main(x) = round(conv(x, w) * 0.01) through the int8 conv kernel (a requantization's
+    shape of epilogue), lowered; ``x`` NCHW16c float32 whole numbers with ``x + offset`` bytes."""
+    g = geometry
+    weight = np.random.default_rng(seed).integers(-128, 128, (g.depth, g.out_channels)).astype(np.int8)
+    x = relax.Var("x", relax.TensorType((g.batch, g.channels // 16, g.height, g.width, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            total = emit_int8_conv2d(bb, x, g, weight, offset)
+            out = bb.emit_output(relax.op.round(relax.op.multiply(total, relax.const(0.01, "float32"))))
+        bb.emit_func_output(out)
+    return tvm.transform.Sequential(lowering_passes())(bb.get())
+
+
+def int8_conv_kernel(mod: tvm.IRModule) -> tuple[tvm.ir.GlobalVar, tvm.tirx.PrimFunc]:
+    (found,) = [(gv, f) for gv, f in mod.functions_items() if "int8_conv2d" in gv.name_hint]
+    return found
 
 
 def int8_kernel(mod: tvm.IRModule) -> tuple[tvm.ir.GlobalVar, tvm.tirx.PrimFunc]:

@@ -196,9 +196,8 @@ def print_bench(result) -> None:
     if warning:
         print(f"note: {warning}", file=sys.stderr)
     peak = result.peak
-    amx = f", {peak.amx_bf16_gflops:.0f} GFLOP/s AMX-BF16" if peak.amx_bf16_gflops else ""
-    print(f"this machine ({peak.target_key}): {peak.gflops:.0f} GFLOP/s FMA peak, "
-          f"{peak.gbytes_per_s:.1f} GB/s triad, {peak.l2_gbytes_per_s:.0f} GB/s L2{amx} (probed {peak.probed_at})")
+    print(f"this machine ({peak.target_key}): {peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s "
+          f"triad, {peak.l2_gbytes_per_s:.0f} GB/s L2{peak.dot_product_roofs()} (probed {peak.probed_at})")
 
 
 def print_tune(result) -> None:
@@ -251,8 +250,7 @@ def print_profile(result, top: int) -> None:
         print(f"artifact: {result.artifact} (its library timed end to end and per kernel)")
     print(f"model: {result.model}, {result.threads} threads; this machine ({peak.target_key}): "
           f"{peak.gflops:.0f} GFLOP/s FMA peak, {peak.gbytes_per_s:.1f} GB/s triad, ridge {peak.ridge:.1f} FLOP/B, "
-          f"{peak.l2_gbytes_per_s:.0f} GB/s L2" + (f", {peak.amx_bf16_gflops:.0f} GFLOP/s AMX-BF16"
-                                                     if peak.amx_bf16_gflops else ""))
+          f"{peak.l2_gbytes_per_s:.0f} GB/s L2{peak.dot_product_roofs()}")
     rows = [[cut_middle(k.name, 48), k.pattern, k.rule, k.calls, k.us_per_call, k.us_in_model, f"{100 * k.share:.1f}",
              k.flops / 1e6, k.bytes / 1e6, k.gflops, k.gbytes_per_s,
              f"{k.bound} {k.roof_percent:.0f}%{' !' if k.far_off_roof else ''}",
@@ -262,6 +260,10 @@ def print_profile(result, top: int) -> None:
                  "GFLOP/s", "GB/s", "bound, % of roof", "ONNX nodes (last 2)"], rows, align="lllrrrrrrrrll"))
     if len(result.kernels) > top:
         print(f"... {len(result.kernels) - top} more kernels (--top, --json)")
+    int8_roofs = sorted({k.compute_roof for k in result.kernels[:top] if k.roof_kind == "int8"})
+    if int8_roofs:
+        print(f"{' and '.join(int8_roofs)} kernels (int8 sums): MFLOP and GFLOP/s count integer operations, "
+              "a multiply and an add per uint8 x int8 product")
     far = result.far_off_roof_line()
     if far:
         print(far)

@@ -28,7 +28,9 @@ operations:
 
 The rounding is ``R.round`` (``nearbyint``: half to even), the scale products are folded in
 numpy float32 at import time, and the multiply by the requantization scale is a kernel of its
-own (``emit_requantize``), so that no graph pattern folds it into the weights.
+own (``emit_requantize``), so that no graph pattern folds it into the weights; a conv's is graph
+ops (``requantize_ops``), which ``conv_affine_fold`` leaves (it declines whole-number weights),
+so that the conv's kernel computes it on its output tile.
 """
 
 from __future__ import annotations
@@ -82,6 +84,21 @@ def emit_requantize(bb: relax.BlockBuilder, acc: relax.Expr, multiplier: np.ndar
     axis = None if multiplier.size == 1 else channel_axis % rank
     return bb.emit_te(_requantize_te, acc, relax.const(multiplier), zero, dtype, axis,
                       primfunc_name_hint="requantize")
+
+
+def requantize_ops(bb: relax.BlockBuilder, acc: relax.Expr, multiplier: np.ndarray, zero_point: np.ndarray | None,
+                   dtype: str) -> relax.Expr:
+    """A conv's ``acc`` (float32 whole numbers, NCHW) requantized as ``emit_requantize``, but as
+    graph ops: the blocked layout carries them, and the conv's kernel computes them on its
+    output tile (the conv epilogue's element-wise tail, or FuseOps after an int8 conv kernel)
+    instead of a kernel of their own reading the map back."""
+    multiplier = np.asarray(multiplier, _F32).reshape(-1)
+    scale = multiplier.reshape(()) if multiplier.size == 1 else multiplier.reshape(1, -1, *[1] * (acc.ty.ndim - 2))
+    zero = 0.0 if zero_point is None else float(np.asarray(zero_point).reshape(-1)[0])
+    low, high = dtype_range(dtype)
+    rounded = bb.emit(R.round(R.multiply(acc, relax.const(scale))))
+    shifted = bb.emit(R.add(rounded, relax.const(_F32(zero)))) if zero else rounded
+    return R.astype(R.clip(shifted, low, high), dtype)
 
 
 def _scale_product(*factors: np.ndarray) -> np.ndarray:
@@ -179,8 +196,8 @@ def qlinear_conv(bb, inputs, attrs, constant, conv) -> relax.Expr:
     if bias is not None:
         bias = bb.emit(R.astype(bias, "float32"))
     acc = bb.normalize(conv(data, weights, bias))
-    return emit_requantize(bb, acc, multiplier, constant_value(constant, y_zp, node, "y_zero_point"),
-                           _quantized_dtype(y_zp), channel_axis=1)
+    return requantize_ops(bb, acc, multiplier, constant_value(constant, y_zp, node, "y_zero_point"),
+                          _quantized_dtype(y_zp))
 
 
 def qgemm(bb, inputs, attrs, constant) -> relax.Expr:

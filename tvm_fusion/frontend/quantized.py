@@ -67,7 +67,13 @@ def constant_array(value, constant, node: str, what: str,
 def integer_input(bb: relax.BlockBuilder, data: relax.Expr, zero_point: relax.Expr | None) -> relax.Expr:
     """``data - zero_point`` of an integer tensor computed at run time (or of whole numbers in
     float32, a DynamicQuantizeLinear's), as float32."""
-    as_float = (lambda value: value if str(value.ty.dtype) == "float32" else R.astype(value, "float32"))
+    def as_float(value):
+        if str(value.ty.dtype) == "float32":
+            return value
+        if isinstance(value, tvm.ir.GenericConst):  # a constant, not an op the fusions would stop at
+            return relax.const(value.value.numpy().astype(np.float32))
+        return R.astype(value, "float32")
+
     centered = as_float(data)
     if zero_point is not None:
         centered = R.subtract(centered, as_float(zero_point))

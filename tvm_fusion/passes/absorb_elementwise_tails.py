@@ -27,6 +27,8 @@ ELEMENTWISE_OPS = frozenset({
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
     "relax.clip", "relax.nn.relu", "relax.nn.leakyrelu", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
     "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.negative",
+    # a quantized conv's requantization and the QuantizeLinear/DequantizeLinear between layers
+    "relax.round", "relax.astype", "relax.quantize", "relax.dequantize",
 })
 SUFFIX = "_elementwise"
 

@@ -6,8 +6,9 @@
 activation rounded to bf16 in the kernel's prologue, the products summed in float32. Each
 dense ``conv2d`` by a constant (NCHW or the blocked layout, any stride, dilation and padding)
 becomes the same sum over its input's patches (``frontend/bf16_conv.py``); a grouped or
-depthwise conv, and an image stem of fewer than 16 channels, stays float32 (``conv_geometry``
-says why). What feeds and follows them stays float32.
+depthwise conv, an image stem of fewer than 16 channels, a conv on a pooled map
+(``conv_geometry`` says why) and one of fewer than ``MIN_CONV_MACS`` multiply-adds stays
+float32. What feeds and follows them stays float32.
 
 It runs in the "lower" phase before LegalizeOps, so that FuseOps puts the float32 epilogue
 (bias, activation, residual add) into the same kernel. By then our fusion patterns have made
@@ -41,12 +42,18 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
-from ..frontend.bf16_conv import ConvGeometry, conv_geometry, emit_bf16_conv2d, oihw_weight, patch_rows, weight_matrix
+from ..frontend.bf16_conv import emit_bf16_conv2d
+from ..frontend.conv_patches import ConvGeometry, conv_geometry, oihw_weight, patch_rows, weight_matrix
 from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight, packed_weight_shape
 from ..kernels.cpu_features import has_amx_bf16
 from .rebinding import rebind, vars_in
 
 MATMUL, PERMUTE_DIMS, CONV2D = "relax.matmul", "relax.permute_dims", "relax.nn.conv2d"
+# Multiply-adds a conv needs to run faster as bf16 patches on tiles than as float32 FMAs: below
+# it the input's rounding, the patches and each call's set-up cost more than the tiles save
+# (the convs of 0.15-0.6M multiply-adds of two PP-OCR models ran 1.1-1.7x slower, kernel alone).
+# Past it the gain depends on the shape (1.2x slower to 0.24x); matmuls gain from 0.6M.
+MIN_CONV_MACS = 1 << 20
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Bf16Matmuls")
@@ -126,7 +133,7 @@ def _product_of(value: relax.Expr, bindings: dict) -> _Product | None:
     dense float32 ``conv2d(x, W)`` (``conv_geometry``); None for any other value."""
     if _is_op(value, CONV2D):
         geometry = conv_geometry(value)
-        if isinstance(geometry, str):
+        if isinstance(geometry, str) or geometry.pixels * geometry.depth * geometry.out_channels < MIN_CONV_MACS:
             return None
         layout = str(value.attrs.kernel_layout)
         return _Product(value.args[1], False, lambda w: weight_matrix(oihw_weight(w, layout), geometry), geometry)

@@ -44,14 +44,18 @@ MACS_PER_MOVED_ELEMENT = 16
 UNARY_OPS = frozenset({
     "relax.nn.relu", "relax.nn.leakyrelu", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
     "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.clip", "relax.negative", "relax.abs",
+    "relax.round", "relax.astype",  # a quantized conv's requantization (frontend/qoperator.py)
 })
+# QuantizeLinear and DequantizeLinear between a QDQ model's convs: per channel and finite where
+# their scale and zero point are one for all channels (``_scalar_parameters``).
+QUANTIZATION_OPS = frozenset({"relax.quantize", "relax.dequantize"})
 BINARY_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
                         "relax.minimum", "relax.divide"})
 # Ops that run on a padded map as they are, per channel (the padded channels stay finite).
 MAP_OPS = UNARY_OPS | {"relax.image.resize2d", "relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
 # Ops after which a map is still in the layout its convs gave it (TVM's layout inference
 # carries them): a conv reading such a map is inside the blocked region.
-LAYOUT_KEEPING_OPS = UNARY_OPS | BINARY_OPS | {"relax.concat", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+LAYOUT_KEEPING_OPS = UNARY_OPS | BINARY_OPS | QUANTIZATION_OPS | {"relax.concat", "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
                                                "relax.mean", "relax.image.resize2d", "relax.strided_slice",
                                                "relax.split"}
 SUFFIX = "_unpadded"
@@ -94,6 +98,11 @@ def one_pixel(conv: relax.Call) -> bool:
     transform of, and the SE fusion takes it in NCHW."""
     shape = static_shape(conv)
     return shape is not None and shape[2] * shape[3] == 1
+
+
+def _scalar_parameters(call: relax.Call) -> bool:
+    """A quantize or dequantize whose scale and zero point are one number each."""
+    return all(isinstance(arg, tvm.ir.GenericConst) and arg.value.numpy().size == 1 for arg in call.args[1:])
 
 
 def padded_channels(channels: int, block: int) -> int:
@@ -159,7 +168,8 @@ class _ChannelPadder(PyExprMutator):
         if call.op.name == "relax.nn.conv2d":
             return self._padded_conv(call)
         if call.args and call.args[0] in self.padded and (call.op.name in MAP_OPS or (
-                call.op.name == "relax.mean" and global_pool(call))):
+                call.op.name == "relax.mean" and global_pool(call)) or (
+                call.op.name in QUANTIZATION_OPS and _scalar_parameters(call))):
             source, positions = self.padded[call.args[0]]
             return relax.Call(call.op, [source, *call.args[1:]], call.attrs, call.ty_args), positions
         if call.op.name in BINARY_OPS:

@@ -8,7 +8,8 @@
                   one-row conv as a matmul of its input's frames; stack the rows of independent matmuls by one constant weight (an
                   unrolled RNN's input projections) into one matmul
     layout        (``conv_layout = "NCHWc"``, CPU) dense convs in the blocked channel layout,
-                  transforms only where the blocked chain starts and ends
+                  transforms only where the blocked chain starts and ends; (AMX-INT8 targets)
+                  quantized convs, float32 convs of whole numbers, as int8 kernels (``Int8Convs``)
     fuse          our fusion patterns: each match becomes one composite = one kernel
     lower         concats of many tensors split in chunks (no kernel of hundreds of buffers),
                   at bf16 matmuls by constant weights as bf16 kernels (``Bf16Matmuls``),
@@ -32,6 +33,8 @@ import tvm
 from tvm import relax
 
 from ..config import PipelineConfig
+from ..frontend import integer_matmul
+from ..kernels.cpu_features import has_amx_int8
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
 from ..schedules import ApplySchedules, RuleError
 from ..targets.target_info import vector_lanes
@@ -47,6 +50,7 @@ from .fast_math import fast_math_legalize_map
 from .flush_subnormal_constants import FlushSubnormalConstants
 from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
+from .int8_convs import Int8Convs
 from .conv1d_as_conv2d import Conv1dAsConv2d
 from .merge_sibling_convs import MergeSiblingConvs
 from .pack_matmul_weights import PackMatmulWeights
@@ -107,13 +111,19 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
 
 def layout_passes(config: PipelineConfig, report: PatternReport) -> list[tvm.transform.Pass]:
     block = _conv_block(config)
-    return [] if block is None else [ConvertConvsToBlockedLayout(block[0], report, block[1])]
+    blocked = [] if block is None else [ConvertConvsToBlockedLayout(block[0], report, block[1])]
+    return [*blocked, *([Int8Convs(config.tvm_target())] if _int8_convs(config) else [])]
 
 
 def graph_phases_key(config: PipelineConfig) -> tuple:
     """What the graph phases read of a config: two configs with equal keys fuse a model alike
-    (targets that share a conv block width share one fused graph)."""
-    return config.patterns, _conv_block(config)
+    (targets that share a conv block width and AMX-INT8 or not share one fused graph)."""
+    return config.patterns, _conv_block(config), _int8_convs(config)
+
+
+def _int8_convs(config: PipelineConfig) -> bool:
+    """Whether quantized convs become int8 kernels (``Int8Convs``): CPUs with AMX-INT8."""
+    return integer_matmul.INT8_KERNELS and has_amx_int8(config.tvm_target())
 
 
 def _conv_block(config: PipelineConfig) -> tuple[int, bool] | None:

@@ -62,7 +62,13 @@ class ConvAffineFold(RewriteRule):
             return f"conv layout {conv.data_layout}/{conv.kernel_layout} is not NCHW/OIHW"
         if conv.out_dtype and str(conv.out_dtype) not in ("", dtype):
             return f"the conv accumulates into {conv.out_dtype}"
-        channels = matched["weight"].value.numpy().shape[0]
+        weight = matched["weight"].value.numpy()
+        if np.all(weight == np.round(weight)):
+            # A quantized conv (frontend/qoperator.py) sums whole numbers exactly, and its scale
+            # is a requantization rounded right after: folded into the weights, the products
+            # would round and the rounded value could move by a step.
+            return "the weights are whole numbers (a quantized conv's exact sum, then requantized)"
+        channels = weight.shape[0]
         if matched["scale"].value.numpy().size == 1:
             # One number for every channel is an activation's slope as often as a scale (the
             # HardSigmoid gate's x/6 + 0.5): left to the element-wise epilogue, which takes both.

@@ -16,7 +16,7 @@ from loop_structure import loop_kinds
 from machine import host_target
 from tvm import relax, te
 
-from tvm_fusion.frontend.bf16_conv import ConvGeometry
+from tvm_fusion.frontend.conv_patches import ConvGeometry
 from tvm_fusion.kernels.cpu_features import has_amx_bf16
 from tvm_fusion.schedules.cpu import Bf16MatmulAmx
 from tvm_fusion.schedules.cpu.amx_tiles import square_rows

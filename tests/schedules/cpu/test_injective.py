@@ -10,7 +10,7 @@ import tvm_ffi
 from helpers import ort_outputs
 from loop_structure import loop_kinds
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax
+from tvm import relax, te, tirx
 from tvm.relax.op import add, concat, greater, nn, permute_dims, reshape, split, strided_slice, take, where
 
 from tvm_fusion import api
@@ -138,6 +138,45 @@ def test_a_blocked_map_runs_its_rows_across_cores(assert_schedule_matches, lanes
     loops = loop_kinds(next(iter(funcs.values())))
     assert loops.parallel == [24]
     assert loops.vectorized == [lanes]
+
+
+def _requantize_between_blocked_maps(lanes: int) -> tvm.tirx.PrimFunc:
+    """Blocked map -> NCHW -> round(x * 7.5) + 3 clipped to uint8 -> nearbyint(q / 0.3) ->
+    blocked, one stage per op (as FuseOps hands a QDQ model's requantize and quantize over)."""
+    x = te.placeholder((1, 4, 16, 10, lanes), "float32", name="x")
+    nchw = te.compute((1, 4 * lanes, 16, 10), lambda n, c, h, w: x[n, c // lanes, h, w, c % lanes], name="nchw")
+    rounded = te.compute(nchw.shape, lambda *i: tirx.round(nchw(*i) * 7.5) + 3.0, name="rounded")
+    quantized = te.compute(nchw.shape, lambda *i: tirx.max(tirx.min(rounded(*i), 255.0), 0.0).astype("uint8"),
+                           name="quantized")
+    again = te.compute(nchw.shape, lambda *i: tirx.nearbyint(quantized(*i).astype("float32") / 0.3), name="again")
+    out = te.compute(x.shape, lambda n, c, h, w, b: again[n, c * lanes + b, h, w], name="blocked")
+    return te.create_prim_func([x, out])
+
+
+def test_roundings_between_blocked_maps_are_one_pass(run_kernel, target, lanes):
+    """The roundings are inlined like arithmetic (kept, each was a pass over an NCHW map that
+    gathered every lane from the blocked one): one loop nest over the blocked map."""
+    func = _requantize_between_blocked_maps(lanes)
+    scheduled = Injective().apply(func, target, False).mod["main"]
+    assert "alloc_buffer" not in scheduled.script()
+    loops = loop_kinds(scheduled)
+    assert loops.parallel == [16] and loops.vectorized == [lanes]
+    shapes, result = {"x": (1, 4, 16, 10, lanes)}, (1, 4, 16, 10, lanes)
+    np.testing.assert_array_equal(run_kernel(scheduled, shapes, result), run_kernel(func, shapes, result))
+
+
+def test_a_vectorized_nearbyint_stays_a_vector(prim_funcs, lowered, target):
+    """``relax.round`` legalizes to ``nearbyint``, which TVM's vectorizer left scalar until
+    tvm_fusion.schedules registered it as vectorizable."""
+    func = next(iter(prim_funcs(lowered(relax.op.round, x=(4, 64))).values()))
+    sch = Injective().apply(func, target, False)
+    passes = [tvm.s_tir.transform.LowerInitBlock(), tvm.s_tir.transform.ConvertBlocksToOpaque(),
+              tvm.s_tir.transform.LowerOpaqueBlock(), tvm.tirx.transform.FlattenBuffer(),
+              tvm.tirx.transform.VectorizeLoop(True)]
+    vectorized = tvm.transform.Sequential(passes)(tvm.IRModule({"main": sch.mod["main"]}))
+    text = vectorized["main"].script()
+    assert "T.nearbyint" in text and "T.Ramp" in text
+    assert "_s in" not in text  # the vectorizer's scalarized fallback loop
 
 
 def channel_shuffle(x, branch):

@@ -5,7 +5,9 @@ ONNX nodes (``build``), so each kernel lists the nodes it covers; given an artif
 instead of a model, the artifact's own kernels (``artifact``). Each kernel is timed alone and in
 the model, the model end to end and with empty kernels (``timing``); its FLOPs and bytes
 (``costs``) place it against the machine's roofs (``machine_peak``): a kernel that sums bf16
-products against the AMX-BF16 peak, any other against the float32 FMA peak. The gap between
+products against the AMX-BF16 peak, one that sums uint8 x int8 products against the AMX-INT8
+peak (AVX512-VNNI's without AMX-INT8), its integer operations counted in place of FLOPs, any
+other against the float32 FMA peak. The gap between
 the sum of kernel times and the end-to-end time is split into its parts (``report.Gap``);
 ``mine`` ranks the unfused kernel chains worth a pattern (``mining``).
 """
@@ -19,7 +21,7 @@ import numpy as np
 import tvm
 
 from ...frontend import onnx as onnx_frontend
-from ...metadata import bf16_kernels
+from ...metadata import bf16_kernels, int8_kernels
 from ...machine_peak import MachinePeak, machine_peak
 from ...native_log import captured_native_stderr
 from ...config import with_precision
@@ -78,8 +80,9 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
         check_same_kernels(artifact, profiled.module, profiled.tuned, set(funcs), args)
     progress(f"timing {len(funcs)} kernels and the whole model, {rounds} interleaved rounds")
     timings = time_model(executable, empty_executable, set(funcs), args, rounds=rounds)
-    bf16 = set(bf16_kernels(profiled.lowered))
-    kernels = [_kernel_profile(name, funcs[name], profiled, timings, peak, name in bf16) for name in timings.calls]
+    kinds = roof_kinds(profiled.lowered)
+    kernels = [kernel_profile(name, funcs[name], profiled, timings, peak, kinds.get(name, "float32"))
+               for name in timings.calls]
     total = sum(k.total_us for k in kernels) or 1.0
     for kernel in kernels:
         kernel.share = kernel.total_us / total
@@ -96,28 +99,38 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
                          str(artifact.directory) if artifact else None, timings.end_to_end)
 
 
-def _kernel_profile(name, func, profiled: ProfiledModule, timings: Timings, peak: MachinePeak,
-                    bf16: bool) -> KernelProfile:
-    """``bf16``: the kernel sums bf16 products, and is set against the AMX-BF16 roof."""
-    flops, nbytes = kernel_costs(func)
+def roof_kinds(lowered) -> dict[str, str]:
+    """The kernels of ``lowered`` (before schedules) set against a roof other than the float32
+    FMA one, by kind (``machine_peak.ROOF_KINDS``): ``"int8"`` for one that holds an int8 sum
+    (``int8_kernels``), ``"bf16"`` for one that sums bf16 products (``bf16_kernels``)."""
+    return {**{name: "bf16" for name in bf16_kernels(lowered)}, **{name: "int8" for name in int8_kernels(lowered)}}
+
+
+def kernel_profile(name, func, profiled: ProfiledModule, timings: Timings, peak: MachinePeak,
+                   kind: str) -> KernelProfile:
+    """Kernel ``name`` (``func`` before schedules) placed on the roofline by its timings;
+    ``kind``: the roof it is set against (``roof_kinds``). An int8 kernel's integer operations
+    count in its ``flops``: its products are the work, though none of them is a FLOP."""
+    flops, nbytes = kernel_costs(func, integers=kind == "int8")
     us = timings.alone_us.get(name, 0.0)
     seconds = us / 1e6 or float("inf")
     gflops, gbps = flops / seconds / 1e9, nbytes / seconds / 1e9
     intensity = flops / nbytes if nbytes else 0.0
-    roof, roof_gflops, bound, achieved = roof_position(peak, bf16, flops, intensity, gflops, gbps)
+    roof, roof_gflops, bound, achieved = roof_position(peak, kind, flops, intensity, gflops, gbps)
     pattern = profiled.patterns.get(name, "single op")
     return KernelProfile(name, pattern, profiled.schedule_rules.get(name, "-"), kernel_kind(name, func, pattern),
                          timings.calls[name], us, timings.in_model_us.get(name, 0.0), 0.0, flops, nbytes,
                          gflops, gbps, intensity, bound, 100.0 * achieved, profiled.covers.get(name, []),
-                         roof, roof_gflops)
+                         roof, roof_gflops, kind)
 
 
-def roof_position(peak: MachinePeak, bf16: bool, flops: int, intensity: float, gflops: float,
+def roof_position(peak: MachinePeak, kind: str, flops: int, intensity: float, gflops: float,
                   gbps: float) -> tuple[str, float, str, float]:
-    """(compute roof's name, its GFLOP/s, bound, achieved share of the lower roof): a bf16
-    kernel under the AMX-BF16 roof (its bound then says so: ``AMX-BF16 compute``), any other
-    under the float32 FMA roof; both meet the DRAM roof at their own ridge."""
-    roof, roof_gflops = peak.compute_roof(bf16)
+    """(compute roof's name, its GFLOP/s (int8: GOP/s), bound, achieved share of the lower
+    roof): a ``kind`` ``"bf16"`` kernel under the AMX-BF16 roof, an ``"int8"`` one under the
+    AMX-INT8 roof (its bound then says so: ``AMX-INT8 compute``), a ``"float32"`` one under the
+    FMA roof (``MachinePeak.compute_roof``); each meets the DRAM roof at its own ridge."""
+    roof, roof_gflops = peak.compute_roof(kind)
     bound = "compute" if intensity >= roof_gflops / peak.gbytes_per_s else "memory"
     # A kernel without arithmetic (data movement) is measured against the bandwidth roof only.
     achieved = gflops / min(roof_gflops, intensity * peak.gbytes_per_s) if flops else gbps / peak.gbytes_per_s

@@ -15,6 +15,7 @@ from ...render.plotting import check_drawing_path, save_figure
 FORMATS = (".svg", ".png")
 LABELLED = 5
 BARS = 10
+ROOF_COLORS = {"bf16": "tab:purple", "int8": "tab:green"}  # the dashed roofs of bf16 and int8 kernels
 
 
 def check_plot_path(path: str | Path) -> Path:
@@ -43,16 +44,20 @@ def plot_profile(report, path: str | Path) -> Path:
     kernels = [k for k in report.kernels if k.flops and k.us_per_call > 0]
     fig = Figure(figsize=(15, 6.2))
     roof, bars = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
+    # The roofs bf16 and int8 kernels are set against (profile's roof_position); int8's in
+    # integer operations, which their dots count too. The x axis reaches past each roof's ridge.
+    other_roofs = sorted({(k.roof_kind, k.compute_roof, k.compute_roof_gflops) for k in kernels
+                          if k.compute_roof != "FMA"})
+    ridges = [peak.ridge * 10] + [2 * gflops / peak.gbytes_per_s for *_, gflops in other_roofs]
     # Roofline.
     lo = min([k.intensity for k in kernels] + [peak.ridge / 10]) / 2
-    hi = max([k.intensity for k in kernels] + [peak.ridge * 10]) * 2
+    hi = max([k.intensity for k in kernels] + ridges) * 2
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
     roof.plot(x, np.minimum(peak.gflops, x * peak.gbytes_per_s), color="black", lw=1.5,
               label=f"roof: {peak.gflops:.0f} GFLOP/s FMA, {peak.gbytes_per_s:.1f} GB/s triad")
-    bf16_roofs = {k.compute_roof_gflops for k in kernels if k.compute_roof != "FMA"}
-    for gflops in bf16_roofs:  # the roof bf16 kernels are set against (profile's roof_position)
-        roof.plot(x, np.minimum(gflops, x * peak.gbytes_per_s), color="tab:purple", lw=1.5, ls="--",
-                  label=f"bf16 kernels' roof: {gflops:.0f} GFLOP/s AMX-BF16")
+    for kind, name, gflops in other_roofs:
+        roof.plot(x, np.minimum(gflops, x * peak.gbytes_per_s), color=ROOF_COLORS[kind], lw=1.5, ls="--",
+                  label=f"{kind} kernels' roof: {gflops:.0f} {'GOP/s' if kind == 'int8' else 'GFLOP/s'} {name}")
     total = max(k.total_us for k in kernels) if kernels else 1.0
     sizes = [30 + 400 * k.total_us / total for k in kernels]
     colors = ["tab:orange" if k.bound.endswith("memory") else "tab:blue" for k in kernels]
@@ -62,9 +67,10 @@ def plot_profile(report, path: str | Path) -> Path:
     roof.set_yscale("log")
     roof.set_xlim(lo, hi)
     ymin = min([k.gflops for k in kernels] + [peak.gflops / 100]) / 2
-    roof.set_ylim(ymin, max([peak.gflops, *bf16_roofs]) * 3)
-    roof.set_xlabel("arithmetic intensity (FLOP / byte, parameters moved once)")
-    roof.set_ylabel("achieved GFLOP/s (kernel alone)")
+    roof.set_ylim(ymin, max([peak.gflops, *(gflops for *_, gflops in other_roofs)]) * 3)
+    int8 = "; int8 kernels: integer ops" if any(k.roof_kind == "int8" for k in kernels) else ""
+    roof.set_xlabel(f"arithmetic intensity (FLOP / byte, parameters moved once{int8})")
+    roof.set_ylabel(f"achieved GFLOP/s (kernel alone{int8})")
     roof.set_title(f"{report.model}: roofline ({report.threads} threads, {peak.target_key})", fontsize=11)
     roof.grid(True, which="major", alpha=0.3)
     top = sorted(kernels, key=lambda k: -k.total_us)[:LABELLED]

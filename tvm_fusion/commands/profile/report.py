@@ -29,12 +29,16 @@ class KernelProfile:
     gbytes_per_s: float
     intensity: float        # FLOP per byte
     # "compute" or "memory": which roof is lower at this intensity ("AMX-BF16 compute" or
-    # "AMX-BF16 memory" for a bf16 kernel, against that roof and its ridge)
+    # "AMX-INT8 memory" for a bf16 or int8 kernel, against that roof and its ridge)
     bound: str
     roof_percent: float     # achieved / the lower roof at this intensity
     onnx_nodes: list[str]
-    compute_roof: str = "FMA"  # the compute roof it is set against: "FMA" (float32) or "AMX-BF16"
+    # the compute roof it is set against: "FMA" (float32), "AMX-BF16", "AMX-INT8" or "AVX512-VNNI"
+    compute_roof: str = "FMA"
     compute_roof_gflops: float = 0.0
+    # what its sum multiplies (machine_peak.ROOF_KINDS): for "int8", flops, gflops and intensity
+    # count integer operations (a multiply and an add per uint8 x int8 product), not FLOPs
+    roof_kind: str = "float32"
 
     @property
     def total_us(self) -> float:

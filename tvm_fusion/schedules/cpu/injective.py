@@ -16,6 +16,10 @@ from .helpers import calls_in, cpu_schedule, inline_cheap_blocks
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 
 _SELECT = ir.Op.get("prim.if_then_else")
+# Calls that are one vector instruction: inlined into their readers like arithmetic
+# (``_inline_single_instruction_calls``).
+_SINGLE_INSTRUCTION = [_SELECT, *(ir.Op.get(name) for name in (
+    "tirx.round", "tirx.nearbyint", "tirx.floor", "prim.ceil", "tirx.trunc", "tirx.fabs"))]
 # A comparison's kind with its operands swapped (``c <= v`` is ``v >= c``).
 _FLIPPED = {tirx.LE: tirx.GE, tirx.LT: tirx.GT, tirx.GE: tirx.LE, tirx.GT: tirx.LT}
 
@@ -31,7 +35,7 @@ class Injective(ScheduleRule):
         if sch is None or not all(is_spatial(sch.get(b)) for b in sch.get_child_blocks(get_root_block(sch))):
             return None
         inline_cheap_blocks(sch)
-        _inline_selects(sch)
+        _inline_single_instruction_calls(sch)
         for block in sch.get_child_blocks(get_root_block(sch)):
             loops = sch.get_loops(block)
             if not loops:
@@ -51,17 +55,20 @@ class Injective(ScheduleRule):
         return serial_when_small(sch, MIN_PARALLEL_ELEMENTS)
 
 
-def _inline_selects(sch: s_tir.Schedule) -> None:
-    """Inline the blocks whose only calls are selects (concats, pads) into their readers.
+def _inline_single_instruction_calls(sch: s_tir.Schedule) -> None:
+    """Inline the blocks whose only calls are selects (concats, pads) or roundings into their
+    readers.
 
-    ``inline_cheap_blocks`` keeps them, for the convs' sake (a select in an FMA loop); in a
-    data-movement kernel a concat kept apart is one more pass through memory (YOLOv8's head,
-    three blocked concats, a flattening concat and a split into box and class rows, kernel
-    alone on Zen 1: 547 -> 464 us).
+    ``inline_cheap_blocks`` keeps them, for the convs' sake (a select or a rounding in an FMA
+    loop). In a data-movement kernel a block kept apart is one more pass through memory: YOLOv8's
+    head, three blocked concats, a flattening concat and a split into box and class rows (kernel
+    alone on Zen 1: 547 -> 464 us); a quantized model's requantize -> dequantize -> hardswish ->
+    quantize between two blocked convs, whose kept roundings were two passes over an NCHW map
+    that gathered every lane from the blocked one.
     """
     for block in sch.get_child_blocks(get_root_block(sch)):
         calls = calls_in(sch.get(block).body)
-        if calls and all(call.op.same_as(_SELECT) for call in calls):
+        if calls and all(any(call.op.same_as(op) for op in _SINGLE_INSTRUCTION) for call in calls):
             try:
                 sch.compute_inline(block)
             except s_tir.ScheduleError:

@@ -6,7 +6,8 @@ as it is. One ``tdpbusd`` is 16 x 16 x 64 exact products (no intermediate satura
 ``vpdpbusd``), 16 times the work of a ``vpdpbusd`` on AVX-512. The tiles, their configuration
 and the row tiling are ``amx_tiles``'s, shared with ``Bf16MatmulAmx``; the epilogue
 (zero-point corrections, the conversion, a requantization) runs on each tile, as in
-``Int8MatmulVnni``.
+``Int8MatmulVnni``. A quantized conv's kernel (``frontend/int8_conv.py``) is the same sum over
+its input's patches, its prologue and output placed as ``amx_patches.py`` places them.
 
 Declines (and ``Int8MatmulVnni`` takes the kernel) on a target without AMX-INT8, and where
 ``amx_tiles.schedule_tiles`` does (a symbolic row count, fewer than ``MIN_TILE_ROWS`` rows, a
@@ -18,9 +19,11 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
+from ...frontend.int8_conv import INT8_PATCHES
 from ...frontend.integer_matmul import DEPTH_BLOCK
 from ...kernels.blocks import is_cpu_kernel, only_reduction
 from ...kernels.cpu_features import has_amx_int8
+from .amx_patches import is_conv, schedule_with_operand
 from .amx_tiles import MIN_TILE_ROWS, TileProduct, schedule_tiles
 from .int8_sum import is_int8_sum
 
@@ -44,4 +47,6 @@ class Int8MatmulAmx(ScheduleRule):
         kernel = only_reduction(s_tir.Schedule(func))
         if kernel is None or not is_int8_sum(kernel.stmt):
             return None
+        if is_conv(kernel, INT8_PATCHES):  # frontend/int8_conv.py
+            return schedule_with_operand(kernel, INT8_TILES, INT8_PATCHES)
         return schedule_tiles(kernel, INT8_TILES)

@@ -4,7 +4,7 @@ as their schedule rules read them: the sum block, and the blocks before it. Shar
 
 from tvm import s_tir, tirx
 
-from ...frontend.bf16_conv import READ_MANY_TIMES
+from ...frontend.conv_patches import READ_MANY_TIMES
 from ...frontend.integer_matmul import COLUMN_BLOCK, DEPTH_BLOCK, KERNEL_NAME
 from ...kernels.blocks import among
 from .helpers import extent_of

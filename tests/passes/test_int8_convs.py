@@ -1,0 +1,96 @@
+"""Int8Convs: a quantized conv (a float32 conv of ``x - x_zp`` by whole-number weights) becomes
+the int8 kernel on an AMX-INT8 target, computing the same values; convs whose input is not
+provably bytes, whose weights int8 cannot hold, which are too small for tiles, in NCHW, or on
+a target without AMX-INT8 stay float32 convs."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_fusion.config import parse_config
+from tvm_fusion.passes.int8_convs import Int8Convs
+from tvm_fusion.passes.pipeline import graph_phases_key, lowering_passes
+
+AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+NO_AMX = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+BLOCK = 16
+
+
+def quantized_conv(channels=64, out_channels=32, size=8, kernel=3, zero_point=7, input_dtype="uint8",
+                   weight_scale=1.0, blocked=True, quantized_input=True):
+    """x (bytes) -> float32 less its zero point -> NCHW16c -> conv by whole-number weights, as
+    the import and the layout phase leave a QLinearConv; ``quantized_input`` False: a float input."""
+    rng = np.random.default_rng(1)
+    shape = (1, channels, size, size)
+    x = relax.Var("x", relax.TensorType(shape, input_dtype if quantized_input else "float32"))
+    weight = rng.integers(-128, 128, (out_channels, channels, kernel, kernel)).astype(np.float32) * weight_scale
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            data = x
+            if quantized_input:
+                data = bb.emit(relax.op.subtract(relax.op.astype(x, "float32"), relax.const(float(zero_point))))
+            if blocked:
+                data = bb.emit(relax.op.layout_transform(data, lambda n, c, h, w: (n, c // BLOCK, h, w, c % BLOCK)))
+                o, i = out_channels // BLOCK, channels // BLOCK
+                weight = weight.reshape(o, BLOCK, i, BLOCK, kernel, kernel).transpose(0, 2, 4, 5, 3, 1)
+            layouts = ("NCHW16c", "OIHW16i16o", "NCHW16c") if blocked else ("NCHW", "OIHW", "NCHW")
+            conv = bb.emit(relax.op.nn.conv2d(data, relax.const(np.ascontiguousarray(weight)), padding=kernel // 2,
+                                              data_layout=layouts[0], kernel_layout=layouts[1], out_layout=layouts[2]))
+            out = bb.emit_output(relax.op.nn.relu(conv))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def op_names(mod) -> list[str]:
+    return [b.value.op.name for b in mod["main"].body.blocks[0].bindings]
+
+
+def run(mod, x: np.ndarray) -> np.ndarray:
+    """The module lowered as the pipeline lowers it (unscheduled: any CPU runs it) on ``x``."""
+    lowered = tvm.transform.Sequential(lowering_passes())(mod)
+    vm = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+@pytest.mark.parametrize("input_dtype, zero_point", [("uint8", 7), ("int8", -3)])
+def test_a_quantized_conv_becomes_the_int8_kernel_with_the_same_values(input_dtype, zero_point):
+    before = quantized_conv(input_dtype=input_dtype, zero_point=zero_point)
+    after = Int8Convs(AMX)(before)
+    assert op_names(after) == ["relax.astype", "relax.subtract", "relax.layout_transform", "relax.call_tir",
+                               "relax.nn.relu"]
+    kernel = after["main"].body.blocks[0].bindings[3].value.args[0]
+    assert kernel.name_hint == "int8_conv2d" and isinstance(after[kernel], tvm.tirx.PrimFunc)
+    info = np.iinfo(input_dtype)
+    x = np.random.default_rng(2).integers(info.min, info.max + 1, (1, 64, 8, 8)).astype(input_dtype)
+    np.testing.assert_array_equal(run(after, x), run(before, x))
+
+
+MUST_NOT = {
+    "a float input": dict(quantized_input=False),
+    "an input whose zero is no byte": dict(zero_point=300),
+    "fractional weights": dict(weight_scale=0.5),
+    "weights past int8": dict(weight_scale=2.0),
+    "fewer than 64 products per value": dict(channels=16, kernel=1),
+    "an NCHW input": dict(blocked=False),
+    "a 3x3 output (9 pixels)": dict(size=3),
+}
+
+
+@pytest.mark.parametrize("case", MUST_NOT)
+def test_must_not_rewrite(case):
+    before = quantized_conv(**MUST_NOT[case])
+    tvm.ir.assert_structural_equal(Int8Convs(AMX)(before), before)
+
+
+def test_must_not_rewrite_without_amx_int8():
+    before = quantized_conv()
+    tvm.ir.assert_structural_equal(Int8Convs(NO_AMX)(before), before)
+
+
+def test_the_fused_graph_of_an_amx_target_is_its_own():
+    """The graph phases differ with AMX-INT8: a multi-target compile must not share them."""
+    configs = [parse_config({"target": {"kind": "llvm", "mcpu": mcpu, "num-cores": 2}}, name=mcpu)
+               for mcpu in ("sapphirerapids", "znver4")]
+    assert graph_phases_key(configs[0]) != graph_phases_key(configs[1])

@@ -1,0 +1,274 @@
+"""A conv2d as a matmul of its input's patches, the form of the packed-weight kernels
+(``bf16_conv.py``: bf16 x bf16 -> float32; ``int8_conv.py``: uint8 x int8 -> int32).
+
+Row ``p`` of the patch matrix is output pixel ``p``'s receptive field (``K = C x KH x KW``
+values), the weight is ``[K, Co]``. One kernel holds three parts: the input converted to the
+sum's operand type once (``PatchOperand.convert``), the patch matrix copied from it (the
+padding as the operand value of a zero), and a last block that writes each output pixel's
+channels in the conv's output layout. The element-wise epilogue FuseOps or a composite adds
+follows in the same kernel.
+
+In the blocked layout ``NCHW{b}c`` the patch's k runs over (channel block, kh, kw, channel in
+block): the innermost ``b`` k of a row are ``b`` consecutive values of the input, so the
+prologue reads and writes whole vectors. In NCHW it runs over (channel, kh, kw), the weight's
+own OIHW order. A patch matrix re-reads each input value ``KH x KW`` times (strided convs
+fewer): for a 1x1 conv it is the input itself, converted and in pixel-major order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+import numpy as np
+import tvm
+from tvm import relax, te
+
+from .packed_weights import round_up
+
+# Block annotations for the schedule rules: a block whose values are each read many times (the
+# converted input, which the patches read KH x KW times) is computed once, not inlined into its
+# readers; the patches' k loop as the extents of (channel block, kh, kw, channel in block).
+READ_MANY_TIMES = "tvm_fusion.read_many_times"
+PATCH_LOOPS = "tvm_fusion.patch_loops"
+# Input channels a conv needs for a patch kernel: an RGB stem's patches (27 values for 3 x 3)
+# are built element by element and fill a tile's 32 k once, so the float32 kernel is faster.
+MIN_CHANNELS = 16
+# Output pixels (the sum's rows) a conv needs: a squeeze-and-excitation block's convs on a pooled
+# map have one, which its own fusion computes (a patch kernel inside it ran at half its speed).
+MIN_PIXELS = 16
+_BLOCKED = re.compile(r"NCHW(\d+)c")
+_BLOCKED_WEIGHT = re.compile(r"OIHW(\d+)i(\d+)o")
+_OUT_BLOCKED_WEIGHT = re.compile(r"OIHW(\d+)o")
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchOperand:
+    """What a kernel's sum reads its patches as: the operand ``dtype`` and ``depth_block`` (k
+    per weight group), ``convert`` (a float32 input value to its operand element), the element
+    ``zero`` stands for (the padding), and the names of the converted input, patch and output
+    blocks (the schedule rules find them by name)."""
+
+    dtype: str
+    depth_block: int
+    convert: Callable[[tvm.tirx.PrimExpr], tvm.tirx.PrimExpr]
+    zero: int
+    input_name: str
+    patches_name: str
+    output_name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvGeometry:
+    """What the kernel needs of a conv: its layouts' channel blocks (0: NCHW), the input's
+    ``[N, C, H, W]``, the output's ``[Co, OH, OW]``, its kernel, strides, dilation and
+    (top, left) padding."""
+
+    data_block: int
+    out_block: int
+    batch: int
+    channels: int
+    height: int
+    width: int
+    out_channels: int
+    out_height: int
+    out_width: int
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    dilation: tuple[int, int]
+    padding: tuple[int, int]
+
+    @property
+    def depth(self) -> int:
+        """K: the values of one receptive field."""
+        return self.channels * self.kernel[0] * self.kernel[1]
+
+    @property
+    def pixels(self) -> int:
+        """M: the output pixels of the whole batch, the sum's rows."""
+        return self.batch * self.out_height * self.out_width
+
+
+def _block(layout: str, plain: str, blocked: re.Pattern) -> int | None:
+    if layout == plain:
+        return 0
+    found = blocked.fullmatch(layout)
+    return int(found.group(1)) if found else None
+
+
+def conv_geometry(call: relax.Call) -> ConvGeometry | str:
+    """The geometry of a ``relax.nn.conv2d`` call, or why no patch kernel takes it: they
+    take a float32 dense conv (groups 1) of static shapes in NCHW or ``NCHW{b}c``."""
+    attrs = call.attrs
+    data, weight = call.args
+    if int(attrs.groups) != 1:
+        return f"a grouped conv ({attrs.groups} groups)"
+    if str(data.ty.dtype) != "float32" or str(weight.ty.dtype) != "float32" or (
+            attrs.out_dtype and str(attrs.out_dtype) not in ("float32", "void")):
+        return f"a {data.ty.dtype} conv, not float32"
+    data_block = _block(str(attrs.data_layout), "NCHW", _BLOCKED)
+    out_block = _block(str(attrs.out_layout or attrs.data_layout), "NCHW", _BLOCKED)
+    if data_block is None or out_block is None:
+        return f"layouts {attrs.data_layout} -> {attrs.out_layout}, not NCHW or NCHW[x]c"
+    shapes = [arg.ty.shape for arg in (data, weight)] + [call.ty.shape]
+    if not all(isinstance(s, relax.ShapeExpr) and all(isinstance(d, tvm.tirx.IntImm) for d in s.values)
+               for s in shapes):
+        return "a shape is not static"
+    (n, c, h, w, *_), _, out = ([int(d) for d in s.values] for s in shapes)
+    if data_block:
+        c *= data_block
+    if c < MIN_CHANNELS:
+        return f"{c} input channels (an image stem): its patches cost more than tiles gain on so few products"
+    if n * out[2] * out[3] < MIN_PIXELS:
+        return f"{n * out[2] * out[3]} output pixels (a conv on a pooled map): fewer than a tile's {MIN_PIXELS} rows"
+    out_channels = out[1] * out_block if out_block else out[1]
+    kernel = _weight_kernel(str(attrs.kernel_layout), [int(d) for d in weight.ty.shape.values])
+    if kernel is None:
+        return f"kernel layout {attrs.kernel_layout}"
+    return ConvGeometry(data_block, out_block, n, c, h, w, out_channels, out[2], out[3], kernel,
+                        tuple(int(s) for s in attrs.strides), tuple(int(d) for d in attrs.dilation),
+                        (int(attrs.padding[0]), int(attrs.padding[1])))
+
+
+def _weight_kernel(layout: str, shape: list[int]) -> tuple[int, int] | None:
+    if layout == "OIHW" or _BLOCKED_WEIGHT.fullmatch(layout) or _OUT_BLOCKED_WEIGHT.fullmatch(layout):
+        return shape[2], shape[3]
+    return None
+
+
+def oihw_weight(weight: np.ndarray, layout: str) -> np.ndarray:
+    """A conv weight in ``OIHW``, ``OIHW{b}i{b}o`` or ``OIHW{b}o`` as plain ``[Co, C, KH, KW]``."""
+    if layout == "OIHW":
+        return weight
+    if _BLOCKED_WEIGHT.fullmatch(layout):  # [Co/b, C/b, KH, KW, bi, bo]
+        blocks_out, blocks_in, kh, kw, bi, bo = weight.shape
+        return weight.transpose(0, 5, 1, 4, 2, 3).reshape(blocks_out * bo, blocks_in * bi, kh, kw)
+    blocks_out, c, kh, kw, bo = weight.shape  # OIHW{b}o
+    return weight.transpose(0, 4, 1, 2, 3).reshape(blocks_out * bo, c, kh, kw)
+
+
+def weight_matrix(weight: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
+    """The plain ``[Co, C, KH, KW]`` weight as the ``[K, Co]`` matrix the patch rows multiply:
+    k over (channel block, kh, kw, channel in block) for a blocked input, (channel, kh, kw) for NCHW."""
+    out_channels, channels, kh, kw = weight.shape
+    block = geometry.data_block
+    if not block:
+        return np.ascontiguousarray(weight.reshape(out_channels, -1).T)
+    blocked = weight.reshape(out_channels, channels // block, block, kh, kw).transpose(1, 3, 4, 2, 0)
+    return np.ascontiguousarray(blocked.reshape(-1, out_channels))
+
+
+# Rows of an AMX tile (schedules/cpu/amx_tiles.py): a tile of fewer than MIN_TILE_ROWS rows
+# wastes most of its 16.
+TILE_ROWS, MIN_TILE_ROWS = 16, 5
+
+
+def rows_per_output_row(geometry: ConvGeometry) -> bool:
+    """Whether the patch rows are laid out ``[N x OH, OW]`` (an output row per row of the
+    matrix) rather than ``[pixels]``: the tiles then divide an output row and never straddle
+    two, so the output layout's block follows each tile. Not where OW has no divisor of at least
+    ``MIN_TILE_ROWS`` up to 16 (a prime OW past 16, or a map a few columns wide: a conv1d's, 1):
+    tiles of so few rows would waste most of each instruction."""
+    width = geometry.out_width
+    return max(d for d in range(1, TILE_ROWS + 1) if width % d == 0) >= MIN_TILE_ROWS
+
+
+def _rows_shape(geometry: ConvGeometry) -> tuple[int, ...]:
+    g = geometry
+    return (g.batch * g.out_height, g.out_width) if rows_per_output_row(g) else (g.pixels,)
+
+
+def _pixel(geometry: ConvGeometry, n, y, x) -> tuple:
+    """The patch row of output pixel (n, y, x)."""
+    g = geometry
+    if rows_per_output_row(g):
+        return (n * g.out_height + y, x)
+    return ((n * g.out_height + y) * g.out_width + x,)
+
+
+def _patch_index(geometry: ConvGeometry, rows: tuple, k):
+    """(batch, channel block or channel, input row, input column, channel in block) of patch
+    element ``[*rows, k]``, and whether it lies inside the input (else padding)."""
+    g = geometry
+    kh, kw = g.kernel
+    block = g.data_block or 1
+    if len(rows) == 2:
+        (line, ow) = rows
+        n, oh = line // g.out_height, line % g.out_height
+    else:
+        (p,) = rows
+        n, rest = p // (g.out_height * g.out_width), p % (g.out_height * g.out_width)
+        oh, ow = rest // g.out_width, rest % g.out_width
+    tap = k // block
+    outer, r, s = tap // (kh * kw), tap // kw % kh, tap % kw
+    y = oh * g.strides[0] + r * g.dilation[0] - g.padding[0]
+    x = ow * g.strides[1] + s * g.dilation[1] - g.padding[1]
+    inside = tvm.tirx.all(y >= 0, y < g.height, x >= 0, x < g.width, k < g.depth)
+    return (n, outer, y, x, k % block), inside
+
+
+def patches_te(data: te.Tensor, geometry: ConvGeometry, operand: PatchOperand) -> te.Tensor:
+    """The patch matrix (rows ``_rows_shape``, K padded to whole depth blocks with zeros) as
+    ``operand`` elements: the input is converted once, then copied into the patches (each value
+    KH x KW times)."""
+    converted = te.compute(data.shape, lambda *i: operand.convert(data[i]), name=operand.input_name,
+                           attrs={READ_MANY_TIMES: 1})
+    zero = tvm.tirx.const(operand.zero, operand.dtype)
+
+    def compute(*index):
+        *rows, k = index
+        (n, outer, y, x, inner), inside = _patch_index(geometry, tuple(rows), k)
+        clamp = [tvm.tirx.max(tvm.tirx.min(v, bound - 1), 0) for v, bound in
+                 ((y, geometry.height), (x, geometry.width))]
+        at = (n, outer, *clamp, inner) if geometry.data_block else (n, outer, *clamp)
+        return tvm.tirx.Select(inside, converted[at], zero)  # the read is clamped
+
+    depth = round_up(geometry.depth, operand.depth_block)
+    outer = geometry.channels // geometry.data_block if geometry.data_block else geometry.channels
+    loops = [outer, *geometry.kernel, *([geometry.data_block] if geometry.data_block else [])]
+    attrs = {PATCH_LOOPS: loops} if depth == geometry.depth else {}  # K padded: one k loop
+    return te.compute((*_rows_shape(geometry), depth), compute, name=operand.patches_name, attrs=attrs)
+
+
+def output_te(total: te.Tensor, geometry: ConvGeometry, name: str,
+              value: Callable[[tvm.tirx.PrimExpr, tvm.tirx.PrimExpr], tvm.tirx.PrimExpr] = lambda v, _: v) -> te.Tensor:
+    """The sum's rows by ``Co16`` columns in the conv's output layout, each ``value(sum, output
+    channel)``."""
+    g = geometry
+    if g.out_block:
+        shape = (g.batch, g.out_channels // g.out_block, g.out_height, g.out_width, g.out_block)
+
+        def blocked(n, cb, y, x, c):
+            channel = cb * g.out_block + c
+            return value(total[(*_pixel(g, n, y, x), channel)], channel)
+
+        return te.compute(shape, blocked, name=name)
+    shape = (g.batch, g.out_channels, g.out_height, g.out_width)
+    return te.compute(shape, lambda n, c, y, x: value(total[(*_pixel(g, n, y, x), c)], c), name=name)
+
+
+def patch_rows(activation: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
+    """The float32 patch matrix ``[pixels, K]`` of an input in the conv's data layout (what the
+    per-kernel gate multiplies by ``weight_matrix``)."""
+    g = geometry
+    plain = activation
+    if g.data_block:  # [N, C/b, H, W, b] -> [N, C, H, W]
+        n, blocks, h, w, b = activation.shape
+        plain = activation.transpose(0, 1, 4, 2, 3).reshape(n, blocks * b, h, w)
+    reach = [g.strides[i] * size + g.kernel[i] * g.dilation[i] for i, size in enumerate((g.out_height, g.out_width))]
+    padded = np.pad(plain, ((0, 0), (0, 0), (g.padding[0], reach[0]), (g.padding[1], reach[1])))
+    taps = []
+    for r in range(g.kernel[0]):
+        for s in range(g.kernel[1]):
+            y0, x0 = r * g.dilation[0], s * g.dilation[1]
+            taps.append(padded[:, :, y0:y0 + g.strides[0] * g.out_height:g.strides[0],
+                               x0:x0 + g.strides[1] * g.out_width:g.strides[1]])
+    stacked = np.stack(taps, axis=2)  # [N, C, taps, OH, OW]
+    n, c = stacked.shape[:2]
+    if g.data_block:  # k over (channel block, tap, channel in block)
+        b = g.data_block
+        stacked = stacked.reshape(n, c // b, b, len(taps), g.out_height, g.out_width).transpose(0, 4, 5, 1, 3, 2)
+    else:  # k over (channel, tap)
+        stacked = stacked.transpose(0, 3, 4, 1, 2)
+    return np.ascontiguousarray(stacked.reshape(g.pixels, g.depth))

@@ -1,0 +1,73 @@
+"""The prologue and output of the packed-weight kernels on AMX tiles, conv kernels
+(``frontend/conv_patches.py``) above all: shared by ``Bf16MatmulAmx`` and ``Int8MatmulAmx``.
+
+A conv's input is converted to the operand type once, in one pass on vectors; its patches are
+built per tile of rows, in L1 under the tiles that read them, a blocked input's 16 channels of
+one tap per vector; its output layout follows each tile where the rows are per output row, else
+the whole sum (a tile's rows then straddle two output rows, which ``reverse_compute_at`` cannot
+bound exactly).
+"""
+
+from tvm import s_tir
+
+from ...frontend.conv_patches import PATCH_LOOPS, PatchOperand
+from ...kernels.blocks import OneReduction
+from .amx_tiles import TileProduct, schedule_tiles
+from .helpers import extent_of
+
+# operand elements per vector in the prologue: float32 lanes of an AVX-512 register, and a
+# blocked conv input's channel block
+PROLOGUE_LANES = 16
+
+
+def is_conv(kernel: OneReduction, operand: PatchOperand) -> bool:
+    """Whether ``kernel`` is a conv's (its output block follows the sum)."""
+    return any(kernel.sch.get(block).name_hint.startswith(operand.output_name) for block in kernel.epilogue)
+
+
+def schedule_with_operand(kernel: OneReduction, spec: TileProduct, operand: PatchOperand) -> s_tir.Schedule | None:
+    """``kernel`` as AMX tiles (``amx_tiles.schedule_tiles``) with its prologue on vectors: a
+    conv's input converted in one pass, the block that writes the A operand (a conv's patches,
+    an activation's conversion) on vectors of ``PROLOGUE_LANES`` k."""
+    sch = kernel.sch
+    conv = is_conv(kernel, operand)
+    flat_conv = conv and len(kernel.stmt.iter_vars) == 3  # rows not per output row (conv_patches.py)
+    _vectorize_input(sch, kernel, operand.input_name)
+    scheduled = schedule_tiles(kernel, spec, per_tile=not flat_conv, operand_per_row_tile=conv)
+    if scheduled is not None:
+        _vectorize_operand(scheduled, operand.patches_name)
+    return scheduled
+
+
+def _vectorize_input(sch: s_tir.Schedule, kernel: OneReduction, name: str) -> None:
+    """A conv's converted input as one pass over it on vectors, its outer loops fused to be
+    shared among cores (``place_prologue`` parallelizes the first)."""
+    for block in kernel.prologue:
+        if sch.get(block).name_hint.startswith(name):
+            *outer, innermost = sch.get_loops(block)
+            if outer:
+                sch.fuse(*outer)
+            _vectorize_lanes(sch, innermost)
+
+
+def _vectorize_operand(sch: s_tir.Schedule, name: str) -> None:
+    """The prologue block ``name`` that writes the A operand on vectors of ``PROLOGUE_LANES`` k.
+    A conv's k loop is split as its patch runs (``PATCH_LOOPS``: channel block, kh, kw, channel
+    in block), so the patch's index arithmetic is once per tap and the innermost loop is a
+    contiguous run of the input."""
+    try:
+        block = sch.get_sblock(name)
+    except s_tir.ScheduleError:
+        return  # the activation is the operand already (a kernel written without the prologue)
+    innermost = sch.get_loops(block)[-1]
+    patch_loops = sch.get(block).annotations.get(PATCH_LOOPS)
+    if patch_loops is not None:
+        innermost = sch.split(innermost, [None, *[int(e) for e in patch_loops][1:]])[-1]
+    _vectorize_lanes(sch, innermost)
+
+
+def _vectorize_lanes(sch: s_tir.Schedule, loop) -> None:
+    """``loop`` on vectors of ``PROLOGUE_LANES``, where its extent is a multiple of them."""
+    extent = extent_of(sch.get(loop).extent)
+    if isinstance(extent, int) and extent % PROLOGUE_LANES == 0:
+        sch.vectorize(sch.split(loop, [None, PROLOGUE_LANES])[1] if extent > PROLOGUE_LANES else loop)
