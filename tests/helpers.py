@@ -236,3 +236,9 @@ def assert_fused_matches_references(model: onnx.ModelProto, prepared, optimized,
         np.testing.assert_allclose(fused, reference, rtol=rtol, atol=atol)
         np.testing.assert_allclose(fused, unfused, rtol=rtol, atol=atol)
     return outputs["fused"]
+
+
+def blocked_weight(weight: np.ndarray, block: int = 16) -> np.ndarray:
+    """An OIHW conv weight as OIHW{block}i{block}o, as the blocked layout stores it."""
+    o, i, kh, kw = weight.shape
+    return np.ascontiguousarray(weight.reshape(o // block, block, i // block, block, kh, kw).transpose(0, 2, 4, 5, 3, 1))

@@ -13,6 +13,7 @@ from machine import host_target
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
+from helpers import blocked_weight
 from tvm_fusion.frontend.bf16_conv import emit_bf16_conv2d
 from tvm_fusion.frontend.conv_patches import (ConvGeometry, conv_geometry, oihw_weight, patch_rows, rows_per_output_row,
                                               weight_matrix)
@@ -56,12 +57,6 @@ def blocked(x: np.ndarray) -> np.ndarray:
 def unblocked(y: np.ndarray) -> np.ndarray:
     n, blocks, h, w, b = y.shape
     return y.transpose(0, 1, 4, 2, 3).reshape(n, blocks * b, h, w)
-
-
-def blocked_weight(weight: np.ndarray) -> np.ndarray:
-    """OIHW as OIHW16i16o."""
-    o, i, kh, kw = weight.shape
-    return np.ascontiguousarray(weight.reshape(o // BLOCK, BLOCK, i // BLOCK, BLOCK, kh, kw).transpose(0, 2, 4, 5, 3, 1))
 
 
 CASES = {  # (N, C, H, W), Co, kernel, strides, pads (top, left, bottom, right), dilations

@@ -8,6 +8,7 @@ import pytest
 import tvm
 from tvm import relax
 
+from helpers import blocked_weight
 from tvm_fusion.config import parse_config
 from tvm_fusion.passes.int8_convs import Int8Convs
 from tvm_fusion.passes.pipeline import graph_phases_key, lowering_passes
@@ -33,10 +34,9 @@ def quantized_conv(channels=64, out_channels=32, size=8, kernel=3, zero_point=7,
                 data = bb.emit(relax.op.subtract(relax.op.astype(x, "float32"), relax.const(float(zero_point))))
             if blocked:
                 data = bb.emit(relax.op.layout_transform(data, lambda n, c, h, w: (n, c // BLOCK, h, w, c % BLOCK)))
-                o, i = out_channels // BLOCK, channels // BLOCK
-                weight = weight.reshape(o, BLOCK, i, BLOCK, kernel, kernel).transpose(0, 2, 4, 5, 3, 1)
+                weight = blocked_weight(weight, BLOCK)
             layouts = ("NCHW16c", "OIHW16i16o", "NCHW16c") if blocked else ("NCHW", "OIHW", "NCHW")
-            conv = bb.emit(relax.op.nn.conv2d(data, relax.const(np.ascontiguousarray(weight)), padding=kernel // 2,
+            conv = bb.emit(relax.op.nn.conv2d(data, relax.const(weight), padding=kernel // 2,
                                               data_layout=layouts[0], kernel_layout=layouts[1], out_layout=layouts[2]))
             out = bb.emit_output(relax.op.nn.relu(conv))
         bb.emit_func_output(out)

@@ -56,7 +56,7 @@ from ..errors import ModelError
 from ..kernels import CLIP_KERNELS, kernel_attrs
 from ..kernels.dropout_training import emit_dropout_training
 from ..kernels.eye_like import emit_eye_like
-from ..patterns.base import static_shape
+from ..patterns.base import static_shape, whole_numbers
 from . import qlinear_lookup, qoperator
 from .op_support import unsupported_ops, unsupported_ops_message
 from .quantized import DynamicQuantization, centered_constant, integer_input
@@ -273,7 +273,7 @@ class Importer(ONNXGraphImporter):
                 scales, tvm.ir.GenericConst):
             return None
         values = scales.value.numpy()
-        if values.size == 0 or not np.all(values == np.round(values)):
+        if values.size == 0 or not whole_numbers(values):
             return None
         whole = relax.const(values.astype("int64"))
         return super()._convert_operator("Resize", [*inputs[:2], whole, *inputs[3:]], attrs, opset)

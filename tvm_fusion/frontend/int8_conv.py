@@ -24,6 +24,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from ..patterns.base import whole_numbers
 from .conv_patches import ConvGeometry, PatchOperand, output_te, patches_te
 from .integer_matmul import DEPTH_BLOCK, pack_weight, sum_te
 
@@ -37,7 +38,7 @@ def int8_conv_weight(weight: np.ndarray) -> np.ndarray | None:
     """The ``[K, Co]`` weight matrix as int8, or None where it is not whole numbers in
     [-128, 127] (uint8 weights far from their zero point: ``integer_matmul.py`` shifts such
     columns and corrects by the row sums, which the patch kernel does not)."""
-    if weight.size == 0 or not np.all(weight == np.round(weight)) or weight.min() < -128 or weight.max() > 127:
+    if weight.size == 0 or not whole_numbers(weight) or weight.min() < -128 or weight.max() > 127:
         return None
     return weight.astype(np.int8)
 

@@ -8,12 +8,11 @@ over its input that scatters the writes.
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax, te, topi
 
 from ..kernels.winograd_conv2d import winograd_conv2d_nchwc, winograd_tile
-from ..patterns.base import static_shape
+from ..patterns.base import static_shape, whole_numbers
 
 
 def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call, winograd: bool = True) -> relax.Expr:
@@ -47,15 +46,11 @@ def _winograd_tile(call: relax.Call, out_dtype: str | None) -> int | None:
     dtype = str(data.ty.dtype)
     if out_dtype not in (None, dtype) or str(kernel.ty.dtype) != dtype:
         return None
-    if isinstance(kernel, tvm.ir.GenericConst) and _whole_numbers(kernel.value.numpy()):
+    if isinstance(kernel, tvm.ir.GenericConst) and whole_numbers(kernel.value.numpy()):
         return None  # an integer conv in float32 (frontend/qoperator.py) is exact; Winograd's transforms are not
     return winograd_tile([int(kernel.ty.shape[2]), int(kernel.ty.shape[3])], [int(s) for s in call.attrs.strides],
                          [int(d) for d in call.attrs.dilation], int(call.attrs.groups),
                          static_shape(data), static_shape(call), dtype)
-
-
-def _whole_numbers(values: np.ndarray) -> bool:
-    return bool(np.all(values == np.round(values)))
 
 
 def gather_layout_transform_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

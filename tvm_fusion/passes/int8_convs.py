@@ -30,6 +30,7 @@ from tvm.target import Target
 from ..frontend.conv_patches import ConvGeometry, conv_geometry, oihw_weight, weight_matrix
 from ..frontend.int8_conv import emit_int8_conv2d, int8_conv_weight
 from ..kernels.cpu_features import has_amx_int8
+from ..patterns.base import whole_numbers
 from .rebinding import rebind
 
 # Products per output value (K) a conv needs: one tile row's 64 bytes. Fewer fill a fraction of
@@ -93,7 +94,7 @@ def byte_offset(expr: relax.Expr, bindings: dict) -> int | None:
     if name == "relax.subtract" and isinstance(value.args[1], tvm.ir.GenericConst):
         constant = value.args[1].value.numpy()
         inner = byte_offset(value.args[0], bindings)
-        if inner is None or constant.size != 1 or constant.reshape(()) != np.round(constant.reshape(())):
+        if inner is None or constant.size != 1 or not whole_numbers(constant):
             return None
         return inner + int(constant.reshape(()))
     return None

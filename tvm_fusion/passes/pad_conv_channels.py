@@ -47,7 +47,8 @@ UNARY_OPS = frozenset({
     "relax.round", "relax.astype",  # a quantized conv's requantization (frontend/qoperator.py)
 })
 # QuantizeLinear and DequantizeLinear between a QDQ model's convs: per channel and finite where
-# their scale and zero point are one for all channels (``_scalar_parameters``).
+# their scale and zero point are one for all channels (``_scalar_parameters``); element-wise
+# there, so the blocked layout's transforms sink through them too (``sink_layout_transforms``).
 QUANTIZATION_OPS = frozenset({"relax.quantize", "relax.dequantize"})
 BINARY_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
                         "relax.minimum", "relax.divide"})

@@ -26,7 +26,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.sym.analyzer import Analyzer
 
 from ..patterns.base import static_shape
-from .pad_conv_channels import global_pool
+from .pad_conv_channels import QUANTIZATION_OPS, global_pool
 from .rebinding import rebind
 from .sink_views import ELEMENTWISE_OPS, int_tuple, tensor_rank
 
@@ -91,11 +91,6 @@ def _transform_kind(call) -> tuple[str, int] | None:
     return None
 
 
-# A QDQ model's Quantize/DequantizeLinear between convs: element-wise where the scale and zero
-# point are scalars (per-channel ones are no maps, and ``_sunk_elementwise`` leaves them).
-_QUANTIZATION_OPS = ("relax.quantize", "relax.dequantize")
-
-
 @mutator
 class _TransformSinker(PyExprMutator):
     """One walk in binding order; ``blocked[var] = (source, x)`` for every variable that is
@@ -152,7 +147,7 @@ class _TransformSinker(PyExprMutator):
                 return relax.op.strided_slice(source, [axis % 4 for axis in axes], *call.args[2:],
                                               assume_inbound=bool(call.attrs.assume_inbound)), block
             return None
-        if call.op.name in ELEMENTWISE_OPS or call.op.name in _QUANTIZATION_OPS:
+        if call.op.name in ELEMENTWISE_OPS or call.op.name in QUANTIZATION_OPS:
             return self._sunk_elementwise(call)
         if call.op.name == "relax.mean" and call.args[0] in self.blocked and global_pool(call):
             source, block = self.blocked[call.args[0]]

@@ -17,6 +17,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping
 
+import numpy as np
 import tvm_ffi
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
@@ -231,6 +232,12 @@ def dims_text(dims: tuple | None) -> str:
 
 def dtype_of(expr: relax.Expr) -> str | None:
     return getattr(getattr(expr, "ty", None), "dtype", None)
+
+
+def whole_numbers(values: np.ndarray) -> bool:
+    """Every value a whole number: a quantized op's centered weights or zero points (its float32
+    sums of them are exact), a resize's integer scales."""
+    return bool(np.all(values == np.round(values)))
 
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")

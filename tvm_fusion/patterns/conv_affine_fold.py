@@ -15,7 +15,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .base import RewriteRule, dtype_of, non_float_reason
+from .base import RewriteRule, dtype_of, non_float_reason, whole_numbers
 
 
 def _per_channel(value: np.ndarray, channels: int) -> np.ndarray | None:
@@ -63,7 +63,7 @@ class ConvAffineFold(RewriteRule):
         if conv.out_dtype and str(conv.out_dtype) not in ("", dtype):
             return f"the conv accumulates into {conv.out_dtype}"
         weight = matched["weight"].value.numpy()
-        if np.all(weight == np.round(weight)):
+        if whole_numbers(weight):
             # A quantized conv (frontend/qoperator.py) sums whole numbers exactly, and its scale
             # is a requantization rounded right after: folded into the weights, the products
             # would round and the rounded value could move by a step.

@@ -20,17 +20,18 @@ from .helpers import extent_of
 PROLOGUE_LANES = 16
 
 
-def is_conv(kernel: OneReduction, operand: PatchOperand) -> bool:
+def _is_conv(kernel: OneReduction, operand: PatchOperand) -> bool:
     """Whether ``kernel`` is a conv's (its output block follows the sum)."""
     return any(kernel.sch.get(block).name_hint.startswith(operand.output_name) for block in kernel.epilogue)
 
 
 def schedule_with_operand(kernel: OneReduction, spec: TileProduct, operand: PatchOperand) -> s_tir.Schedule | None:
     """``kernel`` as AMX tiles (``amx_tiles.schedule_tiles``) with its prologue on vectors: a
-    conv's input converted in one pass, the block that writes the A operand (a conv's patches,
-    an activation's conversion) on vectors of ``PROLOGUE_LANES`` k."""
+    conv's input converted in one pass, the block named ``operand.patches_name`` (a conv's
+    patches, a bf16 matmul's rounded activation) on vectors of ``PROLOGUE_LANES`` k. A kernel
+    without those blocks (an int8 matmul's) is the tiles alone."""
     sch = kernel.sch
-    conv = is_conv(kernel, operand)
+    conv = _is_conv(kernel, operand)
     flat_conv = conv and len(kernel.stmt.iter_vars) == 3  # rows not per output row (conv_patches.py)
     _vectorize_input(sch, kernel, operand.input_name)
     scheduled = schedule_tiles(kernel, spec, per_tile=not flat_conv, operand_per_row_tile=conv)

@@ -23,8 +23,8 @@ from ...frontend.int8_conv import INT8_PATCHES
 from ...frontend.integer_matmul import DEPTH_BLOCK
 from ...kernels.blocks import is_cpu_kernel, only_reduction
 from ...kernels.cpu_features import has_amx_int8
-from .amx_patches import is_conv, schedule_with_operand
-from .amx_tiles import MIN_TILE_ROWS, TileProduct, schedule_tiles
+from .amx_patches import schedule_with_operand
+from .amx_tiles import MIN_TILE_ROWS, TileProduct
 from .int8_sum import is_int8_sum
 
 # Off: the VNNI rule takes every int8 kernel, AMX or not (benchmarks compare the two).
@@ -47,6 +47,4 @@ class Int8MatmulAmx(ScheduleRule):
         kernel = only_reduction(s_tir.Schedule(func))
         if kernel is None or not is_int8_sum(kernel.stmt):
             return None
-        if is_conv(kernel, INT8_PATCHES):  # frontend/int8_conv.py
-            return schedule_with_operand(kernel, INT8_TILES, INT8_PATCHES)
-        return schedule_tiles(kernel, INT8_TILES)
+        return schedule_with_operand(kernel, INT8_TILES, INT8_PATCHES)  # a conv's too: frontend/int8_conv.py
