@@ -3,7 +3,8 @@
 CI and developers land on different CPU classes (Zen 3 with AVX2 only, Zen 4/5 and Emerald
 Rapids with AVX-512), so no test names an ``mcpu`` of its own: code a test runs is built for
 the host, and a test that needs a foreign machine class takes ``OTHER_MCPU``, which is never
-the host's.
+the host's. A test of the CPUs with AVX512-VNNI and no AMX runs on the host less its AMX
+features (``host_target_without_amx``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ OTHER_MCPU = next(cpu for cpu in ("znver4", "sapphirerapids", "znver3", "skylake
 def host_target(num_cores: int = 2) -> dict:
     """A target JSON dict for this machine's CPU: code built for it runs here."""
     return {"kind": "llvm", "mcpu": HOST_MCPU, "num-cores": num_cores}
+
+
+def host_target_without_amx(num_cores: int = 2) -> dict:
+    """This machine's CPU less its AMX tiles, if it has any: where the host has AVX512-VNNI, code
+    built for it computes int8 sums with ``vpdpbusd`` as on Zen 4 or Ice Lake, and runs here."""
+    return {**host_target(num_cores), "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]}
 
 
 def other_target(num_cores: int = 2) -> dict:

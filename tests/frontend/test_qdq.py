@@ -3,18 +3,26 @@ the groups ONNX Runtime runs as integer ops (frontend/qdq_fusion.py) with its ar
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 from helpers import mlp_model, ort_outputs, run_imported, save
+from machine import host_target, host_target_without_amx
+from tvm import relax
+
 from tvm_fusion import api
+from tvm_fusion.config import load_config
 from tvm_fusion.frontend.qdq_fusion import fuse_qdq_groups
-from tvm_fusion.kernels.cpu_features import has_amx_int8
+from tvm_fusion.kernels.cpu_features import has_vnni
 from tvm_fusion.runtime import load
+from tvm_fusion.session import ModelSession
 from tvm_fusion.verify import reference_outputs
 
 
@@ -149,19 +157,77 @@ def test_a_quantized_conv_computes_what_follows_it_up_to_the_next_conv_in_its_ke
     np.testing.assert_allclose(model.run({"x": x})["y"], ort_outputs(path, {"x": x})["y"], rtol=0, atol=1e-5)
 
 
-def test_a_quantized_cnn_matches_onnxruntime_with_its_convs_as_int8_kernels_where_the_host_has_amx(tmp_path):
-    """The 1x1 conv of 64 channels is a uint8 x int8 kernel on AMX tiles where the host has
-    AMX-INT8 (passes/int8_convs.py), a float32 conv of whole numbers elsewhere: the same
-    values either way, ONNX Runtime's."""
+def test_a_quantized_cnn_matches_onnxruntime_with_its_convs_as_int8_kernels_where_the_host_has_vnni(tmp_path):
+    """The 1x1 conv of 64 channels is a uint8 x int8 kernel where the host has AVX512-VNNI (on
+    AMX tiles where it has AMX-INT8: passes/int8_convs.py), a float32 conv of whole numbers
+    elsewhere: the same values either way, ONNX Runtime's."""
     model = static_quantized(hardswish_convs_model(channels=64), tmp_path, (1, 3, 16, 16),
                              **OPTIONS["per-channel u8/s8"])
     path = save(model, tmp_path / "wide_qdq.onnx")
     result = api.compile_model(path, output_dir=tmp_path / "build")
     int8_kernels = [name for name in api.inspect_model(path).fused_ops if name.startswith("int8_conv2d")]
-    assert len(int8_kernels) == (1 if has_amx_int8(api.resolve_config(None).tvm_target()) else 0)
+    assert len(int8_kernels) == (1 if has_vnni(api.resolve_config(None).tvm_target()) else 0)
     x = np.random.default_rng(8).standard_normal((1, 3, 16, 16)).astype(np.float32)
     got = load(result.artifact).run({"x": x})["y"]
     np.testing.assert_allclose(got, ort_outputs(path, {"x": x})["y"], rtol=0, atol=1e-5)
+
+
+def conv_pair_model(channels: int, middle: int, out: int, height: int, width: int, stride: int, padding: int,
+                    second_kernel: int) -> onnx.ModelProto:
+    """x [1, channels, height, width] -> Conv(3x3, stride, padding) to ``middle`` channels -> Relu
+    -> Conv(``second_kernel`` square, same padding) to ``out`` -> Relu."""
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name) for name, shape in (
+        ("w1", (middle, channels, 3, 3)), ("b1", (middle,)), ("w2", (out, middle, second_kernel, second_kernel)),
+        ("b2", (out,)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], strides=[stride] * 2, pads=[padding] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[second_kernel // 2] * 4),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    graph = helper.make_graph(nodes, "convs",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, height, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+# conv_pair_model's arguments, and how many of its two convs become int8 kernels
+VNNI_CONVS = {
+    # the second conv on 9 x 7 pixels (one-row register tiles) to 24 channels (padded to 32); the
+    # first reads the model input's 24 channels, padded by a layout transform, so it stays float32
+    "stride-2-odd-pixels-24-channels": ((24, 48, 24, 17, 13, 2, 1, 3), 1),
+    "unpadded-8x17-flat-rows": ((32, 64, 24, 10, 19, 1, 0, 1), 2),  # 17 columns: rows not per output row
+    "padded-3x3-then-1x1": ((16, 80, 16, 12, 12, 1, 1, 1), 2),
+}
+
+
+@pytest.mark.skipif(not has_vnni(tvm.target.Target(host_target())), reason="the host CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("layers", VNNI_CONVS, ids=list(VNNI_CONVS))
+def test_quantized_convs_on_vnni_registers_match_onnxruntime_and_the_unfused_module(layers, tmp_path):
+    """Built for the host less its AMX (what Zen 4 or Ice Lake runs): the quantized convs are int8
+    kernels that Int8MatmulVnni puts on ``vpdpbusd`` register tiles, with no AMX tile
+    instruction, and give ONNX Runtime's values and the unfused module's."""
+    arguments, int8_convs = VNNI_CONVS[layers]
+    channels, *_, height, width, _, _, _ = arguments
+    model = static_quantized(conv_pair_model(*arguments), tmp_path, (1, channels, height, width),
+                             **OPTIONS["per-channel u8/s8"])
+    path = save(model, tmp_path / "convs_qdq.onnx")
+    config = dataclasses.replace(load_config(None), target=host_target_without_amx())
+    session = ModelSession(path)
+    rules = session.scheduled(config, tuning_log=False).schedule_rules
+    int8_kernels = [rule for name, rule in rules.items() if name.startswith("fused_int8_conv2d")]
+    assert int8_kernels == ["Int8MatmulVnni"] * int8_convs
+    executable = session.built(config, tuning_log=False)
+    assembly = executable.mod.imports[0].inspect_source("s")
+    assert "vpdpbusd" in assembly and "tdpbusd" not in assembly
+    x = np.random.default_rng(8).standard_normal((1, channels, height, width)).astype(np.float32)
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    expected = ort_outputs(path, {"x": x})["y"]
+    assert len(np.unique(expected)) > 50  # a spread: the check means something
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+    (unfused,) = run_imported(model, {"x": x})
+    np.testing.assert_array_equal(got, unfused)
 
 
 def unoptimized_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

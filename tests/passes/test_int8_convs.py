@@ -1,7 +1,7 @@
 """Int8Convs: a quantized conv (a float32 conv of ``x - x_zp`` by whole-number weights) becomes
-the int8 kernel on an AMX-INT8 target, computing the same values; convs whose input is not
-provably bytes, whose weights int8 cannot hold, which are too small for tiles, in NCHW, or on
-a target without AMX-INT8 stay float32 convs."""
+the int8 kernel on an AVX512-VNNI target, with AMX-INT8 or without (Zen 4), computing the same
+values; convs whose input is not provably bytes, whose weights int8 cannot hold, which are too
+small for tiles, in NCHW, or on a target without AVX512-VNNI stay float32 convs."""
 
 import numpy as np
 import pytest
@@ -14,7 +14,7 @@ from tvm_fusion.passes.int8_convs import Int8Convs
 from tvm_fusion.passes.pipeline import graph_phases_key, lowering_passes
 
 AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
-NO_AMX = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+VNNI_NO_AMX = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 BLOCK = 16
 
 
@@ -54,10 +54,11 @@ def run(mod, x: np.ndarray) -> np.ndarray:
     return vm["main"](tvm.runtime.tensor(x)).numpy()
 
 
+@pytest.mark.parametrize("target", [AMX, VNNI_NO_AMX], ids=["amx", "vnni-no-amx"])
 @pytest.mark.parametrize("input_dtype, zero_point", [("uint8", 7), ("int8", -3)])
-def test_a_quantized_conv_becomes_the_int8_kernel_with_the_same_values(input_dtype, zero_point):
+def test_a_quantized_conv_becomes_the_int8_kernel_with_the_same_values(input_dtype, zero_point, target):
     before = quantized_conv(input_dtype=input_dtype, zero_point=zero_point)
-    after = Int8Convs(AMX)(before)
+    after = Int8Convs(target)(before)
     assert op_names(after) == ["relax.astype", "relax.subtract", "relax.layout_transform", "relax.call_tir",
                                "relax.nn.relu"]
     kernel = after["main"].body.blocks[0].bindings[3].value.args[0]
@@ -84,13 +85,18 @@ def test_must_not_rewrite(case):
     tvm.ir.assert_structural_equal(Int8Convs(AMX)(before), before)
 
 
-def test_must_not_rewrite_without_amx_int8():
+@pytest.mark.parametrize("mcpu", ["znver3", "skylake-avx512"], ids=["avx2", "avx512-no-vnni"])
+def test_must_not_rewrite_without_vnni(mcpu):
+    """No ``vpdpbusd`` (AVX2 only, or AVX-512 before VNNI): the float32 conv stays."""
     before = quantized_conv()
-    tvm.ir.assert_structural_equal(Int8Convs(NO_AMX)(before), before)
+    tvm.ir.assert_structural_equal(Int8Convs(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))(before), before)
 
 
-def test_the_fused_graph_of_an_amx_target_is_its_own():
-    """The graph phases differ with AMX-INT8: a multi-target compile must not share them."""
-    configs = [parse_config({"target": {"kind": "llvm", "mcpu": mcpu, "num-cores": 2}}, name=mcpu)
-               for mcpu in ("sapphirerapids", "znver4")]
-    assert graph_phases_key(configs[0]) != graph_phases_key(configs[1])
+def test_the_fused_graph_of_a_vnni_target_is_its_own():
+    """The graph phases differ with AVX512-VNNI (a multi-target compile must not share them), and
+    an AMX target's are a VNNI one's (both rewrite the same convs)."""
+    configs = [parse_config({"target": {"kind": "llvm", "mcpu": mcpu, "num-cores": 2},
+                             "pipeline": {"conv_layout": "NCHWc"}}, name=mcpu)
+               for mcpu in ("sapphirerapids", "znver4", "skylake-avx512")]
+    amx, vnni, no_vnni = (graph_phases_key(config) for config in configs)
+    assert amx == vnni != no_vnni

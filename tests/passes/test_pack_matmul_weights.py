@@ -18,7 +18,8 @@ from tvm_fusion.passes.pack_matmul_weights import PackMatmulWeights, pack_column
 from tvm_fusion.targets.target_info import vector_lanes
 
 TARGET = tvm.target.Target(host_target())
-PANEL = 2 * vector_lanes(TARGET, "float32")  # two vectors: MatmulEpilogue's column tile
+LANES = vector_lanes(TARGET, "float32")
+PANEL = 2 * LANES  # two vectors: MatmulEpilogue's column tile
 # Stated tolerances: float32 sums over K <= 64, in a different order than ONNX Runtime's.
 RTOL, ATOL = 1e-4, 1e-4
 
@@ -110,12 +111,15 @@ def test_pack_columns_pads_the_last_panel_with_zeros():
     np.testing.assert_array_equal(packed.transpose(1, 0, 2).reshape(2, 8)[:, :5], weight)
 
 
-@pytest.mark.parametrize("case", ["weight computed at run time", "narrow width off the panel"])
+@pytest.mark.parametrize("case", ["weight computed at run time", "whole vectors off the panel",
+                                  "narrower than a vector"])
 def test_must_not_pack(case):
     if case == "weight computed at run time":
         before, _, _ = _matmul_bias_module(2 * PANEL, weight_is_constant=False)
-    else:  # padding it to whole panels would add more than 1/8 multiply-adds
-        before, _, _ = _matmul_bias_module(PANEL + 3)
+    elif case == "whole vectors off the panel":  # a padded panel would add 1/3 multiply-adds
+        before, _, _ = _matmul_bias_module(PANEL + LANES)
+    else:
+        before, _, _ = _matmul_bias_module(LANES - 3)
     tvm.ir.assert_structural_equal(PackMatmulWeights(TARGET)(before), before)
 
 
@@ -139,8 +143,10 @@ def _linear(rows: int, depth: int, columns: int, epilogue: bool) -> onnx.ModelPr
 
 
 @pytest.mark.parametrize("rows, columns, epilogue",
-                         [(37, 8 * PANEL + 3, True), (1, 4 * PANEL, True), (6, 8 * PANEL, True), (5, 3 * PANEL, False)],
-                         ids=["odd rows, width off the panel", "one row", "whole panels", "no epilogue"])
+                         [(37, 8 * PANEL + 3, True), (1, 4 * PANEL, True), (6, 8 * PANEL, True), (5, 3 * PANEL, False),
+                          (32, 59, True), (3, PANEL + 3, False), (2, LANES + 3, True)],
+                         ids=["odd rows, width off the panel", "one row", "whole panels", "no epilogue",
+                              "59 tags", "width off the vector", "under two vectors"])
 def test_packed_linear_matches_onnxruntime_and_unfused(tmp_path, rows, columns, epilogue):
     depth = 40
     model = _linear(rows, depth, columns, epilogue)
@@ -151,7 +157,7 @@ def test_packed_linear_matches_onnxruntime_and_unfused(tmp_path, rows, columns, 
     kernels = {gvar.name_hint: func for gvar, func in optimized.module.functions_items()
                if isinstance(func, tvm.tirx.PrimFunc)}
     packed = [name for name, func in kernels.items()
-              if any(len(param.ty.shape) == 3 and int(param.ty.shape[2]) == PANEL for param in func.params
+              if any(len(param.ty.shape) == 3 and int(param.ty.shape[2]) in (LANES, PANEL) for param in func.params
                      if hasattr(param.ty, "shape"))]
     assert packed, f"no kernel took a packed weight: {list(kernels)}"
     assert all(optimized.schedule_rules[name] == "MatmulEpilogue" for name in packed), optimized.schedule_rules

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import assert_fused_matches_references
 from tvm_fusion import api
 from tvm_fusion.config import load_config
-from tvm_fusion.kernels.cpu_features import has_amx_int8
+from tvm_fusion.kernels.cpu_features import has_amx_int8, has_vnni
 from tvm_fusion.kernels.winograd_conv2d import transform_matrices, winograd_tile
 
 
@@ -146,8 +146,9 @@ def test_an_integer_conv_stays_direct_and_equals_onnx_runtime(tmp_path, op):
     """A quantized conv is an integer sum in float32 (frontend/qoperator.py): exact on the
     direct conv, not through Winograd's transforms (which flip a requantized value by a step,
     or leave ConvInteger's int32 a fraction off). So with the default config it stays direct
-    and equals ONNX Runtime (as the int8 kernel on AMX tiles where the host has AMX-INT8:
-    passes/int8_convs.py); a float conv of the same shape still takes Winograd."""
+    and equals ONNX Runtime (as the int8 kernel where the host has AVX512-VNNI, on AMX tiles
+    where it has AMX-INT8: passes/int8_convs.py); a float conv of the same shape still takes
+    Winograd."""
     model = quantized_conv_model(op)
     path = tmp_path / f"{op}.onnx"
     onnx.save(model, str(path))
@@ -160,7 +161,8 @@ def test_an_integer_conv_stays_direct_and_equals_onnx_runtime(tmp_path, op):
         inputs = {"x": rng.standard_normal((1, 16, 20, 28)).astype(np.float32)}
         assert_fused_matches_references(model, prepared, optimized, inputs, rtol=1e-4, atol=1e-4)
         return
-    direct = "Int8MatmulAmx" if has_amx_int8(load_config(None).tvm_target()) else "Conv2dNCHWc"
+    host = load_config(None).tvm_target()
+    direct = "Int8MatmulAmx" if has_amx_int8(host) else "Int8MatmulVnni" if has_vnni(host) else "Conv2dNCHWc"
     assert rules.count(direct) == 1
     inputs = {"x": rng.integers(0, 256, (1, 16, 20, 28)).astype(np.uint8)}
     (fused,) = assert_fused_matches_references(model, prepared, optimized, inputs, rtol=0, atol=0)

@@ -1,5 +1,6 @@
-"""The int8 matmul kernel (frontend/integer_matmul.py) as the int8 rules' tests build it: one
-lowered module around it, the kernel found by name, scheduled by a rule, read as assembly."""
+"""The int8 matmul and conv kernels (frontend/integer_matmul.py, frontend/int8_conv.py) as the
+int8 rules' tests build them: one lowered module around each, the kernel found by name,
+scheduled by a rule, read as assembly."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def int8_module(m, k: int, n: int, dtype: str = "uint8", seed: int = 0):
     return tvm.transform.Sequential(lowering_passes())(bb.get()), centered
 
 
+CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel, strides, dilation, padding
+    "3x3-rows-of-10": ConvGeometry(16, 16, 1, 32, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "1x1-batch": ConvGeometry(16, 16, 2, 64, 7, 7, 32, 7, 7, (1, 1), (1, 1), (1, 1), (0, 0)),
+    "strided-prime-width": ConvGeometry(16, 16, 1, 16, 17, 33, 48, 9, 17, (3, 3), (2, 2), (1, 1), (1, 1)),
+}
+
+
 def int8_conv_module(geometry: ConvGeometry, offset: int = 3, seed: int = 0) -> tvm.IRModule:
     """main(x) = round(conv(x, w) * 0.01) through the int8 conv kernel (a requantization's
     shape of epilogue), lowered; ``x`` NCHW16c float32 whole numbers with ``x + offset`` bytes."""
@@ -41,6 +49,21 @@ def int8_conv_module(geometry: ConvGeometry, offset: int = 3, seed: int = 0) -> 
             out = bb.emit_output(relax.op.round(relax.op.multiply(total, relax.const(0.01, "float32"))))
         bb.emit_func_output(out)
     return tvm.transform.Sequential(lowering_passes())(bb.get())
+
+
+def assert_scheduled_conv_is_exact(geometry: ConvGeometry, rule, target) -> None:
+    """``int8_conv_module``'s kernel scheduled by ``rule`` for ``target`` (one the host runs)
+    gives the values of the kernel as written: the same int32 sums, converted and requantized
+    alike."""
+    g = geometry
+    mod = int8_conv_module(g)
+    x = (np.random.default_rng(4).integers(0, 256, (g.batch, g.channels // 16, g.height, g.width, 16)) - 3).astype(
+        np.float32)
+    results = []
+    for module in (mod, scheduled(mod, rule, target, kernel=int8_conv_kernel)):
+        vm = relax.VirtualMachine(tvm.compile(module, target=target), tvm.cpu())
+        results.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+    np.testing.assert_array_equal(results[1], results[0])
 
 
 def int8_conv_kernel(mod: tvm.IRModule) -> tuple[tvm.ir.GlobalVar, tvm.tirx.PrimFunc]:

@@ -11,6 +11,7 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.tirx import ForKind
 
+from tvm_fusion.schedules.cpu.matmul_epilogue import MAX_SERIAL_STATIC_WORK
 from tvm_fusion.targets.target_info import simd_bits
 
 
@@ -21,18 +22,22 @@ class LoopKinds:
     parallel: list[int]
     vectorized: list[int]
     unrolled: list[int]
+    serial: list[int]
 
 
 def loop_kinds(func: tvm.tirx.PrimFunc) -> LoopKinds:
-    """Walk ``func`` and collect the extents of its parallel, vectorized and unrolled loops."""
-    found: dict[int, list[int]] = {ForKind.PARALLEL: [], ForKind.VECTORIZED: [], ForKind.UNROLLED: []}
+    """Walk ``func`` and collect the extents of its parallel, vectorized, unrolled and serial
+    loops (those of static extent)."""
+    found: dict[int, list[int]] = {ForKind.PARALLEL: [], ForKind.VECTORIZED: [], ForKind.UNROLLED: [],
+                                   ForKind.SERIAL: []}
 
     def visit(loop: tvm.tirx.For) -> None:
-        if loop.kind in found:
+        if loop.kind in found and isinstance(loop.extent, tvm.tirx.IntImm):
             found[loop.kind].append(int(loop.extent))
 
     tvm_ffi.structural_walk(func.body, (tvm.tirx.For, visit))
-    return LoopKinds(found[ForKind.PARALLEL], found[ForKind.VECTORIZED], found[ForKind.UNROLLED])
+    return LoopKinds(found[ForKind.PARALLEL], found[ForKind.VECTORIZED], found[ForKind.UNROLLED],
+                     found[ForKind.SERIAL])
 
 
 def blocks_in(func) -> set[str]:
@@ -88,6 +93,20 @@ def matmul_row_tiles(m: int, lanes: int) -> tuple[int, int]:
     if m > most and m / tiles >= divisor + 1.5:
         return most, tiles
     return divisor, m // divisor
+
+
+def matmul_tasks(work: int, row_tiles: int, column_tiles: int, rows: int, lanes: int, cores: int) -> tuple[int, int, bool]:
+    """(tasks, column tiles per task, whether the tasks run in parallel) of MatmulEpilogue:
+    a tile of under half the register tile's rows takes as many column tiles as the free rows
+    would have held (a divisor of the column tiles), leaving at least one task per core; a
+    static matmul of at most MAX_SERIAL_STATIC_WORK multiply-adds runs on one core."""
+    parallel = work > MAX_SERIAL_STATIC_WORK
+    cores = cores if parallel else 1
+    group = 1
+    if rows * 2 <= matmul_tile_rows(lanes):
+        group = next((g for g in range(matmul_tile_rows(lanes) // rows, 1, -1)
+                      if column_tiles % g == 0 and column_tiles // g * row_tiles >= cores), 1)
+    return row_tiles * column_tiles // group, group, parallel
 
 
 def largest_divisor(extent: int, limit: int) -> int:

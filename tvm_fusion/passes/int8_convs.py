@@ -14,9 +14,11 @@ Here each such ``conv2d`` becomes the kernel of ``frontend/int8_conv.py`` where
 
 It runs after the layout phase (the kernel reads the conv's blocked input as it is) and before
 the fusions: FuseOps then puts the bias, the requantization and the QuantizeLinear and
-DequantizeLinear after it into the same kernel. Only for a target with AMX-INT8
-(``has_amx_int8``, the target given or else the current one): ``Int8MatmulAmx`` schedules the
-kernel; elsewhere the float32 conv stays, as the VNNI register rule takes matmuls only.
+DequantizeLinear after it into the same kernel. Only for a target with AVX512-VNNI
+(``has_vnni``, the target given or else the current one): ``Int8MatmulAmx`` schedules the
+kernel on AMX-INT8 tiles, ``Int8MatmulVnni`` on ``vpdpbusd`` registers where there are none
+(Zen 4 and 5, Ice Lake, Cascade Lake); without VNNI (AVX2) the float32 conv stays, as an int32
+sum without ``vpdpbusd`` is slower than its float32 FMAs.
 """
 
 from __future__ import annotations
@@ -29,19 +31,19 @@ from tvm.target import Target
 
 from ..frontend.conv_patches import ConvGeometry, conv_geometry, oihw_weight, weight_matrix
 from ..frontend.int8_conv import emit_int8_conv2d, int8_conv_weight
-from ..kernels.cpu_features import has_amx_int8
+from ..kernels.cpu_features import has_vnni
 from ..patterns.base import whole_numbers
 from .rebinding import rebind
 
-# Products per output value (K) a conv needs: one tile row's 64 bytes. Fewer fill a fraction of
-# each tile's depth, and the call around the products costs more than the float32 conv.
+# Products per output value (K) a conv needs: one AMX tile row's 64 bytes. Fewer fill a fraction
+# of each tile's depth, and the call around the products costs more than the float32 conv.
 MIN_DEPTH = 64
 _BYTE_OFFSETS = {"uint8": 0, "int8": 128}  # what makes each value of the type a uint8
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Int8Convs")
 class Int8Convs:
-    """Convs of whole numbers as int8 kernels, on an AMX-INT8 target (``target`` None: the
+    """Convs of whole numbers as int8 kernels, on an AVX512-VNNI target (``target`` None: the
     current one)."""
 
     def __init__(self, target: Target | None = None):
@@ -49,7 +51,7 @@ class Int8Convs:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = self.target or Target.current(allow_none=True)
-        if target is None or not has_amx_int8(target):
+        if target is None or not has_vnni(target):
             return mod
         rewriter = _Rewriter(mod)
         functions = {gvar: rewriter.visit_expr(func) for gvar, func in mod.functions_items()

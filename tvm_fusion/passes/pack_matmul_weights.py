@@ -35,9 +35,8 @@ from .kernel_constants import (ConstantRewrite, calls_by_kernel, constant_at_eve
                                without_root_statements)
 
 _PAD_CHECK_SUFFIX = "_assumptions"
-# Columns below which a weight whose width the panel does not divide stays unpacked: the
-# zero-padded last panel then costs at most 1/8 more multiply-adds.
-_MIN_PADDED_PANELS = 8
+# Zero columns, as a share of the real ones, that a width off the panel may be padded with.
+_MAX_PANEL_PADDING = 1 / 8
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PackMatmulWeights")
@@ -63,14 +62,29 @@ class PackMatmulWeights:
 
 
 def _panel(weight: WeightParameter, target: Target) -> int | None:
-    """The panel width for ``weight``: MatmulEpilogue's column tile of float32; None where the
-    weight is no wider than one panel, or a zero-padded last panel would cost too much."""
-    panel = MATMUL_TILE_VECTORS * vector_lanes(target, "float32")
-    if weight.columns <= panel or weight.depth < 2:
-        return None  # one panel is the matrix itself (and a unit panel or K axis would be folded away)
-    if weight.columns % panel and weight.columns < _MIN_PADDED_PANELS * panel:
+    """The panel width for ``weight``, or None where it stays [K, N].
+
+    Whole panels of MatmulEpilogue's column tile when they divide N, or when padding the last
+    one adds at most 1/8 zero columns. A width over one vector that is not a multiple of it is
+    padded to whole vectors whatever it costs: unpacked, its tile would be the width's largest
+    divisor (one column for 59 tags: scalar code at 10 GFLOP/s), while a zero-padded vector
+    computes its padding in the instruction that computes the real columns. A width of whole
+    vectors keeps its vector-wide tiles unpacked, and one under a vector stays too (a single
+    panel's index folds away and the matmul is no longer one the rule matches).
+    """
+    lanes = vector_lanes(target, "float32")
+    panel = MATMUL_TILE_VECTORS * lanes
+    columns = weight.columns
+    if weight.depth < 2:
+        return None  # a unit K axis would be folded away
+    if columns % panel == 0:
+        return panel if columns > panel else None  # one panel is the matrix itself
+    if columns > panel and -columns % panel <= columns * _MAX_PANEL_PADDING:
+        return panel
+    if columns % lanes == 0 or columns < lanes:
         return None
-    return panel
+    # The wider panel only where it pads no more columns (59: 64 either way; 35: 48, not 64).
+    return panel if columns > panel and -columns % panel <= -columns % lanes else lanes
 
 
 def pack_columns(weight: np.ndarray, panel: int) -> np.ndarray:

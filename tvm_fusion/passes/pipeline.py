@@ -8,7 +8,7 @@
                   one-row conv as a matmul of its input's frames; stack the rows of independent matmuls by one constant weight (an
                   unrolled RNN's input projections) into one matmul
     layout        (``conv_layout = "NCHWc"``, CPU) dense convs in the blocked channel layout,
-                  transforms only where the blocked chain starts and ends; (AMX-INT8 targets)
+                  transforms only where the blocked chain starts and ends; (AVX512-VNNI targets)
                   quantized convs, float32 convs of whole numbers, as int8 kernels (``Int8Convs``)
     fuse          our fusion patterns: each match becomes one composite = one kernel
     lower         concats of many tensors split in chunks (no kernel of hundreds of buffers),
@@ -34,7 +34,7 @@ from tvm import relax
 
 from ..config import PipelineConfig
 from ..frontend import integer_matmul
-from ..kernels.cpu_features import has_amx_int8
+from ..kernels.cpu_features import has_vnni
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
 from ..schedules import ApplySchedules, RuleError
 from ..targets.target_info import vector_lanes
@@ -117,13 +117,14 @@ def layout_passes(config: PipelineConfig, report: PatternReport) -> list[tvm.tra
 
 def graph_phases_key(config: PipelineConfig) -> tuple:
     """What the graph phases read of a config: two configs with equal keys fuse a model alike
-    (targets that share a conv block width and AMX-INT8 or not share one fused graph)."""
+    (targets that share a conv block width and AVX512-VNNI or not share one fused graph)."""
     return config.patterns, _conv_block(config), _int8_convs(config)
 
 
 def _int8_convs(config: PipelineConfig) -> bool:
-    """Whether quantized convs become int8 kernels (``Int8Convs``): CPUs with AMX-INT8."""
-    return integer_matmul.INT8_KERNELS and has_amx_int8(config.tvm_target())
+    """Whether quantized convs become int8 kernels (``Int8Convs``): CPUs with AVX512-VNNI (AMX
+    tiles or ``vpdpbusd`` registers compute them)."""
+    return integer_matmul.INT8_KERNELS and has_vnni(config.tvm_target())
 
 
 def _conv_block(config: PipelineConfig) -> tuple[int, bool] | None:

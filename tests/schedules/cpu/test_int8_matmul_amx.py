@@ -12,14 +12,14 @@ import onnx
 import pytest
 import tvm
 from helpers import run_python, write_config
-from int8_kernels import int8_conv_kernel, int8_conv_module, int8_kernel, int8_module, kernel_assembly, scheduled
+from int8_kernels import (CONVS, assert_scheduled_conv_is_exact, int8_conv_kernel, int8_conv_module, int8_kernel,
+                          int8_module, kernel_assembly, scheduled)
 from loop_structure import loop_kinds
 from machine import host_target
 from onnx import helper, numpy_helper
 from tvm import relax, te
 
 from tvm_fusion.api import compile_model
-from tvm_fusion.frontend.conv_patches import ConvGeometry
 from tvm_fusion.kernels.cpu_features import has_amx_int8
 from tvm_fusion.schedules.cpu import Int8MatmulAmx, Int8MatmulVnni
 from tvm_fusion.schedules.registry import rules_for_kind
@@ -177,13 +177,6 @@ def test_only_the_constructor_lets_a_fresh_process_run_the_tiles(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "granted.npy"), expected.astype(np.float32))
 
 
-CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel, strides, dilation, padding
-    "3x3-rows-of-10": ConvGeometry(16, 16, 1, 32, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1)),
-    "1x1-batch": ConvGeometry(16, 16, 2, 64, 7, 7, 32, 7, 7, (1, 1), (1, 1), (1, 1), (0, 0)),
-    "strided-prime-width": ConvGeometry(16, 16, 1, 16, 17, 33, 48, 9, 17, (3, 3), (2, 2), (1, 1), (1, 1)),
-}
-
-
 @pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
 def test_a_quantized_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
     """frontend/int8_conv.py's kernel: the patches under the tile loop that reads them, on
@@ -206,12 +199,4 @@ def test_a_quantized_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
 def test_a_scheduled_quantized_conv_equals_the_kernel_as_written_on_the_host(conv):
     """Exact: the same int32 sums, converted and requantized alike (rows per output row, a
     batch, and flat rows whose output layout follows the whole sum)."""
-    g = CONVS[conv]
-    mod = int8_conv_module(g)
-    x = (np.random.default_rng(4).integers(0, 256, (g.batch, g.channels // 16, g.height, g.width, 16)) - 3).astype(
-        np.float32)
-    results = []
-    for module in (mod, scheduled(mod, Int8MatmulAmx(), HOST, kernel=int8_conv_kernel)):
-        vm = relax.VirtualMachine(tvm.compile(module, target=HOST), tvm.cpu())
-        results.append(vm["main"](tvm.runtime.tensor(x)).numpy())
-    np.testing.assert_array_equal(results[1], results[0])
+    assert_scheduled_conv_is_exact(CONVS[conv], Int8MatmulAmx(), HOST)

@@ -1,12 +1,14 @@
-"""Int8MatmulVnni: the int8 matmul kernel (frontend/integer_matmul.py) on ``vpdpbusd`` register
-tiles, built for named targets (assembly read, never run), run on the host where it has VNNI."""
+"""Int8MatmulVnni: the int8 matmul kernel (frontend/integer_matmul.py) and a quantized conv's
+(frontend/int8_conv.py) on ``vpdpbusd`` register tiles, built for named targets (assembly read,
+never run), run on the host where it has VNNI (less its AMX features, if any)."""
 
 import numpy as np
 import pytest
 import tvm
-from int8_kernels import int8_kernel, int8_module, kernel_assembly, scheduled
+from int8_kernels import (CONVS, assert_scheduled_conv_is_exact, int8_conv_kernel, int8_conv_module, int8_kernel,
+                          int8_module, kernel_assembly, scheduled)
 from loop_structure import loop_kinds
-from machine import host_target
+from machine import host_target, host_target_without_amx
 from tvm import relax, te
 
 from tvm_fusion.frontend.integer_matmul import activation_te, int8_weight, pack_weight, sum_te
@@ -16,7 +18,9 @@ from tvm_fusion.schedules.cpu import Int8MatmulVnni
 VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
 NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
 AVX512_NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+VNNI_NO_AMX = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 HOST = tvm.target.Target(host_target())
+HOST_NO_AMX = tvm.target.Target(host_target_without_amx())
 
 
 def test_vnni_target_tiles_and_uses_vpdpbusd():
@@ -91,3 +95,40 @@ def test_an_activation_prologue_in_the_kernel_runs_as_its_own_pass():
     out = tvm.runtime.empty((5, 32), "int32", tvm.cpu())
     built["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(pack_weight(weight)), out)
     np.testing.assert_array_equal(out.numpy(), (x.astype(np.int64) + 128) @ centered)
+
+
+# each conv's row tiles (shared among cores) and its register tile (rows, column blocks)
+CONV_TILES = {
+    "3x3-rows-of-10": (200, [4, 4]),  # 20 output rows x 10 tiles of 4 rows, 4 blocks of 16 channels
+    "1x1-batch": (14, [2, 7]),  # 2 x 7 output rows of 7 pixels: one tile of 7 rows each, 2 blocks
+    "strided-prime-width": (51, [3, 3]),  # 9 x 17 pixels as flat rows: 51 tiles of 3 rows, 3 blocks
+}
+
+
+@pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
+def test_a_quantized_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
+    """frontend/int8_conv.py's kernel for a CPU with VNNI and no AMX (Zen 4): the input
+    converted to bytes once on vectors, then per tile of rows (the loop shared among cores) its
+    patch rows, then the ``vpdpbusd`` tiles that read them; no AMX tile instruction. An output
+    row of 7 pixels is one tile of 7 rows, not 7 tiles of one."""
+    done = scheduled(int8_conv_module(CONVS[conv]), Int8MatmulVnni(), VNNI_NO_AMX, kernel=int8_conv_kernel)
+    func = int8_conv_kernel(done)[1]
+    script = func.script()
+    at = {name: script.index(f'T.sblock("{name}")') for name in ("int8_conv_input", "int8_conv_patches",
+                                                                  "int8_matmul_update_o")}
+    tiles = script.index("T.parallel", script.index("T.parallel") + 1)  # the second: the first is the conversion's
+    assert at["int8_conv_input"] < tiles < at["int8_conv_patches"] < at["int8_matmul_update_o"]
+    assert script.count("T.vectorized(T.int64(16))") >= 3  # the conversion, the patches, the output
+    row_tiles, register_tile = CONV_TILES[conv]
+    loops = loop_kinds(func)
+    assert loops.parallel[1] == row_tiles and sorted(loops.unrolled) == register_tile
+    assembly = kernel_assembly(done, VNNI_NO_AMX)
+    assert "vpdpbusd" in assembly and "tdpbusd" not in assembly
+
+
+@pytest.mark.skipif(not has_vnni(HOST), reason="the host CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
+def test_a_scheduled_quantized_conv_equals_the_kernel_as_written_on_the_host(conv):
+    """Exact on register tiles of 4, 7 and 3 rows (rows per output row of 40 and 7, flat rows
+    of 9 x 17), the patch rows built per tile."""
+    assert_scheduled_conv_is_exact(CONVS[conv], Int8MatmulVnni(), HOST_NO_AMX)

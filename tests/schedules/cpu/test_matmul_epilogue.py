@@ -3,14 +3,15 @@
 import numpy as np
 import pytest
 import tvm
-from loop_structure import loop_kinds, matmul_column_tile, matmul_row_tiles
+from conftest import TARGET
+from loop_structure import loop_kinds, matmul_column_tile, matmul_row_tiles, matmul_tasks
 from tvm import relax, te
 from tvm.relax.op import add, divide, matmul, multiply, nn, permute_dims, sigmoid
 
 from tvm_fusion.passes.pack_matmul_weights import PackMatmulWeights, pack_columns
 from tvm_fusion.schedules.cpu import MatmulEpilogue
 from tvm_fusion.schedules.cpu.matchers import matmul_tile_columns
-from tvm_fusion.targets.target_info import vector_lanes
+from tvm_fusion.targets.target_info import num_cores, vector_lanes
 
 
 def _bias_gelu(x, w, b):
@@ -18,16 +19,17 @@ def _bias_gelu(x, w, b):
 
 
 def assert_register_tiled(funcs, lanes, batch, m, k, n):
-    """One kernel; its (batch x column panel x row tile) loop runs in parallel over tiles of
-    up to 8 rows (6 on AVX2; rows zero-padded where that fills the tiles better) x 2 vectors of
-    columns (narrower power-of-two vectors, or a divisor of the extent, when whole ones do not
-    fit), the rows unrolled and the columns (update, init and epilogue store) vectorized, the
+    """One kernel; its (batch x column panel x row tile) loop runs over tiles of up to 8 rows
+    (6 on AVX2; rows zero-padded where that fills the tiles better) x 2 vectors of columns
+    (narrower power-of-two vectors, or a divisor of the extent, when whole ones do not fit),
+    several column tiles a task where the rows are few, in parallel unless the matmul is
+    small; the rows unrolled and the columns (update, init and epilogue store) vectorized, the
     update and init in register-wide pieces; padded rows of A are copied K-wide vectors."""
     (func,) = funcs.values()
     rows, row_tiles = matmul_row_tiles(m, lanes)
     cols, piece = matmul_column_tile(n, lanes)
     loops = loop_kinds(func)
-    assert loops.parallel == [batch * row_tiles * (n // cols)]
+    assert_tasks(loops, batch * m * k * n, batch * row_tiles, n // cols, rows, lanes)
     padded = rows * row_tiles > m
     assert loops.vectorized.count(piece) >= 2  # the update and its init
     stores = [cols] * loops.vectorized.count(cols) if piece != cols else []
@@ -36,6 +38,15 @@ def assert_register_tiled(funcs, lanes, batch, m, k, n):
     assert rows in loops.unrolled
     if piece != cols:
         assert cols // piece in loops.unrolled
+
+
+def assert_tasks(loops, work: int, row_tiles: int, column_tiles: int, rows: int, lanes: int) -> None:
+    """The tile loop: parallel over the tasks (or serial, for a small matmul); a task's column
+    tiles an unrolled loop."""
+    tasks, group, parallel = matmul_tasks(work, row_tiles, column_tiles, rows, lanes, num_cores(TARGET))
+    assert loops.parallel == ([tasks] if parallel else [])
+    assert parallel or tasks == 1 or tasks in loops.serial
+    assert group == 1 or group in loops.unrolled
 
 
 @pytest.mark.parametrize(
@@ -194,7 +205,7 @@ def test_packed_weight_tiles_one_panel_per_column_tile(target, lanes, m, batch, 
     scheduled = sch.mod["main"]
     rows, row_tiles = matmul_row_tiles(m, lanes)
     loops = loop_kinds(scheduled)
-    assert loops.parallel == [batch * row_tiles * -(-n // panel)]
+    assert_tasks(loops, batch * m * k * -(-n // panel) * panel, batch * row_tiles, -(-n // panel), rows, lanes)
     assert loops.vectorized.count(panel) >= 2  # the update and the init
     assert rows in loops.unrolled
     result = tvm.runtime.tensor(np.zeros((batch, m, n), "float32"))

@@ -1,4 +1,5 @@
-"""Reduction: row-wise softmax and norms, rows across cores."""
+"""Reduction: row-wise softmax and norms, rows across cores, a norm's sums as vectors of partial
+sums."""
 
 import math
 
@@ -15,7 +16,13 @@ def assert_rows(funcs, rows: int, vectorized: list[int]):
     (func,) = funcs.values()
     loops = loop_kinds(func)
     assert loops.parallel == ([rows] if rows > 1 else [])
-    assert loops.vectorized == vectorized
+    assert sorted(loops.vectorized) == sorted(vectorized)
+
+
+def partial_sums(width: int, lanes: int, reductions: int) -> list[int]:
+    """The vectorized loops of a row's reductions: each one over a row of whole vectors (more
+    than one) runs as a vector of partial sums, its update and its init one vector loop each."""
+    return [lanes] * 2 * reductions if width > lanes and width % lanes == 0 else []
 
 
 def row_vector(width: int, lanes: int) -> int:
@@ -39,7 +46,8 @@ def test_layer_norm_matches_unscheduled(assert_schedule_matches, lanes, rows, co
     funcs = assert_schedule_matches(
         Reduction(), norm, rtol=1e-4, atol=1e-4, x=(rows, cols), gamma=(cols,), beta=(cols,)
     )
-    assert_rows(funcs, rows, [row_vector(cols, lanes)])  # the normalized row
+    # the normalized row; the mean and the variance
+    assert_rows(funcs, rows, [row_vector(cols, lanes)] + partial_sums(cols, lanes, 2))
 
 
 def test_rms_norm_matches_unscheduled(assert_schedule_matches, lanes):
@@ -47,7 +55,7 @@ def test_rms_norm_matches_unscheduled(assert_schedule_matches, lanes):
         return nn.rms_norm(x, gamma, axes=[-1])
 
     funcs = assert_schedule_matches(Reduction(), norm, rtol=1e-4, atol=1e-4, x=(2, 9, 48), gamma=(48,))
-    assert_rows(funcs, 2 * 9, [row_vector(48, lanes)])
+    assert_rows(funcs, 2 * 9, [row_vector(48, lanes)] + partial_sums(48, lanes, 1))
 
 
 def test_row_sum_matches_unscheduled(assert_schedule_matches):
@@ -59,6 +67,13 @@ def test_global_mean_matches_unscheduled(assert_schedule_matches):
     """The divide block has no loop below the row: the row loop must not be vectorized."""
     funcs = assert_schedule_matches(Reduction(), lambda x: mean(x, axis=[2, 3], keepdims=True), x=(2, 64, 7, 7))
     assert_rows(funcs, 2 * 64, [])
+
+
+def test_must_not_split_a_plain_reduction_into_lanes(assert_schedule_matches, lanes):
+    """A graph's own sums (a decomposed variance) stay in ONNX Runtime's order, even over whole
+    vectors: summed in lanes, an ill-conditioned one moves off ONNX Runtime's result."""
+    funcs = assert_schedule_matches(Reduction(), lambda x: mean(x, axis=[-1]), x=(8, 4 * lanes))
+    assert_rows(funcs, 8, [])
 
 
 def test_declines_elementwise(lowered, prim_funcs, target):
@@ -98,22 +113,24 @@ def _row_sum(x):
     return reduce_sum(x, axis=[-1])
 
 
-@pytest.mark.parametrize("fn, shapes, elementwise", [
-    (_layer_norm, {"x": (1, 512), "gamma": (512,), "beta": (512,)}, 1),    # magika-v3's last norm
-    (_layer_norm, {"x": (1, 1, 256), "gamma": (256,), "beta": (256,)}, 1),  # one token of a decoder
-    (_layer_norm, {"x": (1, 33), "gamma": (33,), "beta": (33,)}, 1),       # no whole vectors
-    (_rms_norm, {"x": (1, 48), "gamma": (48,)}, 1),
-    (_softmax, {"x": (1, 100)}, 2),
-    (_softmax, {"x": (1, 1, 64)}, 2),
-    (_row_mean, {"x": (1, 64)}, 0),
-    (_row_sum, {"x": (1, 37)}, 0),
+@pytest.mark.parametrize("fn, shapes, elementwise, reductions", [
+    (_layer_norm, {"x": (1, 512), "gamma": (512,), "beta": (512,)}, 1, 2),    # magika-v3's last norm
+    (_layer_norm, {"x": (1, 1, 256), "gamma": (256,), "beta": (256,)}, 1, 2),  # one token of a decoder
+    (_layer_norm, {"x": (1, 33), "gamma": (33,), "beta": (33,)}, 1, 2),       # no whole vectors
+    (_rms_norm, {"x": (1, 48), "gamma": (48,)}, 1, 1),
+    (_softmax, {"x": (1, 100)}, 2, 0),
+    (_softmax, {"x": (1, 1, 64)}, 2, 0),
+    (_row_mean, {"x": (1, 64)}, 0, 0),
+    (_row_sum, {"x": (1, 37)}, 0, 0),
 ])
-def test_a_single_row_is_one_serial_task(assert_schedule_matches, lanes, fn, shapes, elementwise):
+def test_a_single_row_is_one_serial_task(assert_schedule_matches, lanes, fn, shapes, elementwise, reductions):
     """normalize_prim_func drops the unit row from the element-wise blocks (S(512)) but gives
     the sums one back (S(1) R(512)); the rule still takes the kernel as one row (it was left to
     Fallback): every block in one serial loop nest, its ``elementwise`` loops over the row on
-    vectors, and the unscheduled kernel's numbers."""
+    vectors, a norm's ``reductions`` as vectors of partial sums where the row is whole vectors,
+    and the unscheduled kernel's numbers."""
     funcs = assert_schedule_matches(Reduction(), fn, rtol=1e-4, atol=1e-4, **shapes)
     (func,) = funcs.values()
     assert root_loop_nests(func) == 1
-    assert_rows(funcs, 1, [row_vector(shapes["x"][-1], lanes)] * elementwise)
+    width = shapes["x"][-1]
+    assert_rows(funcs, 1, [row_vector(width, lanes)] * elementwise + partial_sums(width, lanes, reductions))

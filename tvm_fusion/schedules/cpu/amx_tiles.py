@@ -37,12 +37,12 @@ from math import prod
 from tvm import s_tir
 
 from ...frontend.packed_weights import COLUMN_BLOCK
-from ...kernels.blocks import OneReduction, among
+from ...kernels.blocks import OneReduction
 from ...targets.amx import request_amx_permission
 from .amx_copies import normalized_copies
 from .amx_intrinsics import TILE_ROWS, TileProduct, register_amx_intrins
 from .helpers import extent_of, largest_divisor
-from .int8_sum import place_prologue, write_back_tiles
+from .int8_sum import operand_block, place_prologue, with_epilogue_per_tile, write_back_tiles
 
 # C tiles side by side per 1 x 4 call (of the 8 tile registers: C tiles, A, B, and A, B for K's tail).
 MAX_BLOCKS = 4
@@ -52,9 +52,6 @@ MIN_SQUARE_TILE_ROWS = 8
 # tiles' min_rows: below it the VNNI kernel was the faster one (a tile's configuration and loads
 # cost more than a few rows gain).
 MIN_TILE_ROWS = 5
-# Tiles of rows a kernel needs for its A operand to be computed per row tile: the row tiles are
-# then the only loop shared among cores.
-MIN_ROW_TILES_FOR_OPERAND = 8
 # A weight larger than this is swept once per tile of columns, all rows under it, instead of
 # once per tile of rows: it no longer stays in L2 between row tiles.
 COLUMNS_OUTER_WEIGHT_BYTES = 1 << 20
@@ -67,8 +64,7 @@ def schedule_tiles(kernel: OneReduction, spec: TileProduct, per_tile: bool = Tru
     index map a tile's rows straddle, which ``reverse_compute_at`` cannot bound exactly); None
     where tiles do not pay or cannot be formed. With ``operand_per_row_tile`` the prologue that
     writes the A operand (a conv's patch rows) is computed per tile of rows, where there are
-    enough of them to share among cores (``MIN_ROW_TILES_FOR_OPERAND``): those rows stay in L1
-    between the prologue and the tiles instead of making a round trip through memory."""
+    enough of them to share among cores (``int8_sum.operand_block``)."""
     *batch, m, _, _ = kernel.stmt.iter_vars
     rows = extent_of(m.dom.extent)
     if not isinstance(rows, int) or rows < spec.min_rows:
@@ -79,8 +75,7 @@ def schedule_tiles(kernel: OneReduction, spec: TileProduct, per_tile: bool = Tru
         return None  # blockize binds a batch loop outside loop_partition's copies as 0: wrong sums
     sch = kernel.sch
     row_tiles = rows // tile_rows * prod(extent_of(iv.dom.extent) for iv in batch)
-    # found before place_prologue inlines other prologue blocks (their handles then go stale)
-    operand = _operand_block(sch, kernel) if operand_per_row_tile and row_tiles >= MIN_ROW_TILES_FOR_OPERAND else None
+    operand = operand_block(kernel, row_tiles) if operand_per_row_tile else None
     place_prologue(sch, kernel)
     if partitioned:  # 197 rows: 12 tiles of 16, one of 5
         try:
@@ -89,26 +84,15 @@ def schedule_tiles(kernel: OneReduction, spec: TileProduct, per_tile: bool = Tru
             return None
         request_amx_permission()
         return scheduled
-    for epilogue_per_tile in (True, False) if per_tile else (False,):
-        attempt = sch.copy()
-        try:
-            _schedule(attempt, kernel.block, kernel.epilogue, tile_rows, epilogue_per_tile, spec, operand)
-        except s_tir.ScheduleError:
-            continue  # an epilogue that cannot follow the tile (one that reads across tiles)
+    scheduled = with_epilogue_per_tile(sch, lambda attempt, epilogue_per_tile: _schedule(
+        attempt, kernel.block, kernel.epilogue, tile_rows, epilogue_per_tile, spec, operand), per_tile)
+    if scheduled is not None:
         request_amx_permission()  # this process may run the kernel (compile's verification)
-        return attempt
-    return None
+    return scheduled
 
 
 def _columns_outer(spec: TileProduct, columns: int, depth: int) -> bool:
     return columns * depth * spec.operand_bytes > COLUMNS_OUTER_WEIGHT_BYTES
-
-
-def _operand_block(sch: s_tir.Schedule, kernel: OneReduction):
-    """The prologue block that writes the sum's A operand, or None."""
-    operand = kernel.stmt.reads[0].source
-    found = [b for b in kernel.prologue if any(among(r.source, [operand]) for r in sch.get(b).writes)]
-    return found[0] if len(found) == 1 else None
 
 
 def _schedule(sch: s_tir.Schedule, block, epilogue: list, tile_rows: int, per_tile: bool, spec: TileProduct,
@@ -126,11 +110,7 @@ def _schedule(sch: s_tir.Schedule, block, epilogue: list, tile_rows: int, per_ti
     n_outer, n_inner = sch.split(n, [None, blocks * COLUMN_BLOCK])
     outer = (n_outer, m_outer) if operand is None and _columns_outer(spec, columns, depth) else (m_outer, n_outer)
     sch.reorder(*outer, m_inner, n_inner, k)
-    if operand is None:
-        write_back_tiles(sch, block, batch, outer, epilogue, per_tile)
-    else:
-        write_back_tiles(sch, block, batch, outer, epilogue, per_tile, parallel_outer=1)
-        sch.compute_at(operand, sch.get_loops(block)[0])
+    write_back_tiles(sch, block, batch, outer, epilogue, per_tile, operand)
     init = sch.decompose_reduction(block, m_inner)
     init_intrin, intrin = register_amx_intrins(spec, tile_rows, blocks, depth, square=bool(square))
     if tile_rows == 1:  # a unit row loop leaves no row axis in the blocks: the tile starts at the columns

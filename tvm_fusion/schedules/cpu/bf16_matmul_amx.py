@@ -9,7 +9,7 @@ The tiles, their configuration and the row tiling are ``amx_tiles``'s, shared wi
 ``Int8MatmulAmx``; the float32 epilogue (bias, activation, residual add) runs on each tile.
 
 A conv's kernel (``frontend/bf16_conv.py``) is the same sum over its input's patches, its
-prologue and output placed as ``amx_patches.py`` places them.
+prologue and output placed as ``patch_prologue.py`` places them.
 
 Any row count from 1 takes tiles: a one-row tile still does 512 multiply-adds per
 instruction, and there is no bf16 register kernel to leave few rows to (TVM 0.27 cannot
@@ -19,6 +19,8 @@ kernel then runs as written (each bf16 widened to float32 by a shift) under the 
 which is why ``Bf16Matmuls`` rewrites only for AMX-BF16 targets.
 """
 
+from functools import partial
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
@@ -27,9 +29,9 @@ from ...frontend.bf16_conv import BF16_PATCHES
 from ...frontend.bf16_matmul import DEPTH_BLOCK, KERNEL_NAME, bf16_value
 from ...kernels.blocks import is_cpu_kernel, only_reduction
 from ...kernels.cpu_features import has_amx_bf16
-from .amx_patches import schedule_with_operand
-from .amx_tiles import TileProduct
+from .amx_tiles import TileProduct, schedule_tiles
 from .int8_sum import is_packed_sum
+from .patch_prologue import schedule_with_operand
 
 # The operands are bf16 bits in uint16 tensors (frontend/bf16_matmul.py says why).
 BF16_TILES = TileProduct("bf16f32", "llvm.x86.tdpbf16ps", ("uint16", "uint16"), "float32", DEPTH_BLOCK,
@@ -54,4 +56,4 @@ class Bf16MatmulAmx(ScheduleRule):
         kernel = only_reduction(s_tir.Schedule(func))
         if kernel is None or not is_bf16_sum(kernel.stmt):
             return None
-        return schedule_with_operand(kernel, BF16_TILES, BF16_PATCHES)
+        return schedule_with_operand(kernel, BF16_PATCHES, partial(schedule_tiles, spec=BF16_TILES))

@@ -7,12 +7,14 @@ as it is. One ``tdpbusd`` is 16 x 16 x 64 exact products (no intermediate satura
 and the row tiling are ``amx_tiles``'s, shared with ``Bf16MatmulAmx``; the epilogue
 (zero-point corrections, the conversion, a requantization) runs on each tile, as in
 ``Int8MatmulVnni``. A quantized conv's kernel (``frontend/int8_conv.py``) is the same sum over
-its input's patches, its prologue and output placed as ``amx_patches.py`` places them.
+its input's patches, its prologue and output placed as ``patch_prologue.py`` places them.
 
 Declines (and ``Int8MatmulVnni`` takes the kernel) on a target without AMX-INT8, and where
 ``amx_tiles.schedule_tiles`` does (a symbolic row count, fewer than ``MIN_TILE_ROWS`` rows, a
 batched sum with a prime M).
 """
+
+from functools import partial
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
@@ -23,9 +25,9 @@ from ...frontend.int8_conv import INT8_PATCHES
 from ...frontend.integer_matmul import DEPTH_BLOCK
 from ...kernels.blocks import is_cpu_kernel, only_reduction
 from ...kernels.cpu_features import has_amx_int8
-from .amx_patches import schedule_with_operand
-from .amx_tiles import MIN_TILE_ROWS, TileProduct
+from .amx_tiles import MIN_TILE_ROWS, TileProduct, schedule_tiles
 from .int8_sum import is_int8_sum
+from .patch_prologue import schedule_with_operand
 
 # Off: the VNNI rule takes every int8 kernel, AMX or not (benchmarks compare the two).
 AMX_TILES = True
@@ -47,4 +49,5 @@ class Int8MatmulAmx(ScheduleRule):
         kernel = only_reduction(s_tir.Schedule(func))
         if kernel is None or not is_int8_sum(kernel.stmt):
             return None
-        return schedule_with_operand(kernel, INT8_TILES, INT8_PATCHES)  # a conv's too: frontend/int8_conv.py
+        # a conv's too: frontend/int8_conv.py
+        return schedule_with_operand(kernel, INT8_PATCHES, partial(schedule_tiles, spec=INT8_TILES))

@@ -2,12 +2,18 @@
 as their schedule rules read them: the sum block, and the blocks before it. Shared by
 ``Int8MatmulAmx``, ``Bf16MatmulAmx`` (AMX tiles) and ``Int8MatmulVnni`` (``vpdpbusd`` registers)."""
 
+from collections.abc import Callable
+
 from tvm import s_tir, tirx
 
 from ...frontend.conv_patches import READ_MANY_TIMES
 from ...frontend.integer_matmul import COLUMN_BLOCK, DEPTH_BLOCK, KERNEL_NAME
 from ...kernels.blocks import among
 from .helpers import extent_of
+
+# Tiles of rows a kernel needs for its A operand to be computed per row tile: the row tiles are
+# then the only loop shared among cores.
+MIN_ROW_TILES_FOR_OPERAND = 8
 
 
 def is_int8_sum(block: s_tir.SBlock) -> bool:
@@ -53,18 +59,47 @@ def place_prologue(sch: s_tir.Schedule, kernel) -> None:
             sch.parallel(loops[0])
 
 
+def operand_block(kernel, row_tiles: int):
+    """The prologue block that writes the sum's A operand (a conv's patch rows), to compute per
+    tile of rows: None where there is no one such block, or fewer than
+    ``MIN_ROW_TILES_FOR_OPERAND`` row tiles to share among cores. Found before ``place_prologue``
+    inlines other prologue blocks (their handles then go stale)."""
+    if row_tiles < MIN_ROW_TILES_FOR_OPERAND:
+        return None
+    operand = kernel.stmt.reads[0].source
+    found = [b for b in kernel.prologue if any(among(r.source, [operand]) for r in kernel.sch.get(b).writes)]
+    return found[0] if len(found) == 1 else None
+
+
+def with_epilogue_per_tile(sch: s_tir.Schedule, schedule: Callable[[s_tir.Schedule, bool], None],
+                           per_tile: bool = True) -> s_tir.Schedule | None:
+    """A copy of ``sch`` scheduled by ``schedule(copy, epilogue_per_tile)``: the epilogue per
+    tile where it can follow one (never without ``per_tile``), else after the whole sum; None
+    where neither schedules."""
+    for epilogue_per_tile in (True, False) if per_tile else (False,):
+        attempt = sch.copy()
+        try:
+            schedule(attempt, epilogue_per_tile)
+        except s_tir.ScheduleError:
+            continue  # an epilogue that cannot follow the tile (one that reads across tiles)
+        return attempt
+    return None
+
+
 def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epilogue: list, per_tile: bool,
-                     parallel_outer: int = 2) -> None:
-    """The sum's tiles (``outer``, under the ``batch`` loops) across cores, each written back from
-    a local buffer; with ``per_tile`` the epilogue follows each tile (the write-back and all but
-    the last epilogue block inlined into the last), else it runs after the whole sum, across
-    cores. ``parallel_outer``: how many of ``outer`` are shared among cores with the batch (1:
-    the first, the second then runs in each task)."""
+                     operand=None) -> None:
+    """The sum's tiles (``outer``, rows then columns or columns then rows, under the ``batch``
+    loops) across cores, each written back from a local buffer; with ``per_tile`` the epilogue
+    follows each tile (the write-back and all but the last epilogue block inlined into the
+    last), else it runs after the whole sum, across cores. With ``operand`` (``operand_block``'s,
+    ``outer`` rows first) only the row tiles are shared among cores, the operand computed in each
+    before its column tiles: its rows stay in L1 between the prologue and the tiles instead of
+    making a round trip through memory."""
     writeback = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(writeback, outer[1])
-    shared = sch.fuse(*batch, *outer[:parallel_outer])
+    shared = sch.fuse(*batch, *(outer[:1] if operand is not None else outer))
     sch.parallel(shared)
-    tile = shared if parallel_outer == len(outer) else outer[-1]
+    tile = shared if operand is None else outer[-1]
     if per_tile:
         *inlined, output = [writeback, *epilogue]
         for block_rv in inlined:
@@ -78,3 +113,5 @@ def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epil
                 sch.parallel(loops[0])
                 sch.vectorize(loops[-1])
     sch.vectorize(sch.get_loops(output)[-1])
+    if operand is not None:
+        sch.compute_at(operand, shared)

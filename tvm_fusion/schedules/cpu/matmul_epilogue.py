@@ -1,14 +1,22 @@
 """Register-tiled CPU matmul with its injective epilogue computed inside each output tile."""
 
+import math
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ...kernels.matmul import MatmulAxes, batch_axes, matmul_kernel, rows_from_batch
-from ...targets.target_info import vector_lanes
+from ...targets.target_info import num_cores, vector_lanes
 from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorize_in_registers, vectorized_init
 from .matchers import MATMUL_K_UNROLL, matmul_tile_columns, matmul_tile_rows
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
+
+# Multiply-adds up to which a static matmul runs on one core: sharing it costs more than it
+# saves (a recurrent step's 1 x 128 x 256 product). Lower than serial_when_small's bar for a
+# symbolic size, which was set on a kernel timed alone: inside a model the other threads are
+# still awake from the kernel before, and a step's 1 x 128 x 512 product gains from them.
+MAX_SERIAL_STATIC_WORK = 1 << 15
 
 
 class MatmulEpilogue(ScheduleRule):
@@ -51,13 +59,23 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, target: Targe
     else:  # a weight in column panels: a tile is one panel
         n_outer, n_inner = loops[axes.n], loops[axes.n_inner]
     k_outer, k_inner = sch.split(k_loop, [None, k_unroll])
+    work = _static_work(sch, matmul)
+    parallel = work is None or work > MAX_SERIAL_STATIC_WORK
+    group = _column_group(sch, [*batch, n_outer, m_outer], tile_rows, max_rows, num_cores(target) if parallel else 1)
+    inner_columns = [n_inner]
+    if group > 1:
+        n_outer, n_group = sch.split(n_outer, [None, group])
+        inner_columns = [n_group, n_inner]
     # Column panels outermost: a K x tile_cols panel of B stays in cache while the
     # row tiles of A stream past it.
-    sch.reorder(*batch, n_outer, m_outer, k_outer, k_inner, m_inner, n_inner)
+    sch.reorder(*batch, n_outer, m_outer, k_outer, k_inner, m_inner, *inner_columns)
     # Accumulate in a tile-sized buffer; the epilogue (or a plain store) reads it per tile.
     output = compute_epilogue_at(sch, matmul, epilogue, m_outer)
     tile = sch.fuse(*batch, n_outer, m_outer)
-    sch.parallel(tile)
+    if parallel:
+        sch.parallel(tile)
+    if group > 1:
+        sch.unroll(inner_columns[0])
     if padded_lhs is not None:
         # A's rows are copied (zero-padded) once, before the tiles: copied per tile, every
         # column panel would copy them again (bert_tiny at sequence 100: 1.17x -> 0.9-1.0x the
@@ -68,8 +86,28 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, target: Targe
     sch.unroll(m_inner)
     vectorize_in_registers(sch, n_inner, lanes)
     vectorized_init(sch, matmul, k_outer)
-    _vectorize_tile_store(sch, output, lanes)
+    _vectorize_tile_store(sch, output, lanes, sch.get(n_inner).extent if group > 1 else None)
     return sch
+
+
+def _static_work(sch, matmul) -> int | None:
+    """The matmul's multiply-adds, when static."""
+    extents = [var.dom.extent for var in sch.get(matmul).iter_vars]
+    return math.prod(int(e) for e in extents) if all(isinstance(e, tirx.IntImm) for e in extents) else None
+
+
+def _column_group(sch, tile_loops, tile_rows: int, max_rows: int, cores: int) -> int:
+    """Column tiles one task computes together where a tile has fewer rows than the register
+    tile holds, so that it keeps as many accumulators: a one-row tile (a GEMV, a recurrent
+    step) has two, and waits on each multiply-add's latency. Leaves ``cores`` tasks at least."""
+    *batch, columns, rows = (extent(sch, loop) for loop in tile_loops)
+    if tile_rows * 2 > max_rows or not isinstance(columns, int):
+        return 1
+    others = math.prod(e if isinstance(e, int) else cores for e in (*batch, rows))  # a symbolic one: enough
+    for group in range(max_rows // tile_rows, 1, -1):
+        if columns % group == 0 and columns // group * others >= cores:
+            return group
+    return 1
 
 
 def pads_rows(rows: int, max_rows: int) -> bool:
@@ -97,9 +135,13 @@ def _pad_rows(sch, matmul, axes: MatmulAxes, rows: int):
     return padded_lhs, unpad
 
 
-def _vectorize_tile_store(sch, output, lanes: int) -> None:
-    """Vectorize the innermost loop of a copy: the tile's epilogue columns, A's padded rows."""
+def _vectorize_tile_store(sch, output, lanes: int, column_tile=None) -> None:
+    """Vectorize the innermost loop of a copy: the tile's epilogue columns, A's padded rows; a
+    task of several column tiles stores them one column tile a vector."""
     innermost = sch.get_loops(output)[-1]
     length = extent(sch, innermost)
+    if column_tile is not None and length > int(column_tile):
+        innermost = sch.split(innermost, [None, int(column_tile)])[1]
+        length = int(column_tile)
     if isinstance(length, int) and length > 1:  # a symbolic K (the padded A copy) stays scalar
         sch.vectorize(innermost)

@@ -7,8 +7,9 @@ from tvm.target import Target
 
 from ...kernels.blocks import is_spatial
 from ...targets.target_info import vector_lanes
-from .helpers import cpu_schedule, has_call, parallel_rows, row_blocks, vectorize_innermost, vectorized_init
+from .helpers import cpu_schedule, has_call, row_blocks
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
+from .vector_sum import schedule_rows
 
 # The output blocks of TOPI's layer_norm and rms_norm, as LegalizeOps names them.
 NORM_BLOCKS = ("T_layer_norm", "T_rms_norm")
@@ -43,40 +44,10 @@ class SkipNorm(ScheduleRule):
         blocks, row_axes = rows
         lanes = vector_lanes(target, sch.get(blocks[-1].block_rv).writes[0].source.dtype)
         try:
-            sch = _schedule_rows(sch, [b.block_rv for b in blocks], row_axes, lanes)
+            sch = schedule_rows(sch, [b.block_rv for b in blocks], row_axes, lanes)
         except s_tir.ScheduleError:
             return None  # a shape this rule did not foresee: leave it to the next rule
         return serial_when_small(sch, MIN_PARALLEL_ELEMENTS)  # a few symbolic rows: one core
-
-
-def _schedule_rows(sch: s_tir.Schedule, blocks: list, row_axes: int, lanes: int) -> s_tir.Schedule:
-    """One row per parallel task: sum, (lane-partial) reductions, normalized row."""
-    # rfactor needs each reduction still at the root: split the sums into lanes first.
-    order, partials = [], []
-    for block in blocks:
-        partial = None if is_spatial(sch.get(block)) else _lane_partial_sums(sch, block, lanes)
-        if partial is not None:
-            order.append(partial)
-            partials.append(partial)
-        order.append(block)
-    outputs = [sch.get(b) for b in sch.get_output_blocks(get_root_block(sch))]
-    if any(sch.get(order[0]).same_as(o) for o in outputs):
-        # The sum is an output: its row loop leads, the rest follows it per row.
-        row = sch.fuse(*sch.get_loops(order[0])[:row_axes])
-        for block in order[1:]:
-            sch.reverse_compute_at(block, row, preserve_unit_loops=True)
-    else:
-        row = sch.fuse(*sch.get_loops(order[-1])[:row_axes])
-        for block in reversed(order[:-1]):
-            sch.compute_at(block, row, preserve_unit_loops=True)
-    parallel_rows(sch, row)
-    for block in order:
-        stmt = sch.get(block)
-        if is_spatial(stmt):
-            vectorize_innermost(sch, block, row, lanes)
-        elif any(stmt.same_as(sch.get(p)) for p in partials):
-            _vectorize_lanes(sch, block, row_axes)
-    return sch
 
 
 def _residual_sum(sch: s_tir.Schedule):
@@ -88,29 +59,3 @@ def _residual_sum(sch: s_tir.Schedule):
     adds = [b for b in blocks[:first_reduction]
             if isinstance(sch.get(b).body, tirx.BufferStore) and isinstance(sch.get(b).body.value, tirx.Add)]
     return adds[-1] if first_reduction is not None and adds else None
-
-
-def _lane_partial_sums(sch: s_tir.Schedule, block, lanes: int):
-    """Split a single-axis row reduction into ``lanes`` interleaved partial sums (rfactor)."""
-    stmt = sch.get(block)
-    if sum(iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.iter_vars) != 1:
-        return None
-    innermost = sch.get_loops(block)[-1]
-    extent = sch.get(innermost).extent
-    if not isinstance(extent, tirx.IntImm) or int(extent) <= lanes or int(extent) % lanes:
-        return None
-    _, lane = sch.split(innermost, [None, lanes])
-    return sch.rfactor(lane, factor_axis=len(stmt.iter_vars) - 1)
-
-
-def _vectorize_lanes(sch: s_tir.Schedule, partial, row_axes: int) -> None:
-    """Lane loop innermost, under the reduction loop, as one vector; the init likewise.
-
-    Under the row loop, the partial-sum block's loops follow its iter vars: lane, the
-    (unit) row axes, then the reduction.
-    """
-    loops = sch.get_loops(partial)
-    lane, reduction = loops[-(row_axes + 2)], loops[-1]
-    sch.reorder(reduction, lane)
-    sch.vectorize(lane)  # before decompose_reduction: the update alone is no reduction block
-    vectorized_init(sch, partial, reduction)

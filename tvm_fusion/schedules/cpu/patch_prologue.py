@@ -1,5 +1,6 @@
-"""The prologue and output of the packed-weight kernels on AMX tiles, conv kernels
-(``frontend/conv_patches.py``) above all: shared by ``Bf16MatmulAmx`` and ``Int8MatmulAmx``.
+"""The prologue and output of the packed-weight kernels, conv kernels (``frontend/conv_patches.py``)
+above all, whatever computes their sum: shared by ``Bf16MatmulAmx``, ``Int8MatmulAmx`` (AMX
+tiles) and ``Int8MatmulVnni`` (``vpdpbusd`` registers).
 
 A conv's input is converted to the operand type once, in one pass on vectors; its patches are
 built per tile of rows, in L1 under the tiles that read them, a blocked input's 16 channels of
@@ -8,11 +9,12 @@ the whole sum (a tile's rows then straddle two output rows, which ``reverse_comp
 bound exactly).
 """
 
+from collections.abc import Callable
+
 from tvm import s_tir
 
 from ...frontend.conv_patches import PATCH_LOOPS, PatchOperand
 from ...kernels.blocks import OneReduction
-from .amx_tiles import TileProduct, schedule_tiles
 from .helpers import extent_of
 
 # operand elements per vector in the prologue: float32 lanes of an AVX-512 register, and a
@@ -25,16 +27,19 @@ def _is_conv(kernel: OneReduction, operand: PatchOperand) -> bool:
     return any(kernel.sch.get(block).name_hint.startswith(operand.output_name) for block in kernel.epilogue)
 
 
-def schedule_with_operand(kernel: OneReduction, spec: TileProduct, operand: PatchOperand) -> s_tir.Schedule | None:
-    """``kernel`` as AMX tiles (``amx_tiles.schedule_tiles``) with its prologue on vectors: a
-    conv's input converted in one pass, the block named ``operand.patches_name`` (a conv's
-    patches, a bf16 matmul's rounded activation) on vectors of ``PROLOGUE_LANES`` k. A kernel
-    without those blocks (an int8 matmul's) is the tiles alone."""
+def schedule_with_operand(kernel: OneReduction, operand: PatchOperand,
+                          tile_sum: Callable[..., s_tir.Schedule | None]) -> s_tir.Schedule | None:
+    """``kernel``'s sum tiled by ``tile_sum(kernel, per_tile=..., operand_per_row_tile=...)``
+    (``amx_tiles.schedule_tiles``' arguments: AMX tiles, ``vpdpbusd`` registers) with its
+    prologue on vectors: a conv's input converted in one pass, its patch rows computed per tile
+    of rows, the block named ``operand.patches_name`` (a conv's patches, a bf16 matmul's rounded
+    activation) on vectors of ``PROLOGUE_LANES`` k. A kernel without those blocks (an int8
+    matmul's) is the tiles alone."""
     sch = kernel.sch
     conv = _is_conv(kernel, operand)
     flat_conv = conv and len(kernel.stmt.iter_vars) == 3  # rows not per output row (conv_patches.py)
     _vectorize_input(sch, kernel, operand.input_name)
-    scheduled = schedule_tiles(kernel, spec, per_tile=not flat_conv, operand_per_row_tile=conv)
+    scheduled = tile_sum(kernel, per_tile=not flat_conv, operand_per_row_tile=conv)
     if scheduled is not None:
         _vectorize_operand(scheduled, operand.patches_name)
     return scheduled
