@@ -5,7 +5,10 @@ inputs and a warning; and the flag's misuses get one clear message each."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -82,6 +85,28 @@ def test_a_bad_calibration_sample_exits_non_zero_naming_it(tmp_path, mlp_path, c
     err = capsys.readouterr().err
     assert code != 0 and "bad.npz" in err and "[4, 15]" in err
     assert not (tmp_path / "out" / "mlp.int8.onnx").exists()
+
+
+def test_a_full_disk_while_quantizing_exits_non_zero_leaving_no_half_model(tmp_path, mlp_path, capsys, monkeypatch):
+    """The disk fills up while the quantized model is written (simulated): one message naming the
+    model file and what to do, a non-zero exit, and no model file, whole or half."""
+    real_save = onnx.save
+
+    def half_save(model, path, *args, **kwargs):
+        if str(path).endswith("quantized.onnx"):
+            Path(path).write_bytes(b"half a model")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(model, path, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "save", half_save)
+    monkeypatch.setattr(onnx, "save_model", half_save)
+    out = tmp_path / "out"
+    code = cli.main(["compile", str(mlp_path), "--input-shape", MLP_SHAPE, "-o", str(out), "--precision", "int8"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert f"cannot write the int8 model {out / 'mlp.int8.onnx'}: No space left on device" in err
+    assert "free disk space" in err
+    assert not out.exists() or sorted(p.name for p in out.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", ["bench", "profile"])

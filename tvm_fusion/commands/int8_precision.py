@@ -21,7 +21,7 @@ from ..accuracy.bf16_gate import classifier_outputs
 from ..accuracy.output_error import cosine_similarity, max_abs_error, max_rel_error, top1_agreement
 from ..config import PipelineConfig
 from ..errors import ConfigError
-from ..files import sha256_of
+from ..files import sha256_of, write_file
 from ..frontend.dims import ranges_of
 from ..frontend.static_quantization import QUANTIZER, RANDOM_SAMPLES, calibration_samples, quantize_to_qdq
 from ..preparation import Progress, ShapeArg, prepare
@@ -65,7 +65,8 @@ def quantize_for_int8(model_path: str | Path, cfg: PipelineConfig, input_shapes:
         text = f"{len(samples)} samples from {calibration}"
     output = Path(output_dir) / f"{prepared.name}.int8.onnx"
     progress(f"quantizing to int8 QDQ with ONNX Runtime's quantize_static on {text}")
-    quantize_to_qdq(model, output, samples)
+    # staged beside it: a full disk or a read-only folder is an ArtifactError, and leaves no half model
+    write_file(output, lambda staging: quantize_to_qdq(model, staging, samples), "the int8 model", "--output-dir")
     progress(f"wrote {output}")
     return Int8Model(output, Path(model_path), model, text)
 

@@ -132,6 +132,8 @@ def quantize_to_qdq(source: onnx.ModelProto, output: str | Path, samples: list[d
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_quantize=nodes,
                             extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+        except OSError:
+            raise  # a full disk, a read-only folder: not the model's fault (the caller's write_file says so)
         except Exception as err:  # noqa: BLE001 - ONNX Runtime's quantizer raises many kinds
             raise ModelError(f"ONNX Runtime's quantize_static failed: {type(err).__name__}: {err}",
                              "compile the float model (--precision float32 or bf16), or quantize it yourself "

@@ -8,8 +8,7 @@ from tvm.target import Target
 from ...targets.target_info import vector_lanes
 from .helpers import cpu_schedule, parallel_rows, row_blocks, vectorize_innermost
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
-from .skip_norm import NORM_BLOCKS
-from .vector_sum import schedule_rows
+from .vector_sum import NORM_BLOCKS, schedule_rows
 
 
 class Reduction(ScheduleRule):

@@ -9,10 +9,7 @@ from ...kernels.blocks import is_spatial
 from ...targets.target_info import vector_lanes
 from .helpers import cpu_schedule, has_call, row_blocks
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
-from .vector_sum import schedule_rows
-
-# The output blocks of TOPI's layer_norm and rms_norm, as LegalizeOps names them.
-NORM_BLOCKS = ("T_layer_norm", "T_rms_norm")
+from .vector_sum import NORM_BLOCKS, schedule_rows
 
 
 class SkipNorm(ScheduleRule):

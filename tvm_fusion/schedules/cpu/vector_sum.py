@@ -10,6 +10,10 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from ...kernels.blocks import is_spatial
 from .helpers import extent, iter_kinds, parallel_rows, vectorize_innermost, vectorized_init
 
+# The output blocks of TOPI's layer_norm and rms_norm, as LegalizeOps names them: the kernels
+# whose row sums ``schedule_rows`` splits into lanes.
+NORM_BLOCKS = ("T_layer_norm", "T_rms_norm")
+
 
 def vectorize_reduction(sch: s_tir.Schedule, block, lanes: int) -> bool:
     """Rewrite ``out[s] += f(s, r)`` (reduction loops innermost) as ``lanes`` running partial
