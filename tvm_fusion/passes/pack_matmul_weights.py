@@ -67,7 +67,7 @@ def _panel(weight: WeightParameter, target: Target) -> int | None:
     Whole panels of MatmulEpilogue's column tile when they divide N, or when padding the last
     one adds at most 1/8 zero columns. A width over one vector that is not a multiple of it is
     padded to whole vectors whatever it costs: unpacked, its tile would be the width's largest
-    divisor (one column for 59 tags: scalar code at 10 GFLOP/s), while a zero-padded vector
+    divisor (one column for 59 tags: scalar code), while a zero-padded vector
     computes its padding in the instruction that computes the real columns. A width of whole
     vectors keeps its vector-wide tiles unpacked, and one under a vector stays too (a single
     panel's index folds away and the matmul is no longer one the rule matches).

@@ -50,6 +50,17 @@ def test_layer_norm_matches_unscheduled(assert_schedule_matches, lanes, rows, co
     assert_rows(funcs, rows, [row_vector(cols, lanes)] + partial_sums(cols, lanes, 2))
 
 
+def test_a_norm_over_two_axes_sums_them_as_one_row_of_partial_sums(assert_schedule_matches, lanes):
+    """A LayerNorm over [H, W] (a GroupNorm's spelling): its two reduction axes fused into one
+    row of whole vectors, summed as partial sums."""
+    def norm(x, gamma, beta):
+        return nn.layer_norm(x, gamma, beta, axes=[-2, -1])
+
+    funcs = assert_schedule_matches(Reduction(), norm, rtol=1e-4, atol=1e-4, x=(4, 3, 2 * lanes),
+                                    gamma=(3, 2 * lanes), beta=(3, 2 * lanes))
+    assert_rows(funcs, 4, [lanes] + partial_sums(3 * 2 * lanes, lanes, 2))
+
+
 def test_rms_norm_matches_unscheduled(assert_schedule_matches, lanes):
     def norm(x, gamma):
         return nn.rms_norm(x, gamma, axes=[-1])
