@@ -80,13 +80,13 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, target: Targe
         # A's rows are copied (zero-padded) once, before the tiles: copied per tile, every
         # column panel would copy them again (bert_tiny at sequence 100: 1.17x -> 0.9-1.0x the
         # static build). Serial: M x K copies are ~1 % of the M x K x N multiply-adds.
-        _vectorize_tile_store(sch, padded_lhs, lanes)
+        _vectorize_tile_store(sch, padded_lhs)
     if k_unroll > 1:
         sch.unroll(k_inner)
     sch.unroll(m_inner)
     vectorize_in_registers(sch, n_inner, lanes)
     vectorized_init(sch, matmul, k_outer)
-    _vectorize_tile_store(sch, output, lanes, sch.get(n_inner).extent if group > 1 else None)
+    _vectorize_tile_store(sch, output, sch.get(n_inner).extent if group > 1 else None)
     return sch
 
 
@@ -135,7 +135,7 @@ def _pad_rows(sch, matmul, axes: MatmulAxes, rows: int):
     return padded_lhs, unpad
 
 
-def _vectorize_tile_store(sch, output, lanes: int, column_tile=None) -> None:
+def _vectorize_tile_store(sch, output, column_tile=None) -> None:
     """Vectorize the innermost loop of a copy: the tile's epilogue columns, A's padded rows; a
     task of several column tiles stores them one column tile a vector."""
     innermost = sch.get_loops(output)[-1]

@@ -23,21 +23,11 @@ def vectorize_reduction(sch: s_tir.Schedule, block, lanes: int) -> bool:
     runs ``lanes`` chains at once from contiguous loads. Returns False (block untouched) when
     the reduction is too short or not a multiple of ``lanes``.
     """
-    kinds = iter_kinds(sch.get(block))
-    spatial = len(kinds) - len(kinds.lstrip("S"))
-    reductions = len(kinds) - spatial
-    loops = sch.get_loops(block)
-    if reductions == 0 or kinds != "S" * spatial + "R" * reductions or len(loops) <= reductions:
+    if len(sch.get_loops(block)) <= iter_kinds(sch.get(block)).count("R"):
+        return False  # no loop outside the reduction
+    partial = _lane_partial_sums(sch, block, lanes)
+    if partial is None:
         return False
-    reduction = loops[-reductions:]
-    total = 1
-    for loop in reduction:
-        total *= extent(sch, loop)
-    if total % lanes or total < 2 * lanes:
-        return False
-    fused = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]
-    _, lane = sch.split(fused, [None, lanes])
-    partial = sch.rfactor(lane, factor_axis=spatial)
     *_, partial_outer, partial_lane = sch.get_loops(partial)
     sch.vectorize(partial_lane)
     vectorized_init(sch, partial, partial_outer)
