@@ -3,18 +3,20 @@
     TVM_NUM_THREADS=2 python benchmarks/bench_bf16.py [--repeat 200] [--out benchmarks/results/bf16_<cpu>_<date>.json]
 
 Each shape (rows x K -> N: a BERT-base projection and FFN at one token, 16 and 128) is built
-three ways from one Relax module, run in one process, interleaved round by round, medians:
+up to four ways from one Relax module, run in one process, interleaved round by round, medians:
 
     float32       what tvm_fusion builds today: the weight packed in column panels
                   (``PackMatmulWeights``), the float32 matmul rule (``MatmulEpilogue``)
     bf16 amx      ``Bf16Matmuls``: the weight rounded to bf16 and packed, the activation
                   rounded in the kernel, float32 sums on AMX tiles (``Bf16MatmulAmx``); only
                   where the target CPU has AMX-BF16
-    bf16 generic  the same bf16 kernel scheduled for the target without AMX-BF16 (``mattr``
-                  ``-amx-bf16``): each bf16 widened to float32 by a shift, float32 FMAs under
-                  the generic rules; what an AVX512_BF16 CPU without AMX would run if
-                  ``Bf16Matmuls`` did not decline there (TVM 0.27 cannot feed ``vdpbf16ps``:
-                  frontend/bf16_matmul.py); this is why it declines
+    bf16 avx512   the same bf16 kernel for the target less its AMX (``mattr`` ``-amx-bf16``):
+                  ``vdpbf16ps`` register tiles (``Bf16MatmulAvx512``), what a Zen 4 runs; only
+                  where the target CPU has AVX512_BF16
+    bf16 generic  the same bf16 kernel for the target less AMX-BF16 and AVX512_BF16: each bf16
+                  widened to float32 by a shift, float32 FMAs under the generic rules; what an
+                  AVX2 CPU would run if ``Bf16Matmuls`` did not decline there, which is why it
+                  declines
 
 Every bf16 output is checked against numpy on the bf16-rounded operands first, and the
 float32 output against numpy in float32. Target: the default config's (this host's CPU).
@@ -36,7 +38,7 @@ import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 from tvm_fusion.config import host_cpu_name, load_config  # noqa: E402
-from tvm_fusion.kernels.cpu_features import has_amx_bf16  # noqa: E402
+from tvm_fusion.kernels.cpu_features import has_amx_bf16, has_avx512_bf16  # noqa: E402
 from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls  # noqa: E402
 from tvm_fusion.passes.pack_matmul_weights import PackMatmulWeights  # noqa: E402
 from tvm_fusion.passes.pipeline import lowering_passes  # noqa: E402
@@ -71,6 +73,12 @@ def build(mod: tvm.IRModule, target, bf16: bool, schedule_target) -> tuple[relax
     return relax.VirtualMachine(tvm.compile(lowered, target=target), tvm.cpu()), log
 
 
+def less(target, *features: str):
+    """``target`` without these CPU features (``mattr`` ``-feature``)."""
+    spec = target.export()
+    return tvm.target.Target({**spec, "mattr": [*spec.get("mattr", []), *(f"-{f}" for f in features)]})
+
+
 def gelu(v: np.ndarray) -> np.ndarray:
     return 0.5 * v * (1 + np.vectorize(math.erf)(v / np.sqrt(2)))
 
@@ -82,17 +90,19 @@ def main():
     args = parser.parse_args()
     threads = int(os.environ["TVM_NUM_THREADS"])
     target = load_config(None).tvm_target()
-    no_amx = tvm.target.Target({**target.export(), "mattr": [*target.export().get("mattr", []), "-amx-bf16"]})
-    amx = has_amx_bf16(target)
+    # the bf16 builds this target can run: (name, the target its kernels are scheduled for)
+    variants = [("bf16 amx", target)] if has_amx_bf16(target) else []
+    if has_avx512_bf16(target):
+        variants.append(("bf16 avx512", less(target, "amx-bf16")))
+    variants.append(("bf16 generic", less(target, "amx-bf16", "avx512bf16")))
     results = {"machine": {"cpu": host_cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
                "date": time.strftime("%Y-%m-%d"), "threads": threads, "target": str(target), "repeat": args.repeat,
                "shapes": {}}
     rows_out = []
     for rows, depth, columns in SHAPES:
         mod, weight, bias = dense_gelu(rows, depth, columns)
-        builds = {"float32": build(mod, target, False, target), "bf16 generic": build(mod, target, True, no_amx)}
-        if amx:
-            builds["bf16 amx"] = build(mod, target, True, target)
+        builds = {"float32": build(mod, target, False, target)}
+        builds.update((name, build(mod, target, True, schedule_target)) for name, schedule_target in variants)
         x = np.random.default_rng(1).standard_normal((rows, depth)).astype(np.float32)
         feeds = [tvm.runtime.tensor(x)]
         ra, rw = (v.astype(ml_dtypes.bfloat16).astype(np.float64) for v in (x, weight))
@@ -114,11 +124,11 @@ def main():
             "rows_k_n": [rows, depth, columns], "median_ms": medians, "max_abs_error_vs_numpy": errors,
             "gflops": {name: 2 * rows * depth * columns / ms / 1e6 for name, ms in medians.items()},
             "schedules": {name: log for name, (_, log) in builds.items()}}
-        rows_out.append([label, medians["float32"], medians.get("bf16 amx", "-"), medians["bf16 generic"],
-                         medians["float32"] / medians["bf16 amx"] if amx else "-",
-                         medians["float32"] / medians["bf16 generic"]])
+        rows_out.append([label, medians["float32"], *(medians[name] for name, _ in variants),
+                         *(medians["float32"] / medians[name] for name, _ in variants)])
     print(f"threads {threads}, target {target}, {args.repeat} interleaved rounds, medians")
-    print(table(["shape", "float32 ms", "bf16 amx ms", "bf16 generic ms", "f32/amx", "f32/generic"], rows_out))
+    names = [name for name, _ in variants]
+    print(table(["shape", "float32 ms", *(f"{n} ms" for n in names), *(f"f32/{n.split()[1]}" for n in names)], rows_out))
     if args.out:
         write_json(args.out, results)
 

@@ -382,17 +382,24 @@ def render_int8(data) -> str:
                      "int8 / float32", "int8 / ONNX Runtime"], rows))
 
 
+BF16_BUILDS = {"bf16 amx": "bf16 AMX", "bf16 avx512": "bf16 AVX512_BF16", "bf16 generic": "bf16 generic"}
+
+
 def render_bf16(data) -> str:
-    rows = [[shape, _ms(r["median_ms"]["float32"]), _ms(r["median_ms"].get("bf16 amx")),
-             _ms(r["median_ms"].get("bf16 generic")),
-             _ratio(r["median_ms"]["float32"] / r["median_ms"]["bf16 amx"]) if "bf16 amx" in r["median_ms"] else "-",
-             _err(r["max_abs_error_vs_numpy"].get("bf16 amx"))]
-            for shape, r in data["shapes"].items()]
+    """bench_bf16.py's builds that ran on the machine: AMX tiles, vdpbf16ps registers, generic."""
+    shapes = data["shapes"].values()
+    builds = [b for b in BF16_BUILDS if any(b in r["median_ms"] for r in shapes)]
+    fast = [b for b in builds if b != "bf16 generic"]
+    rows = [[label, _ms(r["median_ms"]["float32"]), *(_ms(r["median_ms"].get(b)) for b in builds),
+             *(_ratio(r["median_ms"]["float32"] / r["median_ms"][b]) if b in r["median_ms"] else "-" for b in fast),
+             *(_err(r["max_abs_error_vs_numpy"].get(b)) for b in fast)]
+            for label, r in data["shapes"].items()]
     return (f"{data['threads']} thread(s), {data['repeat']} interleaved rounds, medians; a dense layer with bias and "
-            "GELU (rows x K -> N); \"bf16 generic\" is the same bf16 kernel without AMX (bf16 weights, float32 "
-            "FMAs); the error is against numpy on the bf16-rounded operands:\n\n"
-            + table(["rows x K -> N", "float32 ms", "bf16 AMX ms", "bf16 generic ms", "float32 / bf16 AMX",
-                     "bf16 AMX max abs error"], rows))
+            "GELU (rows x K -> N); \"bf16 generic\" is the same bf16 kernel without AMX or AVX512_BF16 (bf16 "
+            "weights, float32 FMAs); the error is against numpy on the bf16-rounded operands:\n\n"
+            + table(["rows x K -> N", "float32 ms", *(f"{BF16_BUILDS[b]} ms" for b in builds),
+                     *(f"float32 / {BF16_BUILDS[b]}" for b in fast), *(f"{BF16_BUILDS[b]} max abs error" for b in fast)],
+                    rows))
 
 
 def render_compile_memory(data) -> str:

@@ -15,7 +15,7 @@ Usage (from the repository root)::
     .venv/bin/python scripts/zoo_report.py [--only NAME ...] [--repeat 20] [--timeout 900] [--precision bf16]
 
 ``--repeat 0`` skips the timings: compile, memory and coverage only. ``--precision bf16`` (a host
-with AMX-BF16) also times our bf16 build in the same rounds: its time, its ratio to our float32,
+with AVX512_BF16 or AMX-BF16) also times our bf16 build in the same rounds: its time, its ratio to our float32,
 its error against ONNX Runtime float32 and its bf16 kernel count, beside OpenVINO's default.
 """
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from tvm_fusion.commands import zoo  # noqa: E402
 from tvm_fusion.config import host_cpu_name, load_config  # noqa: E402
-from tvm_fusion.kernels.cpu_features import has_amx_bf16  # noqa: E402
+from tvm_fusion.kernels.cpu_features import has_bf16_kernels  # noqa: E402
 from tvm_fusion.report import write_json  # noqa: E402
 from isolated import run_in_worker  # noqa: E402  (scripts/isolated.py)
 
@@ -221,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per model (default 900)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "zoo.json"))
     parser.add_argument("--precision", choices=["float32", "bf16"], default="float32",
-                        help="bf16: also time our bf16 build (matmuls by constant weights on AMX-BF16) beside "
-                             "our float32 one; needs a host with AMX-BF16")
+                        help="bf16: also time our bf16 build (matmuls and convs by constant weights as bf16 kernels) beside "
+                             "our float32 one; needs a host with AVX512_BF16 or AMX-BF16")
     parser.add_argument("--note", help="a sentence the docs print under the table: how the run went (what else "
                         "shared the machine)")
     args = parser.parse_args(argv)
-    if args.precision == "bf16" and not has_amx_bf16(load_config().tvm_target()):
-        parser.error(f"--precision bf16 needs a host CPU with AMX-BF16 (amx-bf16); this one ({host_cpu_name()}) "
-                     "lacks it: the bf16 kernels are AMX tiles (docs/precision.md)")
+    if args.precision == "bf16" and not has_bf16_kernels(load_config().tvm_target()):
+        parser.error(f"--precision bf16 needs a host CPU with AVX512_BF16 or AMX-BF16; this one ({host_cpu_name()}) "
+                     "has neither (docs/precision.md)")
     models = zoo.load_manifest()
     names = args.only or list(models)
     unknown = [n for n in names if n not in models]

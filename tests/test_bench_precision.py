@@ -15,19 +15,19 @@ from tvm_fusion import api, cli
 from tvm_fusion.config import load_config
 from tvm_fusion.errors import ConfigError
 from tvm_fusion.frontend import onnx as onnx_frontend
-from tvm_fusion.kernels.cpu_features import has_amx_bf16
+from tvm_fusion.kernels.cpu_features import has_bf16_kernels
 from tvm_fusion.verify import reference_outputs
 
 MLP_SHAPE = "x:4x16"  # the shared mlp model's input (conftest.py)
-HOST_HAS_BF16 = has_amx_bf16(tvm.target.Target.from_device(tvm.cpu()))
-needs_bf16 = pytest.mark.skipif(not HOST_HAS_BF16, reason="the host CPU lacks AMX-BF16: no bf16 kernel runs here")
+HOST_HAS_BF16 = has_bf16_kernels(tvm.target.Target.from_device(tvm.cpu()))
+needs_bf16 = pytest.mark.skipif(not HOST_HAS_BF16, reason="the host CPU has neither AVX512_BF16 nor AMX-BF16: no bf16 kernel runs here")
 
 
 @pytest.fixture(scope="module")
 def bf16_bench(tmp_path_factory, mlp_path, config_factory):
     """One CLI ``bench --precision bf16`` of the MLP: (its table, its JSON)."""
     if not HOST_HAS_BF16:
-        pytest.skip("the host CPU lacks AMX-BF16: no bf16 kernel runs here")
+        pytest.skip("the host CPU has neither AVX512_BF16 nor AMX-BF16: no bf16 kernel runs here")
     out_json = tmp_path_factory.mktemp("bench_bf16") / "out.json"
     code = cli.main(["-q", "bench", str(mlp_path), "--config", str(config_factory()), "--input-shape", MLP_SHAPE,
                      "--precision", "bf16", "--repeat", "4", "--warmup", "1", "--no-stock", "--json", str(out_json)])
@@ -87,4 +87,4 @@ def test_bf16_for_a_target_without_amx_is_refused(capsys, tmp_path, mlp_path):
                      "--precision", "bf16", "--repeat", "1"])
     out, err = capsys.readouterr()
     assert code == ConfigError.exit_code == 2 and out == ""
-    assert err.splitlines()[0].startswith("tvm-fusion: error: --precision: precision bf16 needs the AMX-BF16")
+    assert err.splitlines()[0].startswith("tvm-fusion: error: --precision: precision bf16 needs AVX512_BF16")

@@ -68,8 +68,8 @@ def wrong_fusion(monkeypatch, tmp_path):
     monkeypatch.setitem(pattern_registry(), AddRelu.name, AddRelu())
     lowering = pipeline.lowering_passes
 
-    def corrupting(fast_math=True, winograd=True, bf16=None, bf16_declined=frozenset()):
-        return [corrupt_add_relu, *lowering(fast_math, winograd, bf16, bf16_declined)]
+    def corrupting(*args):
+        return [corrupt_add_relu, *lowering(*args)]
 
     # The gate lowers through the pipeline's phases, compile through the session's lowered stage.
     monkeypatch.setattr(pipeline, "lowering_passes", corrupting)
@@ -121,8 +121,8 @@ def test_calls_of_one_kernel_on_the_same_constants_are_checked_once_and_undone_t
     monkeypatch.setitem(pattern_registry(), AddRelu.name, AddRelu())
     lowering = pipeline.lowering_passes
 
-    def corrupting(fast_math=True, winograd=True, bf16=None, bf16_declined=frozenset()):
-        return [corrupt_add_relu_always, *lowering(fast_math, winograd, bf16, bf16_declined)]
+    def corrupting(*args):
+        return [corrupt_add_relu_always, *lowering(*args)]
 
     monkeypatch.setattr(pipeline, "lowering_passes", corrupting)
     monkeypatch.setattr(session, "lowering_passes", corrupting)

@@ -5,7 +5,7 @@ import json
 
 from tvm_fusion import machine_peak as mp
 from tvm_fusion.api import resolve_config
-from tvm_fusion.kernels.cpu_features import has_amx_bf16, has_amx_int8, has_vnni
+from tvm_fusion.kernels.cpu_features import has_amx_bf16, has_amx_int8, has_avx512_bf16, has_vnni
 from tvm_fusion.targets.amx import request_amx_permission
 
 
@@ -19,10 +19,11 @@ def test_probed_once_then_read_from_disk_then_from_memory(tmp_path, monkeypatch,
     monkeypatch.setattr(mp, "probe_amx_bf16", lambda cfg: probes.append("amx") or 900.0)
     monkeypatch.setattr(mp, "probe_amx_int8", lambda cfg: probes.append("amx int8") or 1800.0)
     monkeypatch.setattr(mp, "probe_vnni_int8", lambda cfg: probes.append("vnni") or 400.0)
+    monkeypatch.setattr(mp, "probe_avx512_bf16", lambda cfg: probes.append("avx512 bf16") or 450.0)
     cfg = resolve_config(config_path())
 
     first = mp.machine_peak(cfg)
-    # AMX-INT8 there: no VNNI probe, its roof would never be used
+    # AMX there: no VNNI nor AVX512_BF16 probe, their roofs would never be used
     assert sorted(probes) == ["amx", "amx int8", "fma", "l2", "triad"] and first.ridge == 10.0
     assert (first.amx_bf16_gflops, first.amx_int8_gops, first.vnni_int8_gops) == (900.0, 1800.0, None)
     cached = json.loads((tmp_path / "tvm_fusion" / f"peak-{first.target_key}.v{mp.PROBE_VERSION}.json").read_text())
@@ -47,6 +48,19 @@ def test_without_amx_int8_the_vnni_peak_is_probed_instead(tmp_path, monkeypatch,
     assert peak.compute_roof("int8") == ("AVX512-VNNI", 400.0)
 
 
+def test_without_amx_bf16_the_avx512_bf16_peak_is_probed_instead(tmp_path, monkeypatch, config_path):
+    """Zen 4: bf16 kernels are vdpbf16ps register tiles, set against that instruction's peak."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(mp, "_IN_PROCESS", {})
+    for name, value in (("fma", 100.0), ("triad", 10.0), ("l2", 40.0), ("amx_bf16", None), ("amx_int8", None),
+                        ("vnni_int8", 400.0), ("avx512_bf16", 190.0)):
+        monkeypatch.setattr(mp, f"probe_{name}", lambda _cfg, value=value: value)
+    peak = mp.machine_peak(resolve_config(config_path()))
+    assert (peak.amx_bf16_gflops, peak.avx512_bf16_gflops) == (None, 190.0)
+    assert peak.compute_roof("bf16") == ("AVX512_BF16", 190.0) and peak.compute_roof("float32") == ("FMA", 100.0)
+    assert "190 GFLOP/s AVX512_BF16" in peak.dot_product_roofs()
+
+
 def test_a_probe_taken_on_a_busy_machine_is_raised_by_a_later_one(tmp_path, monkeypatch, config_path):
     """The cache keeps the best FMA probe: one taken while a test run shared the cores (256)
     gives way to an idle one (465); a slower later probe changes nothing."""
@@ -60,9 +74,27 @@ def test_a_probe_taken_on_a_busy_machine_is_raised_by_a_later_one(tmp_path, monk
         monkeypatch.setattr(mp, "probe_amx_bf16", lambda _cfg: None)
         monkeypatch.setattr(mp, "probe_amx_int8", lambda _cfg: None)
         monkeypatch.setattr(mp, "probe_vnni_int8", lambda _cfg: None)
+        monkeypatch.setattr(mp, "probe_avx512_bf16", lambda _cfg: None)
         assert mp.machine_peak(cfg).gflops == expected
     cached = json.loads(next((tmp_path / "tvm_fusion").glob("peak-*.json")).read_text())
     assert cached["gflops"] == 465.0 and cached["gbytes_per_s"] == 19.0
+
+
+def test_a_much_faster_fma_probe_takes_the_register_dot_probes_again(tmp_path, monkeypatch, config_path):
+    """The vdpbf16ps and vpdpbusd peaks cached on a slow host (half speed) rise with the FMA
+    peak; each keeps the best of its probes, and a slightly faster FMA probe leaves them."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = resolve_config(config_path())
+    dots = {"avx512_bf16": [230.0, 460.0, 300.0], "vnni_int8": [470.0, 930.0, 600.0]}
+    for fma, expected in ((127.0, (230.0, 470.0)), (255.0, (460.0, 930.0)), (270.0, (460.0, 930.0))):
+        monkeypatch.setattr(mp, "_IN_PROCESS", {})  # each a new process
+        for name, value in (("fma", fma), ("triad", 19.0), ("l2", 80.0), ("amx_bf16", None), ("amx_int8", None)):
+            monkeypatch.setattr(mp, f"probe_{name}", lambda _cfg, value=value: value)
+        for name, values in dots.items():
+            monkeypatch.setattr(mp, f"probe_{name}", lambda _cfg, values=values: values.pop(0))
+        peak = mp.machine_peak(cfg)
+        assert (peak.gflops, (peak.avx512_bf16_gflops, peak.vnni_int8_gops)) == (fma, expected)
+    assert dots == {"avx512_bf16": [300.0], "vnni_int8": [600.0]}  # 270 is not 10 % above 255: no probe
 
 
 def test_l2_probe_outruns_dram_and_stays_under_the_fma_peak(config_path):
@@ -114,6 +146,20 @@ def test_vnni_probe_is_near_four_fmas_where_the_target_has_it(config_path):
         assert vnni is None
     haswell = dataclasses.replace(cfg, target={"kind": "llvm", "mcpu": "haswell"})
     assert mp.probe_vnni_int8(haswell) is None
+
+
+def test_avx512_bf16_probe_is_near_two_fmas_where_the_target_has_it(config_path):
+    """A 512-bit vdpbf16ps sums 32 bf16 products (64 FLOPs) where an FMA does 32: up to 2x the
+    FMA peak where it issues on as many ports (1.8x on Zen 4), about 1x where it has half of
+    them. None without AVX512_BF16 (Zen 3)."""
+    cfg = resolve_config(config_path())
+    bf16 = mp.probe_avx512_bf16(cfg)
+    if has_avx512_bf16(cfg.tvm_target()):
+        assert 0.7 * mp.probe_fma(cfg) < bf16 < 2.5 * mp.probe_fma(cfg)
+    else:
+        assert bf16 is None
+    zen3 = dataclasses.replace(cfg, target={"kind": "llvm", "mcpu": "znver3"})
+    assert mp.probe_avx512_bf16(zen3) is None
 
 
 def test_l2_size_is_read_from_the_os_or_a_default(monkeypatch, tmp_path):

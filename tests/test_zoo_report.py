@@ -108,9 +108,9 @@ def test_the_table_has_a_bf16_column_only_for_a_bf16_run(zoo_report):
     assert "bf16" not in zoo_report.markdown([row(model="mlp", exporter="torch", max_abs_error=1e-6)])
 
 
-def test_bf16_is_refused_on_a_host_without_amx_bf16(zoo_report, monkeypatch, capsys):
-    monkeypatch.setattr(zoo_report, "has_amx_bf16", lambda target: False)
+def test_bf16_is_refused_on_a_host_without_bf16_kernels(zoo_report, monkeypatch, capsys):
+    monkeypatch.setattr(zoo_report, "has_bf16_kernels", lambda target: False)
     with pytest.raises(SystemExit) as info:
         zoo_report.main(["--precision", "bf16", "--only", "minilm-l6"])
     assert info.value.code == 2
-    assert "--precision bf16 needs a host CPU with AMX-BF16 (amx-bf16)" in capsys.readouterr().err
+    assert "--precision bf16 needs a host CPU with AVX512_BF16 or AMX-BF16" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from .accuracy.bf16_gate import Bf16Tolerance
 from .buckets import parse_bucket
 from .errors import ConfigError, ShapeError
 from .frontend.dims import parse_range
-from .kernels.cpu_features import has_amx_bf16
+from .kernels.cpu_features import has_bf16_kernels
 from .patterns import registered_patterns
 
 DEFAULT_CONFIG = bundled.config_dir() / f"{bundled.DEFAULT_CONFIG_NAME}.toml"
@@ -107,8 +107,8 @@ class PipelineConfig:
 
     def bf16_kernels(self) -> bool:
         """Whether the pipeline builds bf16 kernels: at ``bf16`` (checked against the target by
-        ``check_precision``), and at ``auto`` where the target has AMX-BF16 (the bf16 kernel's tiles)."""
-        return self.precision == "bf16" or (self.precision == "auto" and has_amx_bf16(self.tvm_target()))
+        ``check_precision``), and at ``auto`` where the target has them (``has_bf16_kernels``)."""
+        return self.precision == "bf16" or (self.precision == "auto" and has_bf16_kernels(self.tvm_target()))
 
 
 def host_cpu_name() -> str:
@@ -339,11 +339,11 @@ def check_precision(config: PipelineConfig, source: str) -> None:
     if target.kind.name != "llvm":
         raise ConfigError(f"{source}: precision bf16 is for CPU targets; target {config.name} is {target.kind.name}",
                           'use precision "float32" (or "auto") for a GPU target')
-    if not has_amx_bf16(target):
-        raise ConfigError(f"{source}: precision bf16 needs the AMX-BF16 ISA (amx-bf16), which target "
-                          f"{config.name} (mcpu {config.target.get('mcpu') or 'generic'}) lacks",
-                          'use precision "float32" or "auto", or a CPU with AMX (mcpu "sapphirerapids", "emeraldrapids"); '
-                          'AVX512_BF16 alone (Zen 4) has no bf16 kernel: see docs/precision.md')
+    if not has_bf16_kernels(target):
+        raise ConfigError(f"{source}: precision bf16 needs AVX512_BF16 (avx512bf16) or AMX-BF16 (amx-bf16), which "
+                          f"target {config.name} (mcpu {config.target.get('mcpu') or 'generic'}) lacks",
+                          'use precision "float32" or "auto", or a CPU with bf16 dot products (mcpu "znver4", '
+                          '"sapphirerapids", "emeraldrapids"); see docs/precision.md')
 
 
 def _parse_patterns(pipeline: dict[str, Any], known: list[str], fail) -> list[str]:

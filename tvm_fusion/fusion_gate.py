@@ -31,7 +31,7 @@ from tvm import relax
 
 from .config import PipelineConfig
 from .frontend.dims import DimRange, evaluate_dim
-from .passes.pipeline import legalize_map
+from .passes.pipeline import is_cpu, legalize_map
 from .patterns.base import PatternInstance, PatternReport
 
 _NODE_NAME = re.compile(r"^onnx(\d+)(?:_(\d+))?$")
@@ -108,7 +108,8 @@ def check_fusions(module, report: PatternReport, config: PipelineConfig,
     fused = relax.transform.Normalize()(fused)
     fused = lower_and_schedule(fused, config)
     # The direct conv is the reference a Winograd conv is checked against.
-    reference = relax.transform.LegalizeOps(legalize_map(config.fast_math, winograd=False))(reference)
+    legalize = legalize_map(config.fast_math, winograd=False, cpu=is_cpu(config))
+    reference = relax.transform.LegalizeOps(legalize)(reference)
     target = config.tvm_target()
     fused_vm = relax.VirtualMachine(tvm.compile(fused, target=target), tvm.cpu())
     reference_vm = relax.VirtualMachine(tvm.compile(reference, target=target), tvm.cpu())

@@ -31,7 +31,7 @@ from .frontend.dims import ranges_of
 from .frontend.integer_matmul import integer_kernels_enabled
 from .fusion_gate import GateReport
 from .passes import GRAPH_PHASES, fusion_pipeline, stock_fusion_pipeline
-from .passes.pipeline import bf16_target, graph_phases_key, lowering_passes, weight_passes
+from .passes.pipeline import bf16_target, graph_phases_key, is_cpu, lowering_passes, weight_passes
 from .patterns import PatternReport
 from .preparation import PreparedModel, Progress, ShapeArg, prepare, prepare_at, quiet, resolve_config
 from .provenance import onnx_nodes_of
@@ -168,9 +168,10 @@ class ModelSession:
     def lowered(self, fused: Fused, config: PipelineConfig) -> Lowered:
         """LegalizeOps and TVM's fusion of what our patterns left: one PrimFunc per kernel."""
         bf16 = bf16_target(config)  # in the key as a target: the bf16 kernel may differ per CPU
-        key = (id(fused.module), config.fast_math, config.winograd, str(bf16), config.bf16_declined)
+        cpu = is_cpu(config)
+        key = (id(fused.module), config.fast_math, config.winograd, str(bf16), config.bf16_declined, cpu)
         if key not in self._lowered:
-            passes = lowering_passes(config.fast_math, config.winograd, bf16, frozenset(config.bf16_declined))
+            passes = lowering_passes(config.fast_math, config.winograd, bf16, frozenset(config.bf16_declined), cpu)
             split = [p.info.name for p in passes].index("FuseTIR")
             grouped = tvm.transform.Sequential(passes[:split])(fused.module)
             patterns, bindings = kernel_groups(grouped)

@@ -50,12 +50,12 @@ def test_activation_rounding_matches_ml_dtypes():
     assert got.numpy()[0, -1] == 0  # the padding
 
 
-def bf16_matmul_module(shape: tuple, weight: np.ndarray) -> tvm.IRModule:
+def bf16_matmul_module(shape: tuple, weight: np.ndarray, row_multiple: int = 1) -> tvm.IRModule:
     data = relax.Var("x", relax.TensorType(shape, "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [data]):
         with bb.dataflow():
-            out = bb.emit_output(emit_bf16_matmul(bb, data, weight))
+            out = bb.emit_output(emit_bf16_matmul(bb, data, weight, row_multiple=row_multiple))
         bb.emit_func_output(out)
     return tvm.transform.Sequential(lowering_passes())(bb.get())
 
@@ -76,6 +76,23 @@ def test_kernel_as_written_matches_the_bf16_reference(shape, n):
     ra, rw = (v.astype(ml_dtypes.bfloat16).astype(np.float64) for v in (x, weight))
     assert got.shape == (*shape[:-1], n)
     assert np.all(np.abs(got - ra @ rw) <= shape[-1] * 2.0**-24 * (np.abs(ra) @ np.abs(rw)))
+
+
+@pytest.mark.parametrize("shape, padded", [((197, 40), 200), ((2, 7, 40), 16), ((5, 40), 8), ((8, 40), None),
+                                           ((3, 40), None), ((40,), None)])
+def test_rows_are_padded_to_the_register_tiles_multiple(shape, padded):
+    """With ``row_multiple`` 4 (vdpbf16ps tiles): 197 rows are 200 in the kernel (tiles of 4, not
+    197 tiles of 1), a batch of 2 x 7 is 16, 5 is 8; a multiple of 4, at most 4 rows, and rank-1
+    data are not padded. The padding rows are sliced off: the outputs equal the unpadded kernel's."""
+    rng = np.random.default_rng(4)
+    weight = rng.standard_normal((shape[-1], 20)).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    mod = bf16_matmul_module(shape, weight, row_multiple=4)
+    (kernel,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "bf16_activation" in f.script()]
+    activation = next(buf for buf in kernel.body.block.alloc_buffers if buf.name == "bf16_activation")
+    assert int(activation.shape[0]) == (padded or int(np.prod(shape[:-1])))
+    run = lambda m: relax.VirtualMachine(tvm.compile(m, target=HOST), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(run(mod), run(bf16_matmul_module(shape, weight)))
 
 
 def test_declines_with_a_reason():

@@ -1,7 +1,7 @@
 """Bf16Matmuls: matmuls by constant float32 weights become bf16 kernels (frontend/bf16_matmul.py)
-on an AMX-BF16 target, at the top level and inside our patterns' composites, and the module is
+on a target with AMX-BF16 or AVX512_BF16, at the top level and inside our patterns' composites, and the module is
 left as it was for a weight that is not a constant, a non-float32 product, a symbolic row
-count, a parameter read elsewhere too, a target without AMX-BF16 (or none), and a matmul the
+count, a parameter read elsewhere too, a target with neither (or none), and a matmul the
 per-kernel bf16 gate declined (named by its binding)."""
 
 import ml_dtypes
@@ -20,6 +20,7 @@ from tvm.script import relax as R
 from tvm_fusion.config import load_config
 from tvm_fusion.frontend.bf16_matmul import pack_weight
 from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls, bf16_candidates
+from tvm_fusion.passes.blocked_layout_legalize import winograd_tile_of
 from tvm_fusion.passes.pipeline import GRAPH_PHASES, fusion_pipeline, lowering_passes
 from tvm_fusion.patterns import PatternReport
 
@@ -134,11 +135,30 @@ def test_must_not_rewrite_other_operands(before):
     tvm.ir.assert_structural_equal(Bf16Matmuls(AMX)(before), before)
 
 
-@pytest.mark.parametrize("mcpu", ["znver4", "cooperlake", "skylake-avx512", "znver3"])
-def test_must_not_rewrite_for_a_target_without_amx_bf16(mcpu):
-    """AVX512_BF16 alone (znver4, cooperlake) is not enough: no kernel there beats float32."""
+@pytest.mark.parametrize("mcpu", ["skylake-avx512", "znver3"])
+def test_must_not_rewrite_for_a_target_without_bf16_dot_products(mcpu):
+    """Neither AMX-BF16 nor AVX512_BF16: the kernel would run as float32 FMAs on widened bf16."""
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     assert Bf16Matmuls(target)(Dense).same_as(Dense)
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "cooperlake"])
+def test_avx512_bf16_without_amx_rewrites_as_amx_does(mcpu):
+    """The same kernel: Bf16MatmulAvx512 puts it on vdpbf16ps registers, not tiles."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    tvm.ir.assert_structural_equal(Bf16Matmuls(target)(Dense), Bf16Matmuls(AMX)(Dense))
+
+
+def test_without_amx_rows_are_padded_to_the_register_tiles():
+    """2 x 3 rows are 6, padded to 8 for vdpbf16ps tiles of 4 rows (AMX tiles take any count);
+    the outputs are the bf16 product all the same."""
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    slices = lambda mod: [c for c in op_calls(mod) if c.op.name == "relax.strided_slice"]
+    padded, tiles = Bf16Matmuls(zen4)(TransposedDense), Bf16Matmuls(AMX)(TransposedDense)
+    axes = lambda mod: [[int(a) for a in c.args[1]] for c in slices(mod)]
+    assert axes(padded) == [[0, 1]] and axes(tiles) == [[1]]  # N 20 is sliced from 32 in both
+    x = np.random.default_rng(1).standard_normal((2, 3, 24)).astype(np.float32)
+    np.testing.assert_array_equal(run(padded, x), run(tiles, x))
 
 
 def test_must_not_rewrite_without_a_target():
@@ -238,7 +258,7 @@ def test_a_composite_called_for_several_layers_takes_each_calls_own_packed_weigh
     first = (bf16(x) @ bf16(WEIGHT[:20])).astype(np.float32)
     expected = bf16(first) @ bf16(SECOND)
     np.testing.assert_allclose(run(after, x), expected, rtol=1e-4, atol=1e-4)
-    candidates = bf16_candidates(SharedComposite)
+    candidates = bf16_candidates(SharedComposite, AMX)
     assert len(candidates) == 2 and {c.weight.tobytes() for c in candidates} == {WEIGHT[:20].tobytes(), SECOND.tobytes()}
 
 
@@ -295,10 +315,10 @@ def test_declining_every_matmul_leaves_the_module_as_it_was():
 def test_the_candidates_are_what_the_pass_rewrites_with_their_activations():
     """A top-level matmul reads a variable of main; one in a composite reads the composite's
     parameter, given as its argument at the one call. Listing them changes nothing."""
-    assert [(c.name, c.activation.name) for c in bf16_candidates(TwoMatmuls)] == [("kept", "x"), ("taken", "x")]
-    np.testing.assert_array_equal(bf16_candidates(TwoMatmuls)[1].weight, OTHER)
+    assert [(c.name, c.activation.name) for c in bf16_candidates(TwoMatmuls, AMX)] == [("kept", "x"), ("taken", "x")]
+    np.testing.assert_array_equal(bf16_candidates(TwoMatmuls, AMX)[1].weight, OTHER)
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(mlp_model()))
-    candidates = bf16_candidates(fused)
+    candidates = bf16_candidates(fused, AMX)
     assert len(candidates) == 2 and all(isinstance(c.activation, relax.Var) for c in candidates)
     assert {c.weight.shape for c in candidates} == {(16, 32), (32, 48)}  # the Gemm's transB=1 weight as [K, N]
     main_params = {p.name for p in fused["main"].params}
@@ -307,7 +327,7 @@ def test_the_candidates_are_what_the_pass_rewrites_with_their_activations():
 
 def test_a_matmul_in_a_composite_is_declined_by_its_binding_name():
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(mlp_model()))
-    inside = next(c.name for c in bf16_candidates(fused) if c.weight.shape == (16, 32))
+    inside = next(c.name for c in bf16_candidates(fused, AMX) if c.weight.shape == (16, 32))
     after = Bf16Matmuls(AMX, frozenset({inside}))(fused)
     assert len(kernel_weights(after)) == 1  # the Gemm's
     (composite,) = [f for _, f in after.functions_items()
@@ -336,7 +356,7 @@ class ActivationInside:
 
 
 def test_a_candidate_whose_composite_computes_its_activation_has_none_to_judge_on():
-    (candidate,) = bf16_candidates(ActivationInside)
+    (candidate,) = bf16_candidates(ActivationInside, AMX)
     assert candidate.name == "gv" and candidate.activation is None
     assert len(kernel_weights(Bf16Matmuls(AMX)(ActivationInside))) == 1  # still rewritten: the outputs' gate judges it
 
@@ -379,7 +399,7 @@ def test_dense_convs_become_bf16_kernels_and_the_stem_and_depthwise_stay_float32
     (stem,) = [call for call in remaining if int(call.attrs.groups) == 1]
     assert int(stem.args[0].ty.shape.values[1]) == 3
     assert len(kernel_weights(after)) == 2
-    candidates = bf16_candidates(fused)
+    candidates = bf16_candidates(fused, AMX)
     assert len(candidates) == 2 and all(c.conv is not None for c in candidates)
     x = np.random.default_rng(9).standard_normal((1, 3, HEIGHT, WIDTH)).astype(np.float32)
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"X": x})[0]
@@ -394,7 +414,7 @@ def test_must_not_take_convs_too_small_for_tiles_to_pay():
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(cnn_model(8, 8)))
     after = Bf16Matmuls(AMX)(fused)
     assert sorted(int(call.attrs.groups) for call in conv_calls(after)) == [1, 1, 1, 32]
-    assert not bf16_candidates(fused)
+    assert not bf16_candidates(fused, AMX)
 
 
 def test_a_conv_candidates_rows_times_its_weight_is_its_conv():
@@ -402,7 +422,7 @@ def test_a_conv_candidates_rows_times_its_weight_is_its_conv():
     ``[K, Co]`` weight are the conv's output pixels (here the first dense conv, on the stem's output)."""
     model = cnn_model()
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(model))
-    first = bf16_candidates(fused)[0]
+    first = bf16_candidates(fused, AMX)[0]
     stem_out = np.random.default_rng(10).standard_normal((1, 16, HEIGHT, WIDTH)).astype(np.float32)
     weight = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "W1"))
     node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
@@ -414,3 +434,16 @@ def test_a_conv_candidates_rows_times_its_weight_is_its_conv():
     activation = stem_out.reshape(1, 1, 16, HEIGHT, WIDTH).transpose(0, 1, 3, 4, 2)  # NCHW16c, as the conv reads it
     got = first.rows(activation) @ first.weight
     np.testing.assert_allclose(got.reshape(HEIGHT, WIDTH, 32).transpose(2, 0, 1)[None], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_without_amx_a_conv_that_float32_runs_by_winograd_stays_float32():
+    """On vdpbf16ps registers (Zen 4) a direct bf16 3x3 conv does 2.25-4x Winograd's
+    multiply-adds at under twice the FMAs' peak: the two 3x3 convs stay float32 unless the
+    config turns Winograd off; on AMX tiles they take the bf16 kernel either way."""
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(cnn_model()))
+    assert len([call for call in conv_calls(fused) if winograd_tile_of(call)]) == 2  # not the stem nor the depthwise
+    assert Bf16Matmuls(zen4)(fused).same_as(fused) and not bf16_candidates(fused, zen4)
+    assert len(kernel_weights(Bf16Matmuls(zen4, winograd=False)(fused))) == 2
+    assert len(bf16_candidates(fused, zen4, winograd=False)) == 2
+    assert len(kernel_weights(Bf16Matmuls(AMX)(fused))) == 2

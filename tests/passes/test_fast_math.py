@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, s_tir
+from tvm.s_tir.dlight.analysis import get_root_block
 
 from tvm_fusion.passes.fast_math import fast_math_legalize_map
 
@@ -52,3 +53,41 @@ def test_other_dtypes_keep_the_default_legalization():
     mod = single_op_module(relax.op.erf, "float64")
     fast = relax.transform.LegalizeOps(fast_math_legalize_map())(mod)
     tvm.ir.assert_structural_equal(fast, relax.transform.LegalizeOps()(mod))
+
+
+def softmax_module(shape, axis=-1):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=axis))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def reduction_extents(mod) -> list[int]:
+    """The reduction extents of the softmax kernel's blocks (its max's and its sum's)."""
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    sch = s_tir.Schedule(func)
+    stmts = [sch.get(block) for block in sch.get_child_blocks(get_root_block(sch))]
+    return [int(iv.dom.extent) for stmt in stmts for iv in stmt.iter_vars
+            if iv.iter_type == tvm.tirx.IterVar.CommReduce]
+
+
+@pytest.mark.parametrize("width", [65, 2053, 18385])
+def test_a_row_16_does_not_divide_is_reduced_over_its_padding(width):
+    """The CTC head of PP-OCRv5 (18385 classes), a prime row: max and sum over the row padded
+    to 16, the padding the reductions' identity; the values are softmax's."""
+    mod = softmax_module((3, width))
+    fast = relax.transform.LegalizeOps(fast_math_legalize_map())(mod)
+    assert reduction_extents(fast) == [-(-width // 16) * 16] * 2
+    x = np.random.default_rng(0).standard_normal((3, width)).astype("float32") * 4
+    x[1, -1] = 30.0  # the row's max is its last element, next to the padding
+    exact = run(relax.transform.LegalizeOps()(mod), x)
+    np.testing.assert_allclose(run(fast, x), exact, rtol=5e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("shape, axis", [((3, 64), -1), ((3, 96), -1), ((3, 2048), 1), ((75, 3), 0), ((4, 75, 3), 1)])
+def test_must_not_pad_a_row_16_divides_a_short_row_or_another_axis(shape, axis):
+    fast = relax.transform.LegalizeOps(fast_math_legalize_map())(softmax_module(shape, axis))
+    assert reduction_extents(fast) == [shape[axis]] * 2

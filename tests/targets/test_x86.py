@@ -136,4 +136,7 @@ def test_a_vnni_target_requires_vnni_of_the_machine_that_runs_it():
 
     assert "avx512_vnni" in platform_of({"kind": "llvm", "mcpu": "sapphirerapids"}).cpu_flags
     assert "avx512_vnni" not in platform_of({"kind": "llvm", "mcpu": "skylake-avx512"}).cpu_flags
+    # the bf16 kernels of a CPU without AMX run vdpbf16ps
+    assert "avx512_bf16" in platform_of({"kind": "llvm", "mcpu": "znver4"}).cpu_flags
+    assert "avx512_bf16" not in platform_of({"kind": "llvm", "mcpu": "icelake-server"}).cpu_flags
     assert "avx512_vnni" not in platform_of({"kind": "llvm", "mcpu": "znver1"}).cpu_flags

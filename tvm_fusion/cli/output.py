@@ -185,7 +185,7 @@ def print_bench(result) -> None:
     print("x ONNX Runtime: ratio of medians; errors: against ONNX Runtime float32 on the same inputs, "
           "the worst output's")
     if "tvm_fusion_bf16" in result.samples_ms:
-        print(f"tvm_fusion_bf16: {len(result.bf16_kernels)} kernels sum bf16 products (AMX-BF16; "
+        print(f"tvm_fusion_bf16: {len(result.bf16_kernels)} kernels sum bf16 products (AMX-BF16 or AVX512_BF16; "
               "float32 sums), the rest compute in float32; tvm_fusion: all float32")
     if result.peer_precision:
         pinned = dict(OPENVINO_ROWS)

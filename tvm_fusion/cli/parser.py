@@ -77,7 +77,7 @@ def _shape_args(parser: argparse.ArgumentParser, several_configs: bool = False) 
 
 def _precision_arg(parser: argparse.ArgumentParser, int8: bool = False) -> None:
     parser.add_argument("--precision", choices=["float32", "bf16", "auto", *(["int8"] if int8 else [])],
-                        help="what matmuls and convs compute in: bf16 (CPUs with AMX-BF16; float32 sums, "
+                        help="what matmuls and convs compute in: bf16 (CPUs with AMX-BF16 or AVX512_BF16; float32 sums, "
                              "accuracy-gated against ONNX Runtime float32) or auto (bf16 where the CPU has it and "
                              "the gate holds)" + ("; int8: ONNX Runtime's quantize_static makes an int8 QDQ model "
                                                   "first (see --calibration), and that is compiled" if int8 else "")

@@ -88,7 +88,7 @@ def bench_model(model_path: str | Path, config=None, input_shapes: ShapeArg = No
     ``model_path`` may be an artifact directory written by ``compile``: then its own library is
     timed as ``tvm_fusion``, beside the model it was built from, with the config and input shapes
     it was built with (passing them is an error). ``precision`` (``--precision``) replaces the
-    config's; where it builds bf16 kernels (bf16, or auto on AMX-BF16), the model is timed at
+    config's; where it builds bf16 kernels (bf16, or auto on AMX-BF16 or AVX512_BF16), the model is timed at
     float32 (``tvm_fusion``) and at bf16 (``tvm_fusion_bf16``) in the same rounds.
     """
     peers = check_peers(peers)  # a missing package fails now, not after the builds

@@ -61,7 +61,7 @@ def judge_bf16_kernels(session: ModelSession, prepared: PreparedModel, cfg: Pipe
     names each declined matmul, and counts those it could not judge."""
     if ranges_of(prepared.inputs):
         return Bf16KernelGate()  # the symbolic graph has no candidate (its rows are not static)
-    candidates = bf16_candidates(fused.module)
+    candidates = bf16_candidates(fused.module, cfg.tvm_target(), cfg.winograd)
     gate = Bf16KernelGate(unjudged=[c.name for c in candidates if c.activation is None])
     candidates = [c for c in candidates if c.activation is not None]
     arguments = [tvm.runtime.tensor(np.require(value, requirements="C")) for value in inputs.values()]

@@ -12,12 +12,13 @@ Both operands are uint16 tensors of bf16 bits, not TVM's ``bfloat16``: TVM 0.27'
 BF16ComputeLegalize widens every bfloat16 buffer a kernel allocates to float32 (the prologue's
 output would then not be bf16 in memory, which AMX tiles read), and its LLVM backend cannot
 form a bfloat vector (it crashes compiling one). Bits are exact and make the rounding
-explicit (``bf16_bits``, ``bf16_value``). The same two limits keep AVX512_BF16's ``vdpbf16ps``
-(whose operands are bfloat vectors) out of reach: only AMX tiles, which read memory, compute
-the kernel fast. Where no tile rule takes it, it runs as written, each bf16 widened to float32
-by a shift, under the generic rules: far slower than the float32 kernels
-(``benchmarks/bench_bf16.py``), which is why ``passes/bf16_matmuls.py`` emits it only for
-AMX-BF16 targets.
+explicit (``bf16_bits``, ``bf16_value``). AMX tiles read them from memory
+(``schedules/cpu/bf16_matmul_amx.py``); AVX512_BF16's ``vdpbf16ps`` takes them as 32-bit pairs
+through a few lines of imported LLVM IR (``kernels/avx512_bf16.py``,
+``schedules/cpu/bf16_matmul_avx512.py``). Where neither rule takes it, it runs as written, each
+bf16 widened to float32 by a shift, under the generic rules: far slower than the float32
+kernels (``benchmarks/bench_bf16.py``), which is why ``passes/bf16_matmuls.py`` emits it only
+for targets with one of the two.
 """
 
 from __future__ import annotations
@@ -61,17 +62,23 @@ def bf16_value(bits: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     return tvm.tirx.reinterpret("float32", bits.astype("uint32") << 16)
 
 
-def activation_te(data: te.Tensor, depth: int) -> te.Tensor:
-    """``data`` rounded to bf16 (its bits), zero-padded along the last axis to ``depth`` (the
-    read is clamped inside ``data``, so the padding is a ``Select`` that vectorizes)."""
+def activation_te(data: te.Tensor, depth: int, rows: int | None = None) -> te.Tensor:
+    """``data`` rounded to bf16 (its bits), zero-padded along the last axis to ``depth`` and,
+    with ``rows``, a 2-D ``data`` along its first to ``rows`` (the reads are clamped inside
+    ``data``, so the padding is a ``Select`` that vectorizes)."""
     real = data.shape[-1]
+    shape = (*data.shape[:-1], depth) if rows is None else (rows, depth)
 
     def compute(*index):
         inside = index[-1] < real
-        value = data[(*index[:-1], tvm.tirx.min(index[-1], real - 1))]
+        row = index[:-1]
+        if rows is not None:
+            inside = tvm.tirx.all(inside, index[0] < data.shape[0])
+            row = (tvm.tirx.min(index[0], data.shape[0] - 1),)
+        value = data[(*row, tvm.tirx.min(index[-1], real - 1))]
         return tvm.tirx.Select(inside, bf16_bits(value), tvm.tirx.const(0, "uint16"))
 
-    return te.compute((*data.shape[:-1], depth), compute, name=PROLOGUE_NAME)
+    return te.compute(shape, compute, name=PROLOGUE_NAME)
 
 
 def sum_te(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
@@ -88,21 +95,24 @@ def sum_te(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
     return te.compute((*data.shape[:-1], columns), compute, name=KERNEL_NAME)
 
 
-def kernel_te(data: te.Tensor, packed: te.Tensor, depth: int) -> te.Tensor:
-    """The activation's rounding (padded to ``depth``) and the sum, in one kernel: a cast
-    kernel of its own would write the bf16 activation to memory and read it back."""
-    return sum_te(activation_te(data, depth), packed)
+def kernel_te(data: te.Tensor, packed: te.Tensor, depth: int, rows: int | None = None) -> te.Tensor:
+    """The activation's rounding (padded to ``depth``, and to ``rows`` rows) and the sum, in one
+    kernel: a cast kernel of its own would write the bf16 activation to memory and read it back."""
+    return sum_te(activation_te(data, depth, rows), packed)
 
 
 def emit_bf16_matmul(bb: relax.BlockBuilder, data: relax.Expr, weight: np.ndarray,
-                     packed: relax.Expr | None = None, name: str = "") -> relax.Expr:
+                     packed: relax.Expr | None = None, name: str = "", row_multiple: int = 1) -> relax.Expr:
     """``data @ weight`` with bf16 operands and a float32 sum, shaped like ``data`` with its
     last axis N: ``data`` float32 of rank >= 1 with a static last axis K, ``weight`` the
     constant ``[K, N]`` (``bf16_matmul_applies``); ``packed`` what holds ``pack_weight(weight)``
     (a composite function's parameter: no constant may be inside one), default a constant;
     ``name`` the kernel call's binding (the matmul's, so that its kernel traces back to its node).
     Static leading axes are merged into one row axis: the tiles then see all rows at once (a
-    batch of 197-row items is 394 rows, not two prime row counts)."""
+    batch of 197-row items is 394 rows, not two prime row counts). With ``row_multiple`` (the
+    register tiles' rows), a static row count past it that it does not divide is padded to its
+    multiple in the kernel (197 rows: 50 tiles of 4, not 197 tiles of 1), the padding rows
+    sliced off."""
     depth, columns = weight.shape
     *leading, _ = data.ty.shape.values
     rows = data
@@ -110,10 +120,17 @@ def emit_bf16_matmul(bb: relax.BlockBuilder, data: relax.Expr, weight: np.ndarra
         rows = bb.emit(R.reshape(data, [int(np.prod([int(d) for d in leading])), depth]))
     if packed is None:
         packed = relax.const(tvm.runtime.tensor(pack_weight(weight)))
-    total = bb.emit_te(kernel_te, rows, packed, round_up(depth, DEPTH_BLOCK), primfunc_name_hint=KERNEL_NAME,
+    count = rows.ty.shape.values[0] if rows.ty.ndim == 2 else None
+    padded = None
+    if isinstance(count, tvm.tirx.IntImm) and int(count) > row_multiple and int(count) % row_multiple:
+        padded = round_up(int(count), row_multiple)
+    total = bb.emit_te(kernel_te, rows, packed, round_up(depth, DEPTH_BLOCK), padded, primfunc_name_hint=KERNEL_NAME,
                        name_hint=name)
-    if round_up(columns, COLUMN_BLOCK) != columns:
-        total = bb.emit(R.strided_slice(total, axes=[rows.ty.ndim - 1], begin=[0], end=[columns]))
+    if round_up(columns, COLUMN_BLOCK) != columns or padded is not None:
+        axes, ends = [rows.ty.ndim - 1], [columns]
+        if padded is not None:
+            axes, ends = [0, *axes], [int(count), *ends]
+        total = bb.emit(R.strided_slice(total, axes=axes, begin=[0] * len(axes), end=ends))
     return total if rows is data else bb.emit(R.reshape(total, [*leading, columns]))
 
 

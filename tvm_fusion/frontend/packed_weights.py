@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 COLUMN_BLOCK = 16  # output columns per panel: 16 four-byte accumulator lanes
+# The most rows of a register tile of these kernels (schedules/cpu/register_tiles.py): a bf16
+# matmul's rows are padded to a multiple of it where no AMX tile takes them (passes/bf16_matmuls.py).
+REGISTER_TILE_ROWS = 4
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -26,3 +26,9 @@ def has_amx_bf16(target: Target) -> bool:
     """AMX tiles with bf16 products (``tdpbf16ps``: Sapphire and Emerald Rapids on)."""
     return target.kind.name == "llvm" and bool(
         tvm.target.codegen.llvm_cpu_has_features(["amx-bf16", "amx-tile"], target))
+
+
+def has_bf16_kernels(target: Target) -> bool:
+    """A bf16 matmul kernel computes fast here: on AMX tiles (``Bf16MatmulAmx``) or on
+    AVX512_BF16's ``vdpbf16ps`` registers (``Bf16MatmulAvx512``)."""
+    return has_amx_bf16(target) or has_avx512_bf16(target)

@@ -17,13 +17,12 @@ one composite for all the layers that share a shape: a matmul in a composite who
 parameter is a constant at every call and read by that matmul alone is rewritten too; the
 composite then takes a packed bf16 weight in that parameter's place, each call its own.
 
-Declines (the module unchanged) on a target without AMX-BF16 (``has_amx_bf16``; the target
-given, else the current one; with neither, no rewrite), and for a weight that is not a float32
-constant (``bf16_matmul_declines`` says why for each matmul), or a row count that is not static
-(the tiles need one: ``_static_rows``). AVX512_BF16 alone is not enough:
-TVM 0.27 cannot feed ``vdpbf16ps`` a bf16 vector (``frontend/bf16_matmul.py``), so only AMX
-tiles compute the kernel fast; elsewhere it would run as float32 FMAs on widened bf16 loads
-under the generic rules, slower than the float32 kernels.
+Declines (the module unchanged) on a target with neither AMX-BF16 nor AVX512_BF16
+(``has_bf16_kernels``; the target given, else the current one; with neither, no rewrite): there
+the kernel would run as float32 FMAs on widened bf16 loads under the generic rules, slower than
+the float32 kernels. Declines too for a weight that is not a float32 constant
+(``bf16_matmul_declines`` says why for each matmul), or a row count that is not static
+(the AMX tiles need one: ``_static_rows``).
 
 ``declined``: the names of matmul and conv bindings (``onnx<node>_<k>``, kept inside composites) to leave
 float32, those compile's per-kernel gate found too ill-conditioned for bf16
@@ -43,9 +42,11 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from ..frontend.bf16_conv import emit_bf16_conv2d
-from ..frontend.conv_patches import ConvGeometry, conv_geometry, oihw_weight, patch_rows, weight_matrix
 from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight, packed_weight_shape
-from ..kernels.cpu_features import has_amx_bf16
+from ..frontend.conv_patches import ConvGeometry, conv_geometry, oihw_weight, patch_rows, weight_matrix
+from ..frontend.packed_weights import REGISTER_TILE_ROWS
+from ..kernels.cpu_features import has_amx_bf16, has_bf16_kernels
+from .blocked_layout_legalize import winograd_tile_of
 from .rebinding import rebind, vars_in
 
 MATMUL, PERMUTE_DIMS, CONV2D = "relax.matmul", "relax.permute_dims", "relax.nn.conv2d"
@@ -59,16 +60,19 @@ MIN_CONV_MACS = 1 << 20
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Bf16Matmuls")
 class Bf16Matmuls:
     """Matmuls by constant float32 weights as bf16 x bf16 -> float32 kernels (``target``
-    None: the current target); the matmuls named in ``declined`` stay float32."""
+    None: the current target); the matmuls named in ``declined`` stay float32, and with
+    ``winograd`` (the config's: float32 3x3 convs by Winograd) so do such convs where
+    ``keeps_winograd_convs``."""
 
-    def __init__(self, target: Target | None = None, declined: frozenset[str] = frozenset()):
-        self.target, self.declined = target, frozenset(declined)
+    def __init__(self, target: Target | None = None, declined: frozenset[str] = frozenset(), winograd: bool = True):
+        self.target, self.declined, self.winograd = target, frozenset(declined), winograd
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = self.target or Target.current(allow_none=True)
-        if target is None or not has_amx_bf16(target):
+        if target is None or not has_bf16_kernels(target):
             return mod
-        rewriter = _Rewriter(mod, self.declined)
+        rewriter = _Rewriter(mod, self.declined, keep_winograd=self.winograd and keeps_winograd_convs(target),
+                             row_multiple=1 if has_amx_bf16(target) else REGISTER_TILE_ROWS)
         functions = _rewrite_functions(mod, rewriter)
         if not rewriter.changed:
             return mod
@@ -94,9 +98,16 @@ class Bf16Candidate:
         return activation if self.conv is None else patch_rows(activation, self.conv)
 
 
-def bf16_candidates(mod: tvm.IRModule) -> list[Bf16Candidate]:
-    """The matmuls ``Bf16Matmuls`` rewrites in ``mod`` on an AMX-BF16 target, ``mod`` unchanged."""
-    rewriter = _Rewriter(mod, frozenset(), candidates=[])
+def keeps_winograd_convs(target: Target) -> bool:
+    """Whether a 3x3 conv that float32 computes by Winograd stays float32: on ``vdpbf16ps``
+    registers (AVX512_BF16 without AMX-BF16), whose peak is under twice the FMAs', the direct
+    bf16 conv does 2.25-4x the multiply-adds of Winograd's; on AMX tiles it is far faster."""
+    return not has_amx_bf16(target)
+
+
+def bf16_candidates(mod: tvm.IRModule, target: Target, winograd: bool = True) -> list[Bf16Candidate]:
+    """The matmuls ``Bf16Matmuls(target, winograd=winograd)`` rewrites in ``mod``, ``mod`` unchanged."""
+    rewriter = _Rewriter(mod, frozenset(), candidates=[], keep_winograd=winograd and keeps_winograd_convs(target))
     _rewrite_functions(mod, rewriter)
     return rewriter.candidates
 
@@ -177,9 +188,12 @@ class _Rewriter(PyExprMutator):
     """One builder for the whole module: the kernels' PrimFuncs and the rewritten composites
     are added to it as it goes (``rewrite`` per function, composites first)."""
 
-    def __init__(self, mod: tvm.IRModule, declined: frozenset[str], candidates: list | None = None):
+    def __init__(self, mod: tvm.IRModule, declined: frozenset[str], candidates: list | None = None,
+                 keep_winograd: bool = False, row_multiple: int = 1):
         super().__init__(mod)
         self.declined = declined
+        self.keep_winograd = keep_winograd  # convs that float32 computes by Winograd stay float32
+        self.row_multiple = row_multiple  # a matmul's rows padded to a multiple of the register tiles
         self.candidates = candidates  # a list: record each matmul it would rewrite, rewrite none
         self.calls = _calls(mod)
         self.changed = False
@@ -232,7 +246,7 @@ class _Rewriter(PyExprMutator):
 
     def _bf16(self, var: relax.Var, original: relax.Expr, value: relax.Expr) -> relax.Expr | None:
         product = _product_of(original, self.bindings)
-        if product is None:
+        if product is None or (product.conv is not None and self.keep_winograd and winograd_tile_of(original)):
             return None
         weight_expr = product.weight
         is_param = weight_expr in self.param_constants
@@ -260,4 +274,4 @@ class _Rewriter(PyExprMutator):
         self.changed = self.rewrote = True
         if product.conv is not None:
             return emit_bf16_conv2d(self.builder_, value.args[0], product.conv, weight, packed, var.name)
-        return emit_bf16_matmul(self.builder_, value.args[0], weight, packed, var.name)
+        return emit_bf16_matmul(self.builder_, value.args[0], weight, packed, var.name, self.row_multiple)

@@ -31,7 +31,7 @@ def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call, winograd: 
         return bb.call_te(_depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
                           [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
                           primfunc_name_hint="depthwise_conv2d_nchwc")
-    tile = _winograd_tile(call, out_dtype) if winograd else None
+    tile = winograd_tile_of(call) if winograd else None
     if tile is not None:
         return bb.call_te(winograd_conv2d_nchwc, call.args[0], call.args[1], [int(p) for p in attrs.padding], tile,
                           primfunc_name_hint="winograd_conv2d_nchwc")
@@ -40,8 +40,12 @@ def blocked_conv2d_legalize(bb: relax.BlockBuilder, call: relax.Call, winograd: 
                       int(attrs.groups), primfunc_name_hint="conv2d_nchwc")
 
 
-def _winograd_tile(call: relax.Call, out_dtype: str | None) -> int | None:
+def winograd_tile_of(call: relax.Call) -> int | None:
     """``winograd_tile`` of a blocked conv2d call (its output tile, or None: the direct conv)."""
+    attrs = call.attrs
+    if len(attrs.data_layout) == 4 or attrs.out_layout != attrs.data_layout or int(attrs.groups) != 1:
+        return None
+    out_dtype = attrs.out_dtype if str(attrs.out_dtype) not in ("", "void") else None
     data, kernel = call.args
     dtype = str(data.ty.dtype)
     if out_dtype not in (None, dtype) or str(kernel.ty.dtype) != dtype:

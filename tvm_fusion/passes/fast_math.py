@@ -13,6 +13,8 @@ import math
 import tvm
 from tvm import relax, te, tirx, topi
 
+from ..kernels.padded_softmax import padded_softmax, pads
+
 
 def _float32_only(fast_te):
     """Legalize with ``fast_te`` for float32 inputs, else with the op's registered default."""
@@ -46,13 +48,27 @@ def _silu(x: te.Tensor) -> te.Tensor:
     return topi.multiply(x, _sigmoid(x))
 
 
-def _softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    if call.args[0].ty.dtype != "float32":
-        return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
-    return bb.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis), primfunc_name_hint="softmax")
+def _softmax(pad_rows: bool):
+    """A float32 softmax with ``fast_exp``; with ``pad_rows``, over a last axis whole vectors do
+    not divide, with its reductions over the padded axis (``kernels/padded_softmax.py``)."""
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        data = call.args[0]
+        if data.ty.dtype != "float32":
+            return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+        axis = int(call.attrs.axis)
+        shape = data.ty.shape
+        if pad_rows and axis in (-1, data.ty.ndim - 1) and isinstance(shape, relax.ShapeExpr) and pads(
+                shape.values[-1]):
+            return bb.call_te(padded_softmax, data, primfunc_name_hint="softmax")
+        return bb.call_te(topi.nn.fast_softmax, data, axis, primfunc_name_hint="softmax")
+
+    return legalize
 
 
-def fast_math_legalize_map() -> dict:
+def fast_math_legalize_map(cpu: bool = True) -> dict:
+    """The legalizations above; a softmax's rows padded for the CPU rule (``cpu``), not for the
+    GPU's warp reductions."""
     return {
         "relax.exp": _float32_only(topi.fast_exp),
         "relax.erf": _float32_only(topi.fast_erf),
@@ -61,5 +77,5 @@ def fast_math_legalize_map() -> dict:
         "relax.nn.gelu": _float32_only(_gelu),
         "relax.nn.gelu_tanh": _float32_only(_gelu_tanh),
         "relax.nn.silu": _float32_only(_silu),
-        "relax.nn.softmax": _softmax,
+        "relax.nn.softmax": _softmax(pad_rows=cpu),
     }

@@ -102,7 +102,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
         "layout": lambda: layout_passes(config, report),
         "fuse": lambda: [FusePatterns(fusions, report, excluded)],
         "lower": lambda: lowering_passes(config.fast_math, config.winograd, bf16_target(config),
-                                         frozenset(config.bf16_declined)),
+                                         frozenset(config.bf16_declined), is_cpu(config)),
         "schedule": lambda: schedule_passes(config, schedule_log, tuning, rule_errors),
     }
     return tvm.transform.Sequential([p for phase in phases for p in passes[phase]()],
@@ -135,14 +135,19 @@ def _conv_block(config: PipelineConfig) -> tuple[int, bool] | None:
     return vector_lanes(target, "float32"), config.blocked_depthwise
 
 
-def legalize_map(fast_math: bool = True, winograd: bool = True) -> dict:
+def legalize_map(fast_math: bool = True, winograd: bool = True, cpu: bool = True) -> dict:
     """Our legalizations over TVM's: the blocked conv (TVM's refuses it; Winograd with
-    ``winograd``), fast-math exp/erf/tanh."""
+    ``winograd``), fast-math exp/erf/tanh (softmax as a ``cpu`` target's rules read it)."""
     legalize = {"relax.nn.conv2d": lambda bb, call: blocked_conv2d_legalize(bb, call, winograd),
                 "relax.layout_transform": gather_layout_transform_legalize}
     if fast_math:
-        legalize.update(fast_math_legalize_map())
+        legalize.update(fast_math_legalize_map(cpu))
     return legalize
+
+
+def is_cpu(config: PipelineConfig) -> bool:
+    """Whether the config builds for a CPU (its kernels then take the CPU rules' legalizations)."""
+    return config.tvm_target().kind.name == "llvm"
 
 
 def bf16_target(config: PipelineConfig) -> tvm.target.Target | None:
@@ -151,14 +156,14 @@ def bf16_target(config: PipelineConfig) -> tvm.target.Target | None:
 
 
 def lowering_passes(fast_math: bool = True, winograd: bool = True, bf16: tvm.target.Target | None = None,
-                    bf16_declined: frozenset[str] = frozenset()) -> list[tvm.transform.Pass]:
+                    bf16_declined: frozenset[str] = frozenset(), cpu: bool = True) -> list[tvm.transform.Pass]:
     """With ``bf16`` (a target), matmuls by constant weights become its bf16 kernels before
     LegalizeOps and FuseOps, so that TVM's fusion puts their float32 epilogues in the same kernel;
     those named in ``bf16_declined`` stay float32."""
     return [
         SplitWideConcats(),
-        *([Bf16Matmuls(bf16, bf16_declined)] if bf16 is not None else []),
-        relax.transform.LegalizeOps(legalize_map(fast_math, winograd)),
+        *([Bf16Matmuls(bf16, bf16_declined, winograd)] if bf16 is not None else []),
+        relax.transform.LegalizeOps(legalize_map(fast_math, winograd, cpu)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

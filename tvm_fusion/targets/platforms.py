@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from tvm.support import cc
 from tvm.target import Target
 
-from ..kernels.cpu_features import has_amx_bf16, has_amx_int8, has_vnni
+from ..kernels.cpu_features import has_amx_bf16, has_amx_int8, has_avx512_bf16, has_vnni
 from .amx import PERMISSION_SOURCE
 from .cuda import cuda_fatbin_packer
 from .target_info import simd_bits
@@ -53,6 +53,8 @@ def platform_of(target: Mapping) -> Platform:
     host_target = Target({k: v for k, v in target.items() if k != "host"})
     # The int8 matmul kernels of a VNNI target (frontend/integer_matmul.py) run vpdpbusd.
     vnni = ("avx512_vnni",) if has_vnni(host_target) else ()
+    # ... and its bf16 kernels without AMX vdpbf16ps (schedules/cpu/bf16_matmul_avx512.py).
+    vnni += ("avx512_bf16",) if has_avx512_bf16(host_target) else ()
     # ... and those of an AMX target AMX tiles (schedules/cpu/int8_matmul_amx.py), as do its bf16
     # matmul kernels (schedules/cpu/bf16_matmul_amx.py).
     amx = (("amx_int8",) if has_amx_int8(host_target) else ()) + (("amx_bf16",) if has_amx_bf16(host_target) else ())

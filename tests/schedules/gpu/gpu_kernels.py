@@ -35,7 +35,7 @@ def kernel(build, shapes: dict, patterns: tuple[str, ...] = ()) -> tuple[str, tv
     mod = bb.get()
     if patterns:
         mod = FusePatterns([get_pattern(name) for name in patterns], PatternReport())(mod)
-    mod = tvm.transform.Sequential(lowering_passes())(mod)
+    mod = tvm.transform.Sequential(lowering_passes(cpu=False))(mod)
     [(name, func)] = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     return name, func
 

@@ -5,7 +5,7 @@ ONNX nodes (``build``), so each kernel lists the nodes it covers; given an artif
 instead of a model, the artifact's own kernels (``artifact``). Each kernel is timed alone and in
 the model, the model end to end and with empty kernels (``timing``); its FLOPs and bytes
 (``costs``) place it against the machine's roofs (``machine_peak``): a kernel that sums bf16
-products against the AMX-BF16 peak, one that sums uint8 x int8 products against the AMX-INT8
+products against the AMX-BF16 peak (AVX512_BF16's without AMX-BF16), one that sums uint8 x int8 products against the AMX-INT8
 peak (AVX512-VNNI's without AMX-INT8), its integer operations counted in place of FLOPs, any
 other against the float32 FMA peak. The gap between
 the sum of kernel times and the end-to-end time is split into its parts (``report.Gap``);
@@ -127,7 +127,7 @@ def kernel_profile(name, func, profiled: ProfiledModule, timings: Timings, peak:
 def roof_position(peak: MachinePeak, kind: str, flops: int, intensity: float, gflops: float,
                   gbps: float) -> tuple[str, float, str, float]:
     """(compute roof's name, its GFLOP/s (int8: GOP/s), bound, achieved share of the lower
-    roof): a ``kind`` ``"bf16"`` kernel under the AMX-BF16 roof, an ``"int8"`` one under the
+    roof): a ``kind`` ``"bf16"`` kernel under the AMX-BF16 (or AVX512_BF16) roof, an ``"int8"`` one under the
     AMX-INT8 roof (its bound then says so: ``AMX-INT8 compute``), a ``"float32"`` one under the
     FMA roof (``MachinePeak.compute_roof``); each meets the DRAM roof at its own ridge."""
     roof, roof_gflops = peak.compute_roof(kind)

@@ -33,7 +33,8 @@ class KernelProfile:
     bound: str
     roof_percent: float     # achieved / the lower roof at this intensity
     onnx_nodes: list[str]
-    # the compute roof it is set against: "FMA" (float32), "AMX-BF16", "AMX-INT8" or "AVX512-VNNI"
+    # the compute roof it is set against: "FMA" (float32), "AMX-BF16", "AVX512_BF16", "AMX-INT8" or
+    # "AVX512-VNNI"
     compute_roof: str = "FMA"
     compute_roof_gflops: float = 0.0
     # what its sum multiplies (machine_peak.ROOF_KINDS): for "int8", flops, gflops and intensity

@@ -7,6 +7,7 @@ asks them in the order their ``runs_before``/``runs_after`` declare (``schedules
 
 from .attention import Attention
 from .bf16_matmul_amx import Bf16MatmulAmx
+from .bf16_matmul_avx512 import Bf16MatmulAvx512
 from .conv2d_nchw import Conv2dNCHW
 from .conv2d_nchwc import Conv2dNCHWc
 from .conv2d_transpose import Conv2dTranspose
@@ -28,7 +29,7 @@ from .squeeze_excitation import SqueezeExcitation
 from .whole_reduction import WholeTensorReduction
 from .winograd_conv2d_nchwc import WinogradConv2dNCHWc
 
-__all__ = ["Attention", "Bf16MatmulAmx", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
+__all__ = ["Attention", "Bf16MatmulAmx", "Bf16MatmulAvx512", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
            "DepthwiseConv2dNCHWc", "Fallback", "Injective", "Int8MatmulAmx", "Int8MatmulVnni", "MatmulEpilogue", "MatmulMultiOutput",
            "Pooling", "Reduction", "Resize", "SkipNorm", "Softmax", "SoftmaxOverOuterAxis",
            "SqueezeExcitation", "WholeTensorReduction", "WinogradConv2dNCHWc"]

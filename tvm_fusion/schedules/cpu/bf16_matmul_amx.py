@@ -12,11 +12,10 @@ A conv's kernel (``frontend/bf16_conv.py``) is the same sum over its input's pat
 prologue and output placed as ``patch_prologue.py`` places them.
 
 Any row count from 1 takes tiles: a one-row tile still does 512 multiply-adds per
-instruction, and there is no bf16 register kernel to leave few rows to (TVM 0.27 cannot
-feed ``vdpbf16ps``: ``frontend/bf16_matmul.py``). Declines on a target without AMX-BF16,
-for a symbolic row count and for a batched sum with a prime M past 16 (``amx_tiles``): the
-kernel then runs as written (each bf16 widened to float32 by a shift) under the generic rules,
-which is why ``Bf16Matmuls`` rewrites only for AMX-BF16 targets.
+instruction, 16 times a ``vdpbf16ps``. Declines on a target without AMX-BF16, for a symbolic
+row count and for a batched sum with a prime M past 16 (``amx_tiles``): ``Bf16MatmulAvx512``
+then puts the kernel on ``vdpbf16ps`` registers where the target has AVX512_BF16 (every AMX-BF16
+CPU does).
 """
 
 from functools import partial
@@ -26,21 +25,16 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ...frontend.bf16_conv import BF16_PATCHES
-from ...frontend.bf16_matmul import DEPTH_BLOCK, KERNEL_NAME, bf16_value
+from ...frontend.bf16_matmul import DEPTH_BLOCK, bf16_value
 from ...kernels.blocks import is_cpu_kernel, only_reduction
 from ...kernels.cpu_features import has_amx_bf16
 from .amx_tiles import TileProduct, schedule_tiles
-from .int8_sum import is_packed_sum
+from .int8_sum import is_bf16_sum
 from .patch_prologue import schedule_with_operand
 
 # The operands are bf16 bits in uint16 tensors (frontend/bf16_matmul.py says why).
 BF16_TILES = TileProduct("bf16f32", "llvm.x86.tdpbf16ps", ("uint16", "uint16"), "float32", DEPTH_BLOCK,
                          lambda a, b: bf16_value(a) * bf16_value(b), min_rows=1)
-
-
-def is_bf16_sum(block: s_tir.SBlock) -> bool:
-    """The sum of ``bf16_matmul.py``'s kernel."""
-    return is_packed_sum(block, KERNEL_NAME, BF16_TILES.operand_dtypes, "float32", DEPTH_BLOCK)
 
 
 class Bf16MatmulAmx(ScheduleRule):

@@ -1,11 +1,13 @@
 """The packed-weight matmul kernels (``frontend/integer_matmul.py``, ``frontend/bf16_matmul.py``)
 as their schedule rules read them: the sum block, and the blocks before it. Shared by
-``Int8MatmulAmx``, ``Bf16MatmulAmx`` (AMX tiles) and ``Int8MatmulVnni`` (``vpdpbusd`` registers)."""
+``Int8MatmulAmx``, ``Bf16MatmulAmx`` (AMX tiles), ``Int8MatmulVnni`` and ``Bf16MatmulAvx512``
+(``register_tiles.py``)."""
 
 from collections.abc import Callable
 
 from tvm import s_tir, tirx
 
+from ...frontend import bf16_matmul
 from ...frontend.conv_patches import READ_MANY_TIMES
 from ...frontend.integer_matmul import COLUMN_BLOCK, DEPTH_BLOCK, KERNEL_NAME
 from ...kernels.blocks import among
@@ -20,6 +22,12 @@ def is_int8_sum(block: s_tir.SBlock) -> bool:
     """The kernel of ``integer_matmul.py``: its block name, (batch.., m, n, k) axes, an int32
     output, a uint8 [batch.., M, K] and an int8 [N/16, K/4, 16, 4] operand."""
     return is_packed_sum(block, KERNEL_NAME, ("uint8", "int8"), "int32", DEPTH_BLOCK)
+
+
+def is_bf16_sum(block: s_tir.SBlock) -> bool:
+    """The kernel of ``bf16_matmul.py``: a float32 sum of uint16 operands (bf16 bits), the
+    weight [N/16, K/2, 16, 2]."""
+    return is_packed_sum(block, bf16_matmul.KERNEL_NAME, ("uint16", "uint16"), "float32", bf16_matmul.DEPTH_BLOCK)
 
 
 def is_packed_sum(block: s_tir.SBlock, name: str, operand_dtypes: tuple[str, str], output_dtype: str,

@@ -7,11 +7,13 @@ max/add over n / lanes vectors plus one final ``lanes``-wide reduction. Everythi
 the row (scale, masks, exp, normalization, epilogue) is computed under the same parallel row
 loop, so the row stays in L1 and the function reads its inputs and writes its output once.
 
-A row no power of two divides (a CTC head over 6625 classes) is split by a divisor between
-half and twice a vector (25 lanes: a vector and a half per step) instead: a split that does
-not divide leaves a predicate that rfactor does not reduce correctly here, and a row left
-whole is one 6625-lane vector operation, which LLVM expands into straight-line code (PP-OCRv4's
-head, 40 x 6625: 500 -> 120 us).
+A row that whole vectors do not divide (a CTC head over 6625 or 18385 classes) is reduced over
+its padding to whole vectors where fast math's legalization wrote the softmax
+(``kernels/padded_softmax.py``): a split that does not divide leaves a predicate that rfactor
+drops, and a row left whole is one vector operation of thousands of lanes, which LLVM expands
+into straight-line code. Its element-wise blocks run on whole vectors and one short vector for
+the rest. Another softmax over such a row (fast math off) is split by a divisor between half and
+twice a vector where there is one (25 lanes for 6625: PP-OCRv4's head, 40 x 6625, 500 -> 120 us).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ...kernels.blocks import is_spatial
+from ...kernels.padded_softmax import PADDED_TO
 from ...targets.target_info import vector_lanes
 from .helpers import (cpu_schedule, extent, extent_of, inline_cheap_blocks, parallel_rows, power_of_two_width,
                       same_extents, vectorized_init)
@@ -60,7 +63,8 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     lanes = vector_lanes(target, str(sch.get(reductions[0]).writes[0].source.dtype))
     output = blocks[-1]
     *rows, columns = sch.get_loops(output)
-    if not same_extents([extent(sch, loop) for loop in (*rows, columns)], row_domain):
+    if not same_extents([extent(sch, loop) for loop in rows], row_domain[:-1]) or not _reduces_row(
+            extent(sch, columns), row_domain[-1]):
         return False
     # Symbolic rows are only a parallel loop of unknown length; a symbolic row length keeps
     # scalar reductions (a partial-sum vector would need a predicate on every lane).
@@ -84,6 +88,14 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     return True
 
 
+def _reduces_row(columns, reduced) -> bool:
+    """Whether reductions over ``reduced`` elements cover a row of ``columns``: the same
+    length, or the row padded to whole vectors (``kernels/padded_softmax.py``)."""
+    if same_extents([columns], [reduced]):
+        return True
+    return isinstance(columns, int) and isinstance(reduced, int) and reduced == -(-columns // PADDED_TO) * PADDED_TO
+
+
 def _vectorize_partial(sch: s_tir.Schedule, block) -> None:
     """The rfactor block: reduce over the vectors of the row with the lanes innermost, in a vector."""
     lane_var = get_sblockrealize(sch, block).iter_values[0]  # rfactor puts its new axis first
@@ -104,7 +116,12 @@ def _vectorize_row(sch: s_tir.Schedule, block, lanes: int) -> None:
         innermost = sch.split(innermost, [None, lanes])[1]
     elif length > _MAX_ROW_VECTORS * lanes:
         width = partial_width(length, lanes)
-        if width >= _MIN_REDUCTION_LANES:
+        if width < _MIN_REDUCTION_LANES:
+            # whole vectors, then the few elements left as one short vector
+            whole, tail = sch.loop_partition(innermost, [length - length % lanes, None])
+            sch.vectorize(sch.split(whole, [None, lanes])[1])
+            innermost = tail
+        else:
             innermost = sch.split(innermost, [None, width])[1]
     sch.vectorize(innermost)
 
