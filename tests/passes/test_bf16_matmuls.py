@@ -19,6 +19,7 @@ from tvm.script import relax as R
 
 from tvm_fusion.config import load_config
 from tvm_fusion.frontend.bf16_matmul import pack_weight
+from tvm_fusion.frontend.conv_patches import conv_geometry
 from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls, bf16_candidates
 from tvm_fusion.passes.blocked_layout_legalize import winograd_tile_of
 from tvm_fusion.passes.pipeline import GRAPH_PHASES, fusion_pipeline, lowering_passes
@@ -447,3 +448,16 @@ def test_without_amx_a_conv_that_float32_runs_by_winograd_stays_float32():
     assert len(kernel_weights(Bf16Matmuls(zen4, winograd=False)(fused))) == 2
     assert len(bf16_candidates(fused, zen4, winograd=False)) == 2
     assert len(kernel_weights(Bf16Matmuls(AMX)(fused))) == 2
+
+
+def test_must_not_take_a_conv_of_fewer_output_channels_than_a_column_block():
+    """basic-pitch's one-channel heads: 16 columns computed for each one kept."""
+    rng = np.random.default_rng(5)
+    weight = numpy_helper.from_array((0.2 * rng.standard_normal((1, 32, 3, 3))).astype(np.float32), "W")
+    node = helper.make_node("Conv", ["X", "W"], ["out"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "head", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 32, 32, 32])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 1, 32, 32])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(model))
+    assert len(conv_calls(fused)) == 1 and conv_geometry(conv_calls(fused)[0]).out_channels == 1
+    assert Bf16Matmuls(AMX)(fused).same_as(fused) and not bf16_candidates(fused, AMX)

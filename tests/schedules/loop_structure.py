@@ -11,7 +11,7 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.tirx import ForKind
 
-from tvm_fusion.schedules.cpu.matmul_epilogue import MAX_SERIAL_STATIC_WORK
+from tvm_fusion.schedules.cpu.small_extent import MAX_SERIAL_STATIC_WORK
 from tvm_fusion.targets.target_info import simd_bits
 
 

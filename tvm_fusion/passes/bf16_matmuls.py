@@ -7,8 +7,9 @@ activation rounded to bf16 in the kernel's prologue, the products summed in floa
 dense ``conv2d`` by a constant (NCHW or the blocked layout, any stride, dilation and padding)
 becomes the same sum over its input's patches (``frontend/bf16_conv.py``); a grouped or
 depthwise conv, an image stem of fewer than 16 channels, a conv on a pooled map
-(``conv_geometry`` says why) and one of fewer than ``MIN_CONV_MACS`` multiply-adds stays
-float32. What feeds and follows them stays float32.
+(``conv_geometry`` says why), one of fewer than ``MIN_CONV_MACS`` multiply-adds or fewer than 16
+output channels, and on a target without AMX one that float32 computes by Winograd
+(``keeps_winograd_convs``) stays float32. What feeds and follows them stays float32.
 
 It runs in the "lower" phase before LegalizeOps, so that FuseOps puts the float32 epilogue
 (bias, activation, residual add) into the same kernel. By then our fusion patterns have made
@@ -44,7 +45,7 @@ from tvm.target import Target
 from ..frontend.bf16_conv import emit_bf16_conv2d
 from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight, packed_weight_shape
 from ..frontend.conv_patches import ConvGeometry, conv_geometry, oihw_weight, patch_rows, weight_matrix
-from ..frontend.packed_weights import REGISTER_TILE_ROWS
+from ..frontend.packed_weights import COLUMN_BLOCK, REGISTER_TILE_ROWS
 from ..kernels.cpu_features import has_amx_bf16, has_bf16_kernels
 from .blocked_layout_legalize import winograd_tile_of
 from .rebinding import rebind, vars_in
@@ -226,6 +227,12 @@ class _Rewriter(PyExprMutator):
             self.replaced[gvar] = self.builder_.add_func(new, gvar.name_hint)
         return new
 
+    def _conv_stays_float32(self, conv: relax.Call, geometry: ConvGeometry) -> bool:
+        """A conv of fewer output channels than a column block (a spectrogram's one-channel
+        head: 16 columns computed for each one kept), and with ``keep_winograd`` one that float32
+        computes by Winograd."""
+        return geometry.out_channels < COLUMN_BLOCK or (self.keep_winograd and bool(winograd_tile_of(conv)))
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.GlobalVar) and call.op in self.replaced):
@@ -246,7 +253,7 @@ class _Rewriter(PyExprMutator):
 
     def _bf16(self, var: relax.Var, original: relax.Expr, value: relax.Expr) -> relax.Expr | None:
         product = _product_of(original, self.bindings)
-        if product is None or (product.conv is not None and self.keep_winograd and winograd_tile_of(original)):
+        if product is None or (product.conv is not None and self._conv_stays_float32(original, product.conv)):
             return None
         weight_expr = product.weight
         is_param = weight_expr in self.param_constants

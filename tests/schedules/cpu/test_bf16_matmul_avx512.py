@@ -50,6 +50,16 @@ def test_zen4_tiles_the_sum_in_registers_with_vdpbf16ps():
     assert "tdpbf16ps" not in assembly.replace("vdpbf16ps", "")  # no AMX tile
 
 
+def test_a_recurrent_steps_small_sum_runs_on_one_core():
+    """1 x 128 by 128 x 256 (a GRU step's, 32K multiply-adds): no loop across cores, neither the
+    rounding pass nor the tiles; waking the other core costs more than the sum."""
+    mod, _ = bf16_module(1, 128, 256)
+    loops = loop_kinds(bf16_kernel(on_registers(mod, ZEN4))[1])
+    assert loops.parallel == [] and 4 in loops.unrolled
+    mod, _ = bf16_module(2, 128, 256)  # twice the work: shared
+    assert loop_kinds(bf16_kernel(on_registers(mod, ZEN4))[1]).parallel
+
+
 def test_a_tile_takes_up_to_six_column_blocks():
     """8 rows by 96 columns: tiles of 4 rows by 6 blocks of 16, 24 accumulators (the int8 rule's
     tiles stop at 4 blocks)."""

@@ -46,13 +46,14 @@ def is_packed_sum(block: s_tir.SBlock, name: str, operand_dtypes: tuple[str, str
     return len(data.shape) == len(block.iter_vars) - 1 and len(shape) == 4 and shape[2:] == [COLUMN_BLOCK, depth_block]
 
 
-def place_prologue(sch: s_tir.Schedule, kernel) -> None:
+def place_prologue(sch: s_tir.Schedule, kernel, parallel: bool = True) -> None:
     """Blocks FuseOps put before the sum: one that feeds it (an activation's offset and padding)
     runs as a pass of its own, as inlined into the sum it would break its tensorization; one
     only the epilogue reads (a run-time zero point's cast) is inlined into its readers, so the
     epilogue can follow each tile (``reverse_compute_at`` wants every producer under the tile);
     one marked ``READ_MANY_TIMES`` (a conv's rounded input, which its patches re-read) is
-    computed once, as inlined it would be computed again at each read."""
+    computed once, as inlined it would be computed again at each read. Without ``parallel`` (a
+    sum too small to share among cores) the passes run on one core."""
     operands = [region.source for region in kernel.stmt.reads]
     for block in kernel.prologue:
         once = READ_MANY_TIMES in sch.get(block).annotations
@@ -63,7 +64,7 @@ def place_prologue(sch: s_tir.Schedule, kernel) -> None:
             except s_tir.ScheduleError:
                 pass  # left as it is: the epilogue then runs after the sum
         loops = sch.get_loops(block)
-        if loops:
+        if loops and parallel:
             sch.parallel(loops[0])
 
 
@@ -95,18 +96,20 @@ def with_epilogue_per_tile(sch: s_tir.Schedule, schedule: Callable[[s_tir.Schedu
 
 
 def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epilogue: list, per_tile: bool,
-                     operand=None) -> None:
+                     operand=None, parallel: bool = True) -> None:
     """The sum's tiles (``outer``, rows then columns or columns then rows, under the ``batch``
     loops) across cores, each written back from a local buffer; with ``per_tile`` the epilogue
     follows each tile (the write-back and all but the last epilogue block inlined into the
     last), else it runs after the whole sum, across cores. With ``operand`` (``operand_block``'s,
     ``outer`` rows first) only the row tiles are shared among cores, the operand computed in each
     before its column tiles: its rows stay in L1 between the prologue and the tiles instead of
-    making a round trip through memory."""
+    making a round trip through memory. Without ``parallel`` (a sum too small to share among
+    cores) the tiles, and an epilogue after them, run on one core."""
     writeback = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(writeback, outer[1])
     shared = sch.fuse(*batch, *(outer[:1] if operand is not None else outer))
-    sch.parallel(shared)
+    if parallel:
+        sch.parallel(shared)
     tile = shared if operand is None else outer[-1]
     if per_tile:
         *inlined, output = [writeback, *epilogue]
@@ -118,7 +121,8 @@ def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epil
         for later in epilogue:
             loops = sch.get_loops(later)
             if loops:  # a scalar (a zero point) has none
-                sch.parallel(loops[0])
+                if parallel:
+                    sch.parallel(loops[0])
                 sch.vectorize(loops[-1])
     sch.vectorize(sch.get_loops(output)[-1])
     if operand is not None:

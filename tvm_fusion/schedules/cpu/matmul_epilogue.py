@@ -10,13 +10,7 @@ from ...kernels.matmul import MatmulAxes, batch_axes, matmul_kernel, rows_from_b
 from ...targets.target_info import num_cores, vector_lanes
 from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorize_in_registers, vectorized_init
 from .matchers import MATMUL_K_UNROLL, matmul_tile_columns, matmul_tile_rows
-from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
-
-# Multiply-adds up to which a static matmul runs on one core: sharing it costs more than it
-# saves (a recurrent step's 1 x 128 x 256 product). Lower than serial_when_small's bar for a
-# symbolic size, which was set on a kernel timed alone: inside a model the other threads are
-# still awake from the kernel before, and a step's 1 x 128 x 512 product gains from them.
-MAX_SERIAL_STATIC_WORK = 1 << 15
+from .small_extent import MAX_SERIAL_STATIC_WORK, MIN_PARALLEL_TILE_WORK, serial_when_small
 
 
 class MatmulEpilogue(ScheduleRule):

@@ -7,7 +7,9 @@ one output column: the weight's packed ``[N/16, K/d, 16, d]`` panel is one 64-by
 activation's d values one broadcast. A tile of ``rows x 16*column_blocks`` accumulators stays in
 registers over all of K; the epilogue (bias, activation, a requantization FuseOps put in the
 kernel) runs on each finished tile. A conv's kernel is the same sum over its input's patches,
-its prologue and output placed as ``patch_prologue.py`` places them.
+its prologue and output placed as ``patch_prologue.py`` places them. A static sum of at most
+``MAX_SERIAL_STATIC_WORK`` multiply-adds (a recurrent step's) runs on one core, as
+``MatmulEpilogue`` runs one: waking the other core costs more than it would save.
 """
 
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from ...kernels.avx512_bf16 import IMPORT_ANNOTATION
 from ...kernels.blocks import OneReduction
 from .helpers import extent_of, largest_divisor
 from .int8_sum import operand_block, place_prologue, with_epilogue_per_tile, write_back_tiles
+from .small_extent import MAX_SERIAL_STATIC_WORK
 
 # Register tile: rows x column blocks of 16 accumulators (16 to 24 of AVX-512's 32 registers),
 # each weight load used by every row, each broadcast activation by every column block.
@@ -61,11 +64,13 @@ def register_tiles(kernel: OneReduction, dot: RegisterDot, per_tile: bool = True
         tile_rows, _ = tile_shape(rows, extent_of(n.dom.extent) // COLUMN_BLOCK, conv=True,
                                   max_column_blocks=dot.max_column_blocks)
         operand = operand_block(kernel, rows // tile_rows * prod(extent_of(iv.dom.extent) for iv in batch))
-    place_prologue(kernel.sch, kernel)
     # A symbolic row count keeps its tiles parallel: serial_when_small's serial copy would
     # define the tensorized blocks' match_buffer offsets twice (ill-formed TIR).
+    work = [extent_of(iv.dom.extent) for iv in kernel.stmt.iter_vars]
+    parallel = not all(isinstance(w, int) for w in work) or prod(work) > MAX_SERIAL_STATIC_WORK
+    place_prologue(kernel.sch, kernel, parallel)
     return with_epilogue_per_tile(kernel.sch, lambda sch, epilogue_per_tile: _schedule(
-        sch, kernel.block, dot, kernel.epilogue, epilogue_per_tile, operand_per_row_tile, operand), per_tile)
+        sch, kernel.block, dot, kernel.epilogue, epilogue_per_tile, operand_per_row_tile, operand, parallel), per_tile)
 
 
 def tile_shape(rows, column_blocks: int, conv: bool, max_column_blocks: int = 4) -> tuple[int, int]:
@@ -82,10 +87,10 @@ def tile_shape(rows, column_blocks: int, conv: bool, max_column_blocks: int = 4)
 
 
 def _schedule(sch: s_tir.Schedule, block, dot: RegisterDot, epilogue: list, per_tile: bool, conv: bool = False,
-              operand=None) -> None:
-    """Register tiles of ``dot`` (``tile_shape``'s, a ``conv``'s); the epilogue computed per
-    tile, or (``per_tile`` False) after the whole sum, across cores; the ``operand`` block
-    (None: left as it is) computed per tile of rows, the column tiles under it."""
+              operand=None, parallel: bool = True) -> None:
+    """Register tiles of ``dot`` (``tile_shape``'s, a ``conv``'s), across cores where
+    ``parallel``; the epilogue computed per tile, or (``per_tile`` False) after the whole sum;
+    the ``operand`` block (None: left as it is) computed per tile of rows, the column tiles under it."""
     *batch, m, n, k = sch.get_loops(block)  # rows tiled per batch item: a fused row index would
     # reach the tensorized block through a division, which blockize cannot take
     rows, columns = extent_of(sch.get(m).extent), extent_of(sch.get(n).extent)
@@ -98,7 +103,7 @@ def _schedule(sch: s_tir.Schedule, block, dot: RegisterDot, epilogue: list, per_
     columns_outer = operand is None and weight_bytes > COLUMNS_OUTER_WEIGHT_BYTES
     outer = (n_outer, m_outer) if columns_outer else (m_outer, n_outer)
     sch.reorder(*outer, k_outer, m_inner, n_block, n_lane, k_inner)
-    write_back_tiles(sch, block, batch, outer, epilogue, per_tile, operand)
+    write_back_tiles(sch, block, batch, outer, epilogue, per_tile, operand, parallel)
     init = sch.decompose_reduction(block, k_outer)
     sch.vectorize(sch.get_loops(init)[-1])
     sch.unroll(m_inner)

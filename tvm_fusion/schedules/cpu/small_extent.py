@@ -32,6 +32,11 @@ MIN_PARALLEL_ELEMENTS = 4096
 # Register-tiled matmul and attention kernels count one multiply-add per iteration, ~20 of them a
 # nanosecond: serial up to this many (a 16 x 128 x 128 matmul), where it measured as fast as the launch.
 MIN_PARALLEL_TILE_WORK = 1 << 18
+# Multiply-adds up to which a static matmul runs on one core: sharing it costs more than it
+# saves (a recurrent step's 1 x 128 x 256 product). Lower than serial_when_small's bar for a
+# symbolic size, which was set on a kernel timed alone: inside a model the other threads are
+# still awake from the kernel before, and a step's 1 x 128 x 512 product gains from them.
+MAX_SERIAL_STATIC_WORK = 1 << 15
 
 
 def serial_when_small(sch: s_tir.Schedule, min_work: int, static_tasks: bool = False) -> s_tir.Schedule:
