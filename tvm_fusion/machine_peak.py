@@ -1,7 +1,7 @@
 """This machine's roofline: FMA throughput, DRAM bandwidth and L2 bandwidth, and the bf16 and
 int8 dot products' throughput on AMX tiles (on AVX512_BF16 and AVX512-VNNI registers where there
-are no tiles) where the target has them, measured once per machine class (the FMA peak again in each process,
-keeping the best).
+are no tiles) where the target has them, measured once per machine class (the FMA peak again in
+each process, keeping the best, and the register dot-product peaks with it when it rises).
 
 ``profile`` sets each kernel against the FMA and DRAM roofs, a bf16 kernel (``--precision
 bf16``) against the AMX-BF16 and DRAM roofs (``compute_roof``): its products run as

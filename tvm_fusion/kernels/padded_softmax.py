@@ -6,7 +6,7 @@ split divides, each padding element a ``Select`` of the reduction's identity (-i
 0 for the sum) that vectorizes, and the reads stay inside the row (clamped). A split that does
 not divide leaves a predicate that TVM 0.27's ``rfactor`` drops, reading past the row; a row
 left whole is one vector operation of thousands of lanes, which LLVM expands into straight-line
-code (6x slower on 40 x 18385 than on 40 x 18384). The element-wise blocks keep the real width.
+code. The element-wise blocks keep the real width.
 """
 
 from __future__ import annotations
