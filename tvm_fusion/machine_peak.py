@@ -318,62 +318,55 @@ def probe_vnni_int8(config: PipelineConfig) -> float | None:
     """GOP/s (a multiply and an add per product) of independent ``vpdpbusd`` chains held in
     registers, one per thread: each adds 4 uint8 x int8 products into each of 16 int32 lanes.
     None where the target has no AVX512-VNNI."""
-    target = config.tvm_target()
-    if not has_vnni(target):
+    if not has_vnni(config.tvm_target()):
         return None
-    threads, accs, iters, lanes = config.threads, FMA_ACCUMULATORS, FMA_ITERATIONS, VNNI_LANES
-
-    # Constant operands, as the FMA probe's coefficients: loaded from a buffer, they were kept
-    # in memory and the sums stored back after every vpdpbusd. Ones: each lane grows by 4 per
-    # instruction, 1.6e7 in all, far from int32's overflow.
-    @T.prim_func
-    def dots(out: T.Buffer((threads, accs * lanes), "int32")):
-        for p in T.parallel(threads):
-            acc = T.alloc_buffer((accs,), f"int32x{lanes}", scope="local")
-            for a in T.unroll(accs):
-                acc[a] = T.Broadcast(T.int32(0), lanes)
-            for _ in range(iters):
-                for a in T.unroll(accs):
-                    acc[a] = T.call_llvm_pure_intrin(f"int32x{lanes}", "llvm.x86.avx512.vpdpbusd.512", acc[a],
-                                                     T.Broadcast(T.int8(1), 4 * lanes),
-                                                     T.Broadcast(T.int8(1), 4 * lanes))
-            for a in T.unroll(accs):
-                out[p, T.Ramp(a * lanes, 1, lanes)] = acc[a]
-
-    library = tvm.compile(tvm.IRModule({"main": dots}), target=target)
-    out = tvm.runtime.tensor(np.zeros((threads, accs * lanes), "int32"))
-    best = _best_seconds(lambda: library["main"](out))
-    return 2.0 * 4 * lanes * threads * accs * iters / best / 1e9
+    # Ones: each lane grows by 4 per instruction, 1.6e7 in all, far from int32's overflow.
+    ones = T.Broadcast(T.int8(1), 4 * VNNI_LANES)
+    return _probe_register_chains(config, "int32", 4, lambda sums: T.call_llvm_pure_intrin(
+        f"int32x{VNNI_LANES}", "llvm.x86.avx512.vpdpbusd.512", sums, ones, ones))
 
 
 def probe_avx512_bf16(config: PipelineConfig) -> float | None:
     """GFLOP/s of independent ``vdpbf16ps`` chains held in registers, one per thread: each adds
     2 bf16 x bf16 products into each of 16 float32 lanes. None where the target has no
     AVX512_BF16."""
-    target = config.tvm_target()
-    if not has_avx512_bf16(target):
+    if not has_avx512_bf16(config.tvm_target()):
         return None
+    # A pair of bf16 0x3A83 (about 0.001) in each lane: the sums grow by 2e-6 per instruction,
+    # far from overflow.
+    pairs = T.Broadcast(T.int32(0x3A833A83), VNNI_LANES)
+    return _probe_register_chains(config, "float32", 2, lambda sums: dpbf16ps(sums, pairs, pairs),
+                                  {IMPORT_ANNOTATION: DPBF16PS_LLVM})
+
+
+def _probe_register_chains(config: PipelineConfig, sum_dtype: str, products: int, step,
+                           annotations: dict | None = None) -> float:
+    """GOP/s or GFLOP/s (a multiply and an add per product) of ``FMA_ACCUMULATORS`` independent
+    chains of ``sums = step(sums)``, each a vector of ``VNNI_LANES`` ``sum_dtype`` lanes plus
+    ``products`` products a lane, held in registers, one set per thread; ``annotations`` on the
+    thread loop (the LLVM IR ``step`` calls). The operands are constants, as the FMA probe's
+    coefficients: loaded from a buffer, they were kept in memory and the sums stored back after
+    every instruction."""
+    target = config.tvm_target()
     threads, accs, iters, lanes = config.threads, FMA_ACCUMULATORS, FMA_ITERATIONS, VNNI_LANES
-    # A pair of bf16 0x3A83 (about 0.001) in each lane, constant as the FMA probe's coefficients:
-    # the sums grow by 2e-6 per instruction, far from overflow.
-    pair = T.int32(0x3A833A83)
+    zeros = T.Broadcast(tvm.tirx.const(0, sum_dtype), lanes)
 
     @T.prim_func
-    def dots(out: T.Buffer((threads, accs * lanes), "float32")):
-        for p in T.parallel(threads, annotations={IMPORT_ANNOTATION: DPBF16PS_LLVM}):
-            acc = T.alloc_buffer((accs,), f"float32x{lanes}", scope="local")
+    def dots(out: T.Buffer((threads, accs * lanes), sum_dtype)):
+        for p in T.parallel(threads, annotations=annotations or {}):
+            acc = T.alloc_buffer((accs,), f"{sum_dtype}x{lanes}", scope="local")
             for a in T.unroll(accs):
-                acc[a] = T.Broadcast(T.float32(0), lanes)
+                acc[a] = zeros
             for _ in range(iters):
                 for a in T.unroll(accs):
-                    acc[a] = dpbf16ps(acc[a], T.Broadcast(pair, lanes), T.Broadcast(pair, lanes))
+                    acc[a] = step(acc[a])
             for a in T.unroll(accs):
                 out[p, T.Ramp(a * lanes, 1, lanes)] = acc[a]
 
     library = tvm.compile(tvm.IRModule({"main": dots}), target=target)
-    out = tvm.runtime.tensor(np.zeros((threads, accs * lanes), "float32"))
+    out = tvm.runtime.tensor(np.zeros((threads, accs * lanes), sum_dtype))
     best = _best_seconds(lambda: library["main"](out))
-    return 2.0 * 2 * lanes * threads * accs * iters / best / 1e9
+    return 2.0 * products * lanes * threads * accs * iters / best / 1e9
 
 
 def l2_bytes() -> int:

@@ -24,11 +24,16 @@ def pads(width) -> bool:
     return isinstance(width, (int, tirx.IntImm)) and int(width) > MIN_WIDTH and int(width) % PADDED_TO != 0
 
 
+def padded_width(width: int) -> int:
+    """The length the reductions of a row of ``width`` run over: a multiple of ``PADDED_TO``."""
+    return -(-width // PADDED_TO) * PADDED_TO
+
+
 def padded_softmax(x: te.Tensor) -> te.Tensor:
     """Softmax of ``x`` over its last axis (static, ``pads``), with ``topi.fast_exp``."""
     *rows, width = x.shape
     width = int(width)
-    padded = -(-width // PADDED_TO) * PADDED_TO
+    padded = padded_width(width)
 
     def inside(row: tuple, k) -> tuple:
         """The reduction's index into a row: ``k`` clamped to the row's last element."""

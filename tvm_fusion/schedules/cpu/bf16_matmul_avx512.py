@@ -29,7 +29,7 @@ from ...kernels.avx512_bf16 import DPBF16PS_LLVM, dpbf16ps
 from ...kernels.cpu_features import has_avx512_bf16
 from .int8_sum import is_bf16_sum
 from .patch_prologue import schedule_with_operand
-from .register_tiles import RegisterDot, register_tiles
+from .register_tiles import RegisterDot, dot_intrinsic, register_tiles
 
 DPBF16PS_INTRIN = "tvm_fusion_dot_16x2_bf16f32_avx512"
 # Up to 6 column blocks: 24 accumulators, 6 weight loads and a broadcast fill 31 of the 32
@@ -37,37 +37,10 @@ DPBF16PS_INTRIN = "tvm_fusion_dot_16x2_bf16f32_avx512"
 # epilogue are then a large share), as fast at BERT's widths.
 DPBF16PS_DOT = RegisterDot(DPBF16PS_INTRIN, DEPTH_BLOCK, max_column_blocks=6, import_llvm=DPBF16PS_LLVM)
 
-
-def _dot_16x2_bf16():
-    """The intrinsic's description (16 float32 lanes, each += 2 products of bf16 bits widened
-    to float32, the accumulator in registers) and its ``vdpbf16ps`` implementation."""
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.Buffer((2,), "uint16", offset_factor=1), b: T.Buffer((16, 2), "uint16", offset_factor=1),
-             c: T.Buffer((16,), "float32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:2], b[0:16, 0:2])
-            T.writes(c[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 2):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        c[vi] = c[vi] + bf16_value(a[vk]) * bf16_value(b[vi, vk])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.Buffer((2,), "uint16", offset_factor=1), b: T.Buffer((16, 2), "uint16", offset_factor=1),
-             c: T.Buffer((16,), "float32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:2], b[0:16, 0:2])
-            T.writes(c[0:16])
-            pair = T.reinterpret(a.vload([0], "uint16x2"), dtype="int32")
-            c[T.ramp(T.int32(0), 1, 16)] = dpbf16ps(c.vload([0], dtype="float32x16"), T.broadcast(pair, 16),
-                                                    T.reinterpret(b.vload([0, 0], dtype="uint16x32"), dtype="int32x16"))
-
-    return desc, impl
-
-
-s_tir.TensorIntrin.register(DPBF16PS_INTRIN, *_dot_16x2_bf16(), override=True)
+# 16 float32 lanes, each plus 2 products of bf16 bits widened to float32
+s_tir.TensorIntrin.register(DPBF16PS_INTRIN, *dot_intrinsic(
+    ("uint16", "uint16"), "float32", DEPTH_BLOCK, lambda a, b: bf16_value(a) * bf16_value(b),
+    lambda sums, words, panel: dpbf16ps(sums, words, T.reinterpret(panel, dtype="int32x16"))), override=True)
 
 
 class Bf16MatmulAvx512(ScheduleRule):

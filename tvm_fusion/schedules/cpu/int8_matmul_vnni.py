@@ -28,44 +28,17 @@ from ...kernels.blocks import is_cpu_kernel, only_reduction
 from ...kernels.cpu_features import has_vnni
 from .int8_sum import is_int8_sum
 from .patch_prologue import schedule_with_operand
-from .register_tiles import RegisterDot, register_tiles
+from .register_tiles import RegisterDot, dot_intrinsic, register_tiles
 
 VNNI_INTRIN = "tvm_fusion_dot_16x4_u8i8i32_vnni"
 VNNI_DOT = RegisterDot(VNNI_INTRIN, DEPTH_BLOCK)
 
-
-def _dot_16x4_vnni():
-    """The intrinsic's description (16 int32 lanes, each += 4 uint8 x int8 products, the
-    accumulator in registers) and its ``vpdpbusd`` implementation."""
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
-             c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-            T.writes(c[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
-             c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-            T.writes(c[0:16])
-            a_quad = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
-            c[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), c.vload([0], dtype="int32x16"),
-                T.reinterpret(T.broadcast(a_quad, 16), dtype="int8x64"), b.vload([0, 0], dtype="int8x64"),
-                dtype="int32x16")
-
-    return desc, impl
-
-
-s_tir.TensorIntrin.register(VNNI_INTRIN, *_dot_16x4_vnni(), override=True)
+# 16 int32 lanes, each plus 4 uint8 x int8 products
+s_tir.TensorIntrin.register(VNNI_INTRIN, *dot_intrinsic(
+    ("uint8", "int8"), "int32", DEPTH_BLOCK, lambda a, b: T.cast(a, "int32") * T.cast(b, "int32"),
+    lambda sums, words, panel: T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), sums, T.reinterpret(words, dtype="int8x64"), panel,
+        dtype="int32x16")), override=True)
 
 
 class Int8MatmulVnni(ScheduleRule):

@@ -12,10 +12,12 @@ its prologue and output placed as ``patch_prologue.py`` places them. A static su
 ``MatmulEpilogue`` runs one: waking the other core costs more than it would save.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 
 from tvm import s_tir
+from tvm.script import tirx as T
 
 from ...frontend.integer_matmul import COLUMN_BLOCK
 from ...frontend.packed_weights import REGISTER_TILE_ROWS
@@ -37,6 +39,43 @@ MAX_CONV_TILE_ROWS, MAX_TILE_ACCUMULATORS = 8, 24
 # once per tile of rows: it no longer stays in L2 between row tiles (faster for the larger
 # weights of benchmarks/bench_int8.py; at 1 MB and below the two orders tie).
 COLUMNS_OUTER_WEIGHT_BYTES = 1 << 20
+
+
+LANES = 16  # sums per instruction: one AVX-512 register of 32-bit lanes
+
+
+def dot_intrinsic(operand_dtypes: tuple[str, str], sum_dtype: str, depth: int, product: Callable, instruction: Callable):
+    """A register dot product's tensor intrinsic (description, implementation): ``LANES``
+    ``sum_dtype`` sums held in registers, each plus ``depth`` products ``product(a, b)`` of the
+    activation's ``depth`` values and its column's ``depth`` weights. The implementation is
+    ``instruction(sums, words, panel)``: the activation's values as one 32-bit word broadcast to
+    every lane (int32 x 16), the weights as one 64-byte load of ``operand_dtypes[1]``."""
+    a_dtype, b_dtype = operand_dtypes
+    a_word, panel, sums = f"{a_dtype}x{depth}", f"{b_dtype}x{LANES * depth}", f"{sum_dtype}x{LANES}"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.Buffer((depth,), a_dtype, offset_factor=1), b: T.Buffer((LANES, depth), b_dtype, offset_factor=1),
+             c: T.Buffer((LANES,), sum_dtype, offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:LANES], a[0:depth], b[0:LANES, 0:depth])
+            T.writes(c[0:LANES])
+            for i in T.serial(0, LANES):
+                for k in T.serial(0, depth):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + product(a[vk], b[vi, vk])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.Buffer((depth,), a_dtype, offset_factor=1), b: T.Buffer((LANES, depth), b_dtype, offset_factor=1),
+             c: T.Buffer((LANES,), sum_dtype, offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:LANES], a[0:depth], b[0:LANES, 0:depth])
+            T.writes(c[0:LANES])
+            word = T.reinterpret(a.vload([0], a_word), dtype="int32")
+            c[T.ramp(T.int32(0), 1, LANES)] = instruction(c.vload([0], dtype=sums), T.broadcast(word, LANES),
+                                                          b.vload([0, 0], dtype=panel))
+
+    return desc, impl
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ...kernels.blocks import is_spatial
-from ...kernels.padded_softmax import PADDED_TO
+from ...kernels.padded_softmax import padded_width
 from ...targets.target_info import vector_lanes
 from .helpers import (cpu_schedule, extent, extent_of, inline_cheap_blocks, parallel_rows, power_of_two_width,
                       same_extents, vectorized_init)
@@ -93,7 +93,7 @@ def _reduces_row(columns, reduced) -> bool:
     length, or the row padded to whole vectors (``kernels/padded_softmax.py``)."""
     if same_extents([columns], [reduced]):
         return True
-    return isinstance(columns, int) and isinstance(reduced, int) and reduced == -(-columns // PADDED_TO) * PADDED_TO
+    return isinstance(columns, int) and isinstance(reduced, int) and reduced == padded_width(columns)
 
 
 def _vectorize_partial(sch: s_tir.Schedule, block) -> None:
