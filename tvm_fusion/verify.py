@@ -2,7 +2,8 @@
 
 An output is ok when every element is within ``atol + rtol * |reference|``. One that is not is
 checked once more against ONNX Runtime's own spread: the reference rerun in configurations that
-compute the same function with its float operations in another order (``REFERENCE_VARIANTS``).
+compute the same function with its float operations in another order or their last bits moved
+(``REFERENCE_VARIANTS``).
 Where that spread alone exceeds the tolerance, the output is ill-conditioned at these inputs (a
 last-bit difference before a run-time quantization moves a value across a rounding step, and the
 model amplifies it): it passes when our error is at most ``SPREAD_MULTIPLE`` times that spread,
@@ -21,8 +22,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper
 
+from .accuracy.reference_variants import halved_reductions, nudged_quantization_inputs
 from .errors import VerificationError
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -93,83 +94,16 @@ def _other_thread_count(threads: int) -> int:
     return 1 if threads > 1 else 2
 
 
-# ReduceMean / ReduceSum -> the first opset that takes their axes as an input, not an attribute.
-_AXES_INPUT_OPSET = {"ReduceMean": 18, "ReduceSum": 13}
-
-
-def halved_reductions(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with each float ReduceMean / ReduceSum over its last axis (static, even length)
-    computed as that reduction of the reductions of the two halves: the same function with its
-    sums in another order. Graph optimizations and thread counts leave ONNX Runtime's sums as
-    they are, so a layer norm before a DynamicQuantizeLinear shows its rounding noise only here."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, ValueError):  # a model over 2 GB, an invalid one: unchanged
-        return model
-    types = {v.name: v.type.tensor_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
-    # The reductions' axes inputs only: converting every weight would copy the whole model.
-    wanted = {n.input[1] for n in model.graph.node if n.op_type in _AXES_INPUT_OPSET and len(n.input) > 1}
-    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in wanted}
-    constants.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
-                      if n.op_type == "Constant" and n.output[0] in wanted and n.attribute[0].name == "value"})
-    halved = onnx.ModelProto()
-    halved.CopyFrom(model)
-    nodes, added, axes = [], [], set()
-    for k, node in enumerate(halved.graph.node):
-        rank, length = _last_axis_reduction(node, types, constants, opset)
-        if not length or length % 2:
-            nodes.append(node)
-            continue
-        axes.update(node.input[1:])
-        tag = f"_halved_{k}"
-        keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
-        added.append(numpy_helper.from_array(np.array([0] * (rank - 1) + [2, length // 2], np.int64), "shape" + tag))
-        nodes.append(helper.make_node("Reshape", [node.input[0], "shape" + tag], ["split" + tag]))
-        if opset >= _AXES_INPUT_OPSET[node.op_type]:
-            added.append(numpy_helper.from_array(np.array([-1], np.int64), "axis" + tag))
-            nodes.append(helper.make_node(node.op_type, ["split" + tag, "axis" + tag], ["halves" + tag], keepdims=0))
-            nodes.append(helper.make_node(node.op_type, ["halves" + tag, "axis" + tag], node.output, keepdims=keepdims))
-        else:
-            nodes.append(helper.make_node(node.op_type, ["split" + tag], ["halves" + tag], axes=[-1], keepdims=0))
-            nodes.append(helper.make_node(node.op_type, ["halves" + tag], node.output, axes=[-1], keepdims=keepdims))
-    unused = axes - {name for node in nodes for name in node.input}  # ONNX Runtime warns of each
-    del halved.graph.node[:]
-    halved.graph.node.extend(n for n in nodes if not (n.op_type == "Constant" and n.output[0] in unused))
-    kept = [i for i in halved.graph.initializer if i.name not in unused]
-    del halved.graph.initializer[:]
-    halved.graph.initializer.extend(kept + added)
-    return halved
-
-
-def _last_axis_reduction(node: onnx.NodeProto, types: dict, constants: dict, opset: int) -> tuple[int, int]:
-    """(rank, length of the last axis) where ``node`` reduces a float tensor over its last axis
-    alone and that length is static, else (0, 0)."""
-    if node.op_type not in _AXES_INPUT_OPSET or node.domain not in ("", "ai.onnx"):
-        return 0, 0
-    tensor = types.get(node.input[0])
-    if tensor is None or tensor.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) \
-            or not tensor.HasField("shape") or not tensor.shape.dim:
-        return 0, 0
-    if opset >= _AXES_INPUT_OPSET[node.op_type]:
-        axes = constants.get(node.input[1]) if len(node.input) > 1 else None
-        axes = None if axes is None else axes.reshape(-1).tolist()
-    else:
-        axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
-    rank = len(tensor.shape.dim)
-    if axes is None or len(axes) != 1 or axes[0] % rank != rank - 1:
-        return 0, 0
-    return rank, tensor.shape.dim[-1].dim_value  # 0 where the length is symbolic
-
-
 # Configurations that compute the same function as the reference, with its float operations in
-# another order: the reference's own rounding noise. Name -> (graph optimization level, threads,
-# what the model becomes).
+# another order or their last bits moved (``accuracy/reference_variants.py``): the reference's own
+# rounding noise. Name -> (graph optimization level, threads, what the model becomes).
 REFERENCE_VARIANTS = {
     "graph optimizations off": (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, lambda threads: threads, None),
     "another intra-op thread count": (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, _other_thread_count, None),
     "reductions summed by halves": (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, lambda threads: threads,
                                     halved_reductions),
+    "run-time quantizations' inputs an ulp up": (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, lambda threads: threads,
+                                                  nudged_quantization_inputs),
 }
 
 
@@ -233,12 +167,15 @@ def reference_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray], thr
 def reference_variants(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
                        threads: int = 1) -> dict[str, dict[str, np.ndarray]]:
     """The reference's outputs under each of REFERENCE_VARIANTS, by variant name: what ONNX
-    Runtime itself gives when only the order of its float operations changes."""
+    Runtime itself gives when only its rounding noise changes. A rewrite that leaves the model as
+    it is (nothing to nudge) is not run."""
     feeds, runs = onnxruntime_feeds(inputs), {}
     for name, (level, count, rewrite) in REFERENCE_VARIANTS.items():
+        variant = rewrite(model) if rewrite else model
+        if rewrite and variant is model:
+            continue
         try:
-            session = onnxruntime_session(rewrite(model) if rewrite else model, count(threads),
-                                          exact_integer_products=True, optimization=level)
+            session = onnxruntime_session(variant, count(threads), exact_integer_products=True, optimization=level)
             runs[name] = _reference_thread().submit(run_onnxruntime, session, feeds).result()
         except ReferenceUnavailable:  # no spread from a configuration ONNX Runtime cannot run
             continue
