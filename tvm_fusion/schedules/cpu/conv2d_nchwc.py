@@ -25,7 +25,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from ...kernels.blocks import OneReduction, is_static, only_reduction
-from ...targets.target_info import num_cores, vector_lanes, vector_registers
+from ...targets.target_info import num_cores, spills_unrolled_loads, vector_lanes, vector_registers
 from .helpers import (cpu_schedule, extent, inline_cheap_blocks, iter_kinds, one_reduction_kernel, pixel_tile,
                       schedule_pad, store_tile_epilogue, vectorized_init)
 from .symbolic_width import schedule_by_width, schedule_static_width, static_except, width_tiles
@@ -51,6 +51,9 @@ _MIN_TASKS = 6
 # map (resnet18 on Emerald Rapids, kernel alone: 3x3/2 256 -> 512 over 7x7, 18x the map,
 # 631 -> 497 us; 3x3/2 128 -> 256 over 14x14, 2.6x, 425 -> 538 us).
 _FILTERS_PER_MAP_VALUE = 4
+# Input channels of a block unrolled together where LLVM's scheduling for the CPU spills a
+# whole unrolled block's broadcasts (``spills_unrolled_loads``); elsewhere the whole block.
+_SPILL_FREE_UNROLL = 4
 
 
 class Conv2dNCHWc(ScheduleRule):
@@ -77,6 +80,7 @@ class Conv2dNCHWc(ScheduleRule):
         if extent(sch, loops[4]) > lanes or lanes % extent(sch, loops[4]):
             return None  # the channel block must fit one vector register
         registers, cores = vector_registers(target), num_cores(target)
+        unroll = _SPILL_FREE_UNROLL if spills_unrolled_loads(target) else None
         height, width = (sch.get(loop).extent for loop in loops[2:4])
         # One output column (a 1-D conv exported as an Nx1 Conv2d): the tiles run down the rows.
         tiles_rows = is_static(width) and int(width) == 1 and is_static(height) and int(height) > 1
@@ -90,16 +94,18 @@ class Conv2dNCHWc(ScheduleRule):
             by_channel_tile = (not tiles_rows and _weights_outweigh_map(kernel.stmt)
                                and _shares_evenly(int(sch.get(loops[0]).extent) * channel_blocks // oc_tile, cores))
             return schedule_static_width(sch, width, ow_tile, lambda copy, tile: self._schedule(
-                copy, tile, oc_tile, cores, tiles_rows, by_channel_tile))
+                copy, tile, oc_tile, cores, unroll, tiles_rows, by_channel_tile))
         # Symbolic rows and columns: full tiles of pixels, the last of a row shifted back.
         return schedule_by_width(
             sch.mod["main"], width, width_tiles(_MAX_ROW_TILE, lanes),
-            lambda copy, tile: self._schedule(copy, tile, _wide_register_tile(tile, channel_blocks, registers), cores))
+            lambda copy, tile: self._schedule(copy, tile, _wide_register_tile(tile, channel_blocks, registers), cores,
+                                              unroll))
 
     @staticmethod
-    def _schedule(sch: s_tir.Schedule, ow_tile: int, oc_tile: int, cores: int, tiles_rows: bool = False,
-                  by_channel_tile: bool = False):
+    def _schedule(sch: s_tir.Schedule, ow_tile: int, oc_tile: int, cores: int, unroll: int | None,
+                  tiles_rows: bool = False, by_channel_tile: bool = False):
         """Tiles of ``ow_tile`` pixels x ``oc_tile`` channel blocks; returns the pixel-tile loop.
+        ``unroll``: input channels of a block unrolled together (None: the whole block).
         ``by_channel_tile``: a task is a channel tile over the whole map, its filters read from
         memory once (``_weights_outweigh_map``)."""
         kernel = only_reduction(sch)
@@ -145,8 +151,12 @@ class Conv2dNCHWc(ScheduleRule):
         if len(reduction) == 4:
             # The input channels of one block, unrolled: the FMA loop runs without a branch per
             # input channel (2 threads, AVX-512, kernel alone: 96 -> 32 channels 3x3 over 160x160
-            # 60 -> 65 % of the FMA peak, 16 -> 16 over 20x20 25 -> 38 %).
-            sch.unroll(reduction[3])
+            # 60 -> 65 % of the FMA peak, 16 -> 16 over 20x20 25 -> 38 %). Where the whole block
+            # would spill (AMD Zen), four channels at a time.
+            channels = reduction[3]
+            if unroll is not None and extent(sch, channels) > unroll and extent(sch, channels) % unroll == 0:
+                channels = sch.split(channels, [None, unroll])[1]
+            sch.unroll(channels)
         sch.vectorize(ob)
         vectorized_init(sch, conv, reduction[0])
         return x_outer
