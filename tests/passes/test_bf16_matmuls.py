@@ -10,6 +10,7 @@ import onnx
 import onnxruntime
 import pytest
 import tvm
+import tvm_ffi
 from machine import host_target
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
@@ -18,6 +19,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tvm_fusion.config import load_config
+from tvm_fusion.frontend.bf16_conv import BF16_PATCHES
 from tvm_fusion.frontend.bf16_matmul import pack_weight
 from tvm_fusion.frontend.conv_patches import conv_geometry
 from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls, bf16_candidates
@@ -461,3 +463,28 @@ def test_must_not_take_a_conv_of_fewer_output_channels_than_a_column_block():
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(model))
     assert len(conv_calls(fused)) == 1 and conv_geometry(conv_calls(fused)[0]).out_channels == 1
     assert Bf16Matmuls(AMX)(fused).same_as(fused) and not bf16_candidates(fused, AMX)
+
+
+def patch_row_shapes(mod: tvm.IRModule) -> list[tuple[int, ...]]:
+    """The rows of each bf16 conv kernel's patch matrix (its last axis, K, left off)."""
+    shapes = []
+
+    def visit(block):
+        if block.name_hint == BF16_PATCHES.patches_name:
+            shapes.append(tuple(int(d) for d in block.writes[0].source.shape[:-1]))
+
+    for func in mod.functions.values():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, visit))
+    return shapes
+
+
+def test_register_tiles_keep_a_conv_per_output_row_that_four_divides():
+    """76 output columns: no divisor from an AMX tile's 5 to 16, so AMX's patch rows run over
+    every pixel (a tile may straddle two output rows, the epilogue waits for the whole sum); 4
+    divides them, so register tiles of 4 rows keep each output row's pixels together and the
+    epilogue follows each tile (picodet-layout's 1x1 convs over 100x76 on Zen 4)."""
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(cnn_model(8, 76)))
+    assert patch_row_shapes(Bf16Matmuls(AMX)(fused)) == [(8 * 76,)] * 2
+    assert patch_row_shapes(Bf16Matmuls(zen4, winograd=False)(fused)) == [(8, 76)] * 2

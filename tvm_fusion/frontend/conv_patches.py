@@ -38,6 +38,9 @@ MIN_CHANNELS = 16
 # Output pixels (the sum's rows) a conv needs: a squeeze-and-excitation block's convs on a pooled
 # map have one, which its own fusion computes (a patch kernel inside it ran at half its speed).
 MIN_PIXELS = 16
+# Rows of an AMX tile (schedules/cpu/amx_tiles.py): a tile of fewer than MIN_TILE_ROWS rows
+# wastes most of its 16.
+TILE_ROWS, MIN_TILE_ROWS = 16, 5
 _BLOCKED = re.compile(r"NCHW(\d+)c")
 _BLOCKED_WEIGHT = re.compile(r"OIHW(\d+)i(\d+)o")
 _OUT_BLOCKED_WEIGHT = re.compile(r"OIHW(\d+)o")
@@ -63,7 +66,8 @@ class PatchOperand:
 class ConvGeometry:
     """What the kernel needs of a conv: its layouts' channel blocks (0: NCHW), the input's
     ``[N, C, H, W]``, the output's ``[Co, OH, OW]``, its kernel, strides, dilation and
-    (top, left) padding."""
+    (top, left) padding; the fewest rows a tile within an output row may have
+    (``rows_per_output_row``: an AMX tile's by default, fewer for register tiles)."""
 
     data_block: int
     out_block: int
@@ -78,6 +82,7 @@ class ConvGeometry:
     strides: tuple[int, int]
     dilation: tuple[int, int]
     padding: tuple[int, int]
+    min_tile_rows: int = MIN_TILE_ROWS
 
     @property
     def depth(self) -> int:
@@ -159,19 +164,14 @@ def weight_matrix(weight: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
     return np.ascontiguousarray(blocked.reshape(-1, out_channels))
 
 
-# Rows of an AMX tile (schedules/cpu/amx_tiles.py): a tile of fewer than MIN_TILE_ROWS rows
-# wastes most of its 16.
-TILE_ROWS, MIN_TILE_ROWS = 16, 5
-
-
 def rows_per_output_row(geometry: ConvGeometry) -> bool:
     """Whether the patch rows are laid out ``[N x OH, OW]`` (an output row per row of the
     matrix) rather than ``[pixels]``: the tiles then divide an output row and never straddle
-    two, so the output layout's block follows each tile. Not where OW has no divisor of at least
-    ``MIN_TILE_ROWS`` up to 16 (a prime OW past 16, or a map a few columns wide: a conv1d's, 1):
-    tiles of so few rows would waste most of each instruction."""
+    two, so the output layout's block and the epilogue follow each tile. Not where OW has no
+    divisor of at least ``geometry.min_tile_rows`` up to 16 (a prime OW past 16, or a map a few
+    columns wide: a conv1d's, 1): tiles of so few rows would waste most of each instruction."""
     width = geometry.out_width
-    return max(d for d in range(1, TILE_ROWS + 1) if width % d == 0) >= MIN_TILE_ROWS
+    return max(d for d in range(1, TILE_ROWS + 1) if width % d == 0) >= geometry.min_tile_rows
 
 
 def _rows_shape(geometry: ConvGeometry) -> tuple[int, ...]:

@@ -280,5 +280,9 @@ class _Rewriter(PyExprMutator):
             self.packed_matrix[weight_expr] = product.matrix
         self.changed = self.rewrote = True
         if product.conv is not None:
-            return emit_bf16_conv2d(self.builder_, value.args[0], product.conv, weight, packed, var.name)
+            # Register tiles take row_multiple rows: an output row that many divide keeps its
+            # tiles, and the epilogue after each, within it.
+            conv = product.conv if self.row_multiple == 1 else dataclasses.replace(
+                product.conv, min_tile_rows=self.row_multiple)
+            return emit_bf16_conv2d(self.builder_, value.args[0], conv, weight, packed, var.name)
         return emit_bf16_matmul(self.builder_, value.args[0], weight, packed, var.name, self.row_multiple)

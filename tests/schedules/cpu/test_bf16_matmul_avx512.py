@@ -5,6 +5,8 @@ any) against a numpy reference that rounds both operands to bf16 (bf16_kernels.a
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -115,6 +117,19 @@ def test_a_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
     done = on_registers(mod, ZEN4)
     assert bf16_kernel(done)[1].script().count("T.parallel") >= 2  # the rounded input, and the tiles
     assert "vdpbf16ps" in kernel_assembly(done, ZEN4)
+
+
+def test_a_flat_convs_epilogue_is_one_pass_over_every_core():
+    """17 output columns (prime, past 16): the tiles straddle output rows, so the output layout,
+    the bias and the ReLU wait for the whole sum; then as one pass over the map shared among the
+    cores, not a pass per block over its batch of one (picodet-layout's 1x1 convs over 38
+    columns spent most of their time there)."""
+    mod, _ = bf16_conv_module(CONVS["strided-k-tail"])
+    script = bf16_kernel(on_registers(mod, ZEN4))[1].script()
+    blocks = re.findall(r'T\.sblock\("(\w+)"\)', script)
+    assert blocks[blocks.index("bf16_matmul_local") + 1:] == ["compute"]  # layout, bias, ReLU in one
+    parallel = [int(n) for n in re.findall(r"T\.parallel\(T\.int64\((\d+)\)\)", script)]
+    assert len(parallel) == 3 and min(parallel) > 1  # input rounding, tiles, epilogue
 
 
 @host_bf16

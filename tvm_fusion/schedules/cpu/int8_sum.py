@@ -95,6 +95,18 @@ def with_epilogue_per_tile(sch: s_tir.Schedule, schedule: Callable[[s_tir.Schedu
     return None
 
 
+def _inlined_but_last(sch: s_tir.Schedule, epilogue: list) -> list:
+    """The epilogue blocks left after inlining each into its reader where it can be: one pass
+    over the output (a conv's layout, bias and activation), not a pass per block."""
+    left = []
+    for block_rv in epilogue[:-1]:
+        try:
+            sch.compute_inline(block_rv)
+        except s_tir.ScheduleError:
+            left.append(block_rv)
+    return left + epilogue[-1:]
+
+
 def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epilogue: list, per_tile: bool,
                      operand=None, parallel: bool = True) -> None:
     """The sum's tiles (``outer``, rows then columns or columns then rows, under the ``batch``
@@ -118,11 +130,11 @@ def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epil
         sch.reverse_compute_at(output, tile)
     else:
         output = writeback
-        for later in epilogue:
+        for later in _inlined_but_last(sch, epilogue):
             loops = sch.get_loops(later)
             if loops:  # a scalar (a zero point) has none
                 if parallel:
-                    sch.parallel(loops[0])
+                    sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 1 else loops[0])
                 sch.vectorize(loops[-1])
     sch.vectorize(sch.get_loops(output)[-1])
     if operand is not None:
