@@ -16,6 +16,10 @@ RTOL, ATOL = 1e-3, 1e-4
 NUDGED = "run-time quantizations' inputs an ulp up"
 
 
+def compare_outputs(actual, expected):
+    return verify.compare_outputs(actual, expected, RTOL, ATOL)
+
+
 def test_sums_of_halves_compute_the_same_function():
     """Each float ReduceMean / ReduceSum over a static, even last axis becomes the reduction of
     its halves' reductions, at opsets with axes as an attribute and as an input; others stay."""
@@ -106,7 +110,7 @@ def test_only_the_nudge_shows_a_quantized_lstms_spread(layer_norm_before_quantiz
     output well conditioned, and a build whose norm sums in other lanes failed on it."""
     model = layer_norm_before_quantized_lstm
     spreads = []
-    for seed in range(12):  # about one input in three moves a step's quantized state
+    for seed in range(24):  # here one input in twelve moved a step's quantized state (seed 1)
         x = np.random.default_rng(seed).standard_normal((50, 1, 32)).astype(np.float32)
         expected = verify.reference_outputs(model, {"x": x})
         runs = verify.reference_variants(model, {"x": x})
@@ -122,7 +126,3 @@ def test_only_the_nudge_shows_a_quantized_lstms_spread(layer_norm_before_quantiz
             assert result.reference_spread.configuration == NUDGED
             return
     pytest.fail(f"one ulp before the quantized LSTM never left the tolerance (multiples {spreads})")
-
-
-def compare_outputs(actual, expected):
-    return verify.compare_outputs(actual, expected, RTOL, ATOL)
