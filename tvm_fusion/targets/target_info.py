@@ -38,9 +38,10 @@ def vector_registers(target: Target) -> int:
 def spills_unrolled_loads(target: Target) -> bool:
     """Whether LLVM's instruction scheduling for the target's CPU moves the loads of a fully
     unrolled loop of many FMAs ahead of them, past what the registers hold, and spills them: its
-    AMD Zen models do (a 1x1 conv's 16 unrolled input channels: 40-42 zmm spills and as many
-    reloads), its Intel and generic x86-64 models do not. Rules unroll less for such a CPU."""
-    return str(target.attrs.get("mcpu", "")).startswith("znver")
+    AVX-512 Zen models do (a 1x1 conv's 16 unrolled input channels: 40-42 zmm spills and as many
+    reloads), its Intel and generic x86-64 models do not, nor its AVX2 Zen ones on 8-channel
+    blocks. Rules unroll less for such a CPU."""
+    return str(target.attrs.get("mcpu", "")).startswith("znver") and simd_bits(target) == 512
 
 
 def vector_lanes(target: Target, dtype: str) -> int:

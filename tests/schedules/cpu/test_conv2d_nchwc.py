@@ -200,6 +200,12 @@ def test_the_input_channels_are_unrolled_as_far_as_the_registers_hold(mcpu, whol
     assert not re.search(r"vmov[au]ps\s+%zmm\d+, -?\d*\(%rsp\)", assembly)
 
 
+def test_avx2_zen_keeps_the_whole_block_unrolled():
+    """Zen 1-3 (AVX2, 8-channel blocks): the unrolled block spilled no more than four at a time."""
+    assert not spills_unrolled_loads(tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2}))
+    assert spills_unrolled_loads(tvm.target.Target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2}))
+
+
 def test_the_nchw_rule_declines_a_blocked_conv_and_vice_versa(lowered, prim_funcs, target):
     kernel, _ = blocked_conv_kernel((1, 1, 8, 8, BLOCK), (1, 1, 3, 3, BLOCK, BLOCK), pad=1)
     assert Conv2dNCHW().apply(kernel, target, False) is None
