@@ -3,7 +3,8 @@
 
 Row ``p`` of the patch matrix is output pixel ``p``'s receptive field (``K = C x KH x KW``
 values), the weight is ``[K, Co]``. One kernel holds three parts: the input converted to the
-sum's operand type once (``PatchOperand.convert``), the patch matrix copied from it (the
+sum's operand type once (``PatchOperand.convert``; a 1x1 conv's patches convert what they
+read), the patch matrix copied from it (the
 padding as the operand value of a zero), and a last block that writes each output pixel's
 channels in the conv's output layout. The element-wise epilogue FuseOps or a composite adds
 follows in the same kernel.
@@ -211,9 +212,10 @@ def _patch_index(geometry: ConvGeometry, rows: tuple, k):
 def patches_te(data: te.Tensor, geometry: ConvGeometry, operand: PatchOperand) -> te.Tensor:
     """The patch matrix (rows ``_rows_shape``, K padded to whole depth blocks with zeros) as
     ``operand`` elements: the input is converted once, then copied into the patches (each value
-    KH x KW times)."""
-    converted = te.compute(data.shape, lambda *i: operand.convert(data[i]), name=operand.input_name,
-                           attrs={READ_MANY_TIMES: 1})
+    KH x KW times). A 1x1 conv's patches read each value at most once: its conversion is left
+    for the rules to inline into them, saving a pass over the input."""
+    attrs = {} if tuple(geometry.kernel) == (1, 1) else {READ_MANY_TIMES: 1}
+    converted = te.compute(data.shape, lambda *i: operand.convert(data[i]), name=operand.input_name, attrs=attrs)
     zero = tvm.tirx.const(operand.zero, operand.dtype)
 
     def compute(*index):

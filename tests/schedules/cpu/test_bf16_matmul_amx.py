@@ -176,12 +176,15 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
 @pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
 def test_a_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
     """The patches are built under the tile loop that reads them (where there are row tiles to
-    share among cores), on vectors of a blocked input's 16 channels, from an input rounded once."""
+    share among cores), on vectors of a blocked input's 16 channels, from an input rounded once
+    (a 1x1 conv's patches round each value they read: no pass of its own)."""
     mod, _ = bf16_conv_module(CONVS[conv])
     func = bf16_kernel(on_tiles(mod, AMX))[1]
     script = func.script()
     assert "tdpbf16ps" in script
-    assert script.count("T.parallel") >= 2  # the rounded input, and the tiles
+    rounded_once = CONVS[conv].kernel != (1, 1)
+    assert ('T.sblock("bf16_conv_input")' in script) == rounded_once
+    assert script.count("T.parallel") >= 1 + rounded_once  # [the rounded input,] the tiles
     if conv == "3x3-rows-of-10":
         assert "T.vectorized(T.int64(16))" in script
         rows_loop = script.index("T.parallel(T.int64(40))")  # 20 output rows x 2 tiles of 20 rows

@@ -115,7 +115,10 @@ def test_scheduled_kernel_matches_the_bf16_reference_on_the_host(m, k, n):
 def test_a_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
     mod, _ = bf16_conv_module(CONVS[conv])
     done = on_registers(mod, ZEN4)
-    assert bf16_kernel(done)[1].script().count("T.parallel") >= 2  # the rounded input, and the tiles
+    script = bf16_kernel(done)[1].script()
+    rounded_once = CONVS[conv].kernel != (1, 1)  # a 1x1 conv's patches round each value they read
+    assert ('T.sblock("bf16_conv_input")' in script) == rounded_once
+    assert script.count("T.parallel") >= 1 + rounded_once  # [the rounded input,] the tiles
     assert "vdpbf16ps" in kernel_assembly(done, ZEN4)
 
 

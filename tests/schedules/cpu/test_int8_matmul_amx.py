@@ -180,12 +180,15 @@ def test_only_the_constructor_lets_a_fresh_process_run_the_tiles(tmp_path):
 @pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
 def test_a_quantized_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
     """frontend/int8_conv.py's kernel: the patches under the tile loop that reads them, on
-    vectors of a blocked input's 16 channels, from an input converted to bytes once."""
+    vectors of a blocked input's 16 channels, from an input converted to bytes once (a 1x1
+    conv's patches convert each value they read: no pass of its own)."""
     mod = int8_conv_module(CONVS[conv])
     done = scheduled(mod, Int8MatmulAmx(), AMX, kernel=int8_conv_kernel)
     script = int8_conv_kernel(done)[1].script()
     assert "tdpbusd" in script
-    assert script.count("T.parallel") >= 2  # the converted input, and the tiles
+    converted_once = CONVS[conv].kernel != (1, 1)
+    assert ('T.sblock("int8_conv_input")' in script) == converted_once
+    assert script.count("T.parallel") >= 1 + converted_once  # [the converted input,] the tiles
     if conv == "3x3-rows-of-10":
         assert "T.vectorized(T.int64(16))" in script
         # 20 output rows x 4 tiles of 10 rows (K = 288 is no whole number of 64-byte tile rows: 1 x 4 calls)

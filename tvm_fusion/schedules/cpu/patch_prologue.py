@@ -2,8 +2,9 @@
 above all, whatever computes their sum: shared by ``Bf16MatmulAmx``, ``Int8MatmulAmx`` (AMX
 tiles) and ``Int8MatmulVnni`` (``vpdpbusd`` registers).
 
-A conv's input is converted to the operand type once, in one pass on vectors; its patches are
-built per tile of rows, in L1 under the tiles that read them, a blocked input's 16 channels of
+A conv's input is converted to the operand type once, in one pass on vectors (a 1x1 conv's
+patches read each value once and convert it themselves: no pass); its patches are built per
+tile of rows, in L1 under the tiles that read them, a blocked input's 16 channels of
 one tap per vector; its output layout follows each tile where the rows are per output row, else
 the whole sum (a tile's rows then straddle two output rows, which ``reverse_compute_at`` cannot
 bound exactly).
