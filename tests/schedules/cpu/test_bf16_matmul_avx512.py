@@ -125,8 +125,7 @@ def test_a_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
 def test_a_flat_convs_epilogue_is_one_pass_over_every_core():
     """17 output columns (prime, past 16): the tiles straddle output rows, so the output layout,
     the bias and the ReLU wait for the whole sum; then as one pass over the map shared among the
-    cores, not a pass per block over its batch of one (picodet-layout's 1x1 convs over 38
-    columns spent most of their time there)."""
+    cores, not a pass per block over its batch of one (on one core)."""
     mod, _ = bf16_conv_module(CONVS["strided-k-tail"])
     script = bf16_kernel(on_registers(mod, ZEN4))[1].script()
     blocks = re.findall(r'T\.sblock\("(\w+)"\)', script)

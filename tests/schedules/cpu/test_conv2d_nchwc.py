@@ -186,9 +186,9 @@ def test_a_one_column_map_tiles_its_rows(target, run_kernel):
 @pytest.mark.parametrize("mcpu, whole_block", [("znver4", False), ("sapphirerapids", True)])
 def test_the_input_channels_are_unrolled_as_far_as_the_registers_hold(mcpu, whole_block):
     """LLVM's Zen scheduling moved the 16 unrolled channels' broadcasts of a 1x1 conv ahead of
-    their FMAs and spilled them (40 zmm spills and reloads; Zen 4, picodet-layout's and
-    opennsfw-tf's 1x1 convs alone 0.64-0.87x as long without): four channels at a time there,
-    the whole block on Intel. The assembly of both has no vector register spilled."""
+    their FMAs and spilled them (40 zmm spills and as many reloads): four channels at a time
+    there, the whole block on Intel. The assembly of both has no vector register spilled (the
+    timings: docs/benchmarks/models.md)."""
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     x, w = (1, 8, 20, 76, 16), (8, 8, 1, 1, 16, 16)
     kernel, _ = blocked_conv_kernel(x, w, block=16)
