@@ -31,15 +31,23 @@ RUN_TIME_QUANTIZED_INPUTS = {("", "DynamicQuantizeLinear"): (0,), ("com.microsof
 _ONE_ULP_UP = np.nextafter(np.float32(1), np.float32(2))
 
 
+def _tensor_types(model: onnx.ModelProto) -> dict | None:
+    """The inferred tensor type of each value and graph input, by name; None for a model shape
+    inference cannot take (over 2 GB, or invalid), which the rewrites then leave as it is."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return None
+    return {v.name: v.type.tensor_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+
+
 def halved_reductions(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each float ReduceMean / ReduceSum over its last axis (static, even length)
     computed as that reduction of the reductions of the two halves."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, ValueError):  # a model over 2 GB, an invalid one: unchanged
+    types = _tensor_types(model)
+    if types is None:
         return model
-    types = {v.name: v.type.tensor_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
     # The reductions' axes inputs only: converting every weight would copy the whole model.
     wanted = {n.input[1] for n in model.graph.node if n.op_type in _AXES_INPUT_OPSET and len(n.input) > 1}
     constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in wanted}
@@ -79,11 +87,10 @@ def nudged_quantization_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     multiplied by float32(1 + 2^-23) first; a model without one is returned as it is."""
     if not any((node.domain or "", node.op_type) in RUN_TIME_QUANTIZED_INPUTS for node in model.graph.node):
         return model
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, ValueError):  # a model over 2 GB, an invalid one: unchanged
+    tensors = _tensor_types(model)
+    if tensors is None:
         return model
-    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    types = {name: tensor.elem_type for name, tensor in tensors.items()}
     types.update({i.name: i.data_type for i in model.graph.initializer})
     nudged = onnx.ModelProto()
     nudged.CopyFrom(model)
