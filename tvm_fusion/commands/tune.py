@@ -35,6 +35,7 @@ from ..tuning.builder import InProcessBuilder
 from ..tuning.measure import HandSchedules, ProgressCallback, RemeasureHand, RpcSettings, make_runner
 from ..tuning.progress import TaskProgress, TuningProgress
 from ..tuning.scheduler import BudgetScheduler, stop_on_sigint
+from ..tuning.search_space import space_generator
 from ..tuning.store import TuningStore
 from ..tuning.store_contents import read_store, target_key, workload_id
 from ..tuning.store_database import StoreDatabase
@@ -171,7 +172,7 @@ def tune_model(model_path: str | Path, config=None, input_shapes=None, *, trials
                 say(f"tuning {len(open_tasks)} kernel(s): {remaining} trials, at most "
                     f"{per_task} per kernel, {per_iter} per batch" + (f", {limit:.0f} s limit" if limit else ""))
                 import_tensor_intrinsics()  # before TuneContext does it the slow way (intrinsics.py)
-                contexts = [ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
+                contexts = [ms.TuneContext(mod=t.mod, target=target, space_generator=space_generator(target),
                                            search_strategy="evolutionary", task_name=t.name, logger=logger,
                                            rand_state=seed + i, num_threads=cfg.threads).clone()
                             for i, (t, logger) in enumerate(zip(open_tasks, _task_loggers(
