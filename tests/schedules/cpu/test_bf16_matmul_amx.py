@@ -18,7 +18,7 @@ from tvm import relax, te
 
 from tvm_fusion.frontend.conv_patches import ConvGeometry
 from tvm_fusion.kernels.cpu_features import has_amx_bf16
-from tvm_fusion.schedules.cpu import Bf16MatmulAmx
+from tvm_fusion.schedules.cpu import Bf16MatmulAmx, Bf16MatmulAvx512
 from tvm_fusion.schedules.cpu.amx_tiles import square_rows
 from tvm_fusion.schedules.cpu.bf16_matmul_amx import BF16_TILES
 from tvm_fusion.schedules.registry import rules_for_kind
@@ -27,6 +27,10 @@ from tvm_fusion.targets.amx import request_amx_permission
 
 AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
 HOST = tvm.target.Target(host_target())
+# The host less AVX512_BF16: its tiles take sums of every size. With it, a small static sum (a
+# recurrent step's) is left to Bf16MatmulAvx512's registers on one core; the tile code is tested
+# at such sizes here.
+HOST_TILES_ONLY = tvm.target.Target({**host_target(), "mattr": ["-avx512bf16"]})
 
 
 def on_tiles(mod: tvm.IRModule, target) -> tvm.IRModule:
@@ -78,7 +82,7 @@ def test_kernels_of_other_tile_shapes_alternate_in_one_process():
     """Each call loads its tile configuration when the tiles hold another: two kernels of other
     shapes (a 2 x 2 call, a 1 x 4 call with a K tail) run one after the other, both right."""
     modules = [bf16_module(64, 128, 64, seed=1), bf16_module(7, 100, 20, seed=2)]
-    runs = [(relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())["main"], weight,
+    runs = [(relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST_TILES_ONLY), target=HOST_TILES_ONLY), tvm.cpu())["main"], weight,
              np.random.default_rng(4).standard_normal((64 if i == 0 else 7, weight.shape[0])).astype(np.float32))
             for i, (mod, weight) in enumerate(modules)]
     for _ in range(3):
@@ -125,8 +129,21 @@ def test_scheduled_kernel_matches_the_bf16_reference_on_the_host(m, k, n):
     38 rows, tiles of 16 and a tail), a weight past 1 MiB."""
     mod, weight = bf16_module(m, k, n)
     a = np.random.default_rng(1).standard_normal((*leading(m), k)).astype(np.float32)
-    vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST_TILES_ONLY), target=HOST_TILES_ONLY), tvm.cpu())
     assert_bf16_result(vm["main"](tvm.runtime.tensor(a)).numpy(), a, weight)
+
+
+@pytest.mark.parametrize("m, k, n, small", [(1, 128, 256, True), (4, 64, 128, True), (1, 128, 257, False),
+                                            (33, 100, 64, False)])
+def test_a_small_static_sum_is_left_to_the_registers_where_the_target_has_them(m, k, n, small):
+    """A recurrent step's sum (at most MAX_SERIAL_STATIC_WORK multiply-adds) costs more in tile
+    setup than in work: on an AMX CPU, which has AVX512_BF16 too, Bf16MatmulAvx512 runs it on
+    one core; without AVX512_BF16 the tiles take it."""
+    func = bf16_kernel(bf16_module(m, k, n)[0])[1]
+    assert (Bf16MatmulAmx().apply(func, AMX, False) is None) == small
+    assert Bf16MatmulAmx().apply(func, tvm.target.Target({**AMX.export(), "mattr": ["-avx512bf16"]}), False) is not None
+    if small:
+        assert Bf16MatmulAvx512().apply(func, AMX, False) is not None
 
 
 @host_amx

@@ -13,9 +13,10 @@ prologue and output placed as ``patch_prologue.py`` places them.
 
 Any row count from 1 takes tiles: a one-row tile still does 512 multiply-adds per
 instruction, 16 times a ``vdpbf16ps``. Declines on a target without AMX-BF16, for a symbolic
-row count and for a batched sum with a prime M past 16 (``amx_tiles``): ``Bf16MatmulAvx512``
-then puts the kernel on ``vdpbf16ps`` registers where the target has AVX512_BF16 (every AMX-BF16
-CPU does).
+row count, for a batched sum with a prime M past 16 (``amx_tiles``) and for a recurrent step's
+small sum, which costs more in tile setup than in work: ``Bf16MatmulAvx512`` then puts the
+kernel on ``vdpbf16ps`` registers (one core for the small sum) where the target has AVX512_BF16
+(every AMX-BF16 CPU does).
 """
 
 from functools import partial
@@ -27,10 +28,11 @@ from tvm.target import Target
 from ...frontend.bf16_conv import BF16_PATCHES
 from ...frontend.bf16_matmul import DEPTH_BLOCK, bf16_value
 from ...kernels.blocks import is_cpu_kernel, only_reduction
-from ...kernels.cpu_features import has_amx_bf16
+from ...kernels.cpu_features import has_amx_bf16, has_avx512_bf16
 from .amx_tiles import TileProduct, schedule_tiles
 from .int8_sum import is_bf16_sum
 from .patch_prologue import schedule_with_operand
+from .small_extent import is_small_static_sum
 
 # The operands are bf16 bits in uint16 tensors (frontend/bf16_matmul.py says why).
 BF16_TILES = TileProduct("bf16f32", "llvm.x86.tdpbf16ps", ("uint16", "uint16"), "float32", DEPTH_BLOCK,
@@ -40,7 +42,9 @@ BF16_TILES = TileProduct("bf16f32", "llvm.x86.tdpbf16ps", ("uint16", "uint16"), 
 class Bf16MatmulAmx(ScheduleRule):
     """C[m, n] = sum_k f32(A[m, k]) * f32(W[n/16, k/2, n%16, k%2]), bf16 operands, as AMX tiles
     (``tdpbf16ps``), its element-wise epilogue computed per tile. Declines on a target without
-    AMX-BF16, for a symbolic row count, and for any other kernel."""
+    AMX-BF16, for a symbolic row count, for a sum small enough for one core
+    (``small_extent.is_small_static_sum``) where the target has AVX512_BF16, and for any other
+    kernel."""
 
     runs_before = ("MatmulEpilogue", "MatmulMultiOutput", "Attention")
 
@@ -50,4 +54,6 @@ class Bf16MatmulAmx(ScheduleRule):
         kernel = only_reduction(s_tir.Schedule(func))
         if kernel is None or not is_bf16_sum(kernel.stmt):
             return None
+        if is_small_static_sum(kernel.stmt) and has_avx512_bf16(target):
+            return None  # a recurrent step's: Bf16MatmulAvx512 runs it on one core, without tile setup
         return schedule_with_operand(kernel, BF16_PATCHES, partial(schedule_tiles, spec=BF16_TILES))

@@ -25,7 +25,7 @@ from ...kernels.avx512_bf16 import IMPORT_ANNOTATION
 from ...kernels.blocks import OneReduction
 from .helpers import extent_of, largest_divisor
 from .int8_sum import operand_block, place_prologue, with_epilogue_per_tile, write_back_tiles
-from .small_extent import MAX_SERIAL_STATIC_WORK
+from .small_extent import is_small_static_sum
 
 # Register tile: rows x column blocks of 16 accumulators (16 to 24 of AVX-512's 32 registers),
 # each weight load used by every row, each broadcast activation by every column block.
@@ -105,8 +105,7 @@ def register_tiles(kernel: OneReduction, dot: RegisterDot, per_tile: bool = True
         operand = operand_block(kernel, rows // tile_rows * prod(extent_of(iv.dom.extent) for iv in batch))
     # A symbolic row count keeps its tiles parallel: serial_when_small's serial copy would
     # define the tensorized blocks' match_buffer offsets twice (ill-formed TIR).
-    work = [extent_of(iv.dom.extent) for iv in kernel.stmt.iter_vars]
-    parallel = not all(isinstance(w, int) for w in work) or prod(work) > MAX_SERIAL_STATIC_WORK
+    parallel = not is_small_static_sum(kernel.stmt)
     place_prologue(kernel.sch, kernel, parallel)
     return with_epilogue_per_tile(kernel.sch, lambda sch, epilogue_per_tile: _schedule(
         sch, kernel.block, dot, kernel.epilogue, epilogue_per_tile, operand_per_row_tile, operand, parallel), per_tile)

@@ -16,6 +16,8 @@ each copy), so the function stays well formed and each copy's scratch stays insi
 
 from __future__ import annotations
 
+from math import prod
+
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym.analyzer import Analyzer
@@ -37,6 +39,12 @@ MIN_PARALLEL_TILE_WORK = 1 << 18
 # symbolic size, which was set on a kernel timed alone: inside a model the other threads are
 # still awake from the kernel before, and a step's 1 x 128 x 512 product gains from them.
 MAX_SERIAL_STATIC_WORK = 1 << 15
+
+
+def is_small_static_sum(block: s_tir.SBlock) -> bool:
+    """Whether a sum's iterations (multiply-adds) are static and at most MAX_SERIAL_STATIC_WORK."""
+    extents = [iv.dom.extent for iv in block.iter_vars]
+    return all(isinstance(e, tirx.IntImm) for e in extents) and prod(int(e) for e in extents) <= MAX_SERIAL_STATIC_WORK
 
 
 def serial_when_small(sch: s_tir.Schedule, min_work: int, static_tasks: bool = False) -> s_tir.Schedule:
