@@ -9,6 +9,7 @@ from .attention import Attention
 from .bf16_matmul_amx import Bf16MatmulAmx
 from .bf16_matmul_avx512 import Bf16MatmulAvx512
 from .conv2d_nchw import Conv2dNCHW
+from .conv_taps_in_lanes import ConvTapsInLanes
 from .conv2d_nchwc import Conv2dNCHWc
 from .conv2d_transpose import Conv2dTranspose
 from .depthwise_conv2d import DepthwiseConv2d
@@ -29,7 +30,7 @@ from .squeeze_excitation import SqueezeExcitation
 from .whole_reduction import WholeTensorReduction
 from .winograd_conv2d_nchwc import WinogradConv2dNCHWc
 
-__all__ = ["Attention", "Bf16MatmulAmx", "Bf16MatmulAvx512", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "DepthwiseConv2d",
+__all__ = ["Attention", "Bf16MatmulAmx", "Bf16MatmulAvx512", "Conv2dNCHW", "Conv2dNCHWc", "Conv2dTranspose", "ConvTapsInLanes", "DepthwiseConv2d",
            "DepthwiseConv2dNCHWc", "Fallback", "Injective", "Int8MatmulAmx", "Int8MatmulVnni", "MatmulEpilogue", "MatmulMultiOutput",
            "Pooling", "Reduction", "Resize", "SkipNorm", "Softmax", "SoftmaxOverOuterAxis",
            "SqueezeExcitation", "WholeTensorReduction", "WinogradConv2dNCHWc"]
