@@ -45,7 +45,6 @@ class InProcessBuilder(PyBuilder):
         return results
 
 
-
 def _export(module, target: Target) -> str:
     """MetaSchedule's export (a tar of objects, linked where it runs), with the AMX permission's
     source added for a target with AMX tiles."""
