@@ -15,6 +15,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ...kernels.blocks import is_static
 from .matchers import conv_kernel
 
 # A filter's taps that make the lanes worth their horizontal sum: four vectors.
@@ -34,10 +35,10 @@ class ConvTapsInLanes(ScheduleRule):
             return None
         sch, blocks, lanes = found
         extents = [iv.dom.extent for iv in sch.get(blocks.conv).iter_vars]  # n, f, y, x, rc, ry, rx
-        if not all(isinstance(e, tirx.IntImm) for e in extents) or blocks.tiles_rows:
+        if not all(is_static(e) for e in extents) or blocks.tiles_rows:
             return None
-        *_, taps = (int(e) for e in extents)
-        if int(extents[1]) != 1 or blocks.column_stride < 2 or taps % lanes or taps < _MIN_VECTORS_OF_TAPS * lanes:
+        out_channels, taps = int(extents[1]), int(extents[-1])
+        if out_channels != 1 or blocks.column_stride < 2 or taps % lanes or taps < _MIN_VECTORS_OF_TAPS * lanes:
             return None
         for pad in blocks.pad:
             sch.compute_inline(pad)

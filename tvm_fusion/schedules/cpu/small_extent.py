@@ -25,7 +25,7 @@ from tvm.tirx import ForKind
 from tvm.tirx.buffer import is_buffer_var
 from tvm_ffi.structural import DefRegionKind
 
-from ...kernels.blocks import among
+from ...kernels.blocks import among, is_static
 
 
 # Below this many scalar block iterations (elements of an element-wise kernel, rows x row length
@@ -44,7 +44,7 @@ MAX_SERIAL_STATIC_WORK = 1 << 15
 def is_small_static_sum(block: s_tir.SBlock) -> bool:
     """Whether a sum's iterations (multiply-adds) are static and at most MAX_SERIAL_STATIC_WORK."""
     extents = [iv.dom.extent for iv in block.iter_vars]
-    return all(isinstance(e, tirx.IntImm) for e in extents) and prod(int(e) for e in extents) <= MAX_SERIAL_STATIC_WORK
+    return all(is_static(e) for e in extents) and prod(int(e) for e in extents) <= MAX_SERIAL_STATIC_WORK
 
 
 def serial_when_small(sch: s_tir.Schedule, min_work: int, static_tasks: bool = False) -> s_tir.Schedule:
