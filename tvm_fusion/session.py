@@ -35,7 +35,7 @@ from .passes.pipeline import bf16_target, graph_phases_key, is_cpu, lowering_pas
 from .patterns import PatternReport
 from .preparation import PreparedModel, Progress, ShapeArg, prepare, prepare_at, quiet, resolve_config
 from .provenance import onnx_nodes_of
-from .schedules import RuleError
+from .schedules import RuleError, ScheduleMemo
 
 
 @dataclasses.dataclass
@@ -92,6 +92,7 @@ class ModelSession:
         self._gates: dict = {}
         self._lowered: dict = {}
         self._scheduled: dict = {}
+        self._schedule_memo = ScheduleMemo()  # the hand schedules of every kernel built so far
 
     @classmethod
     def of(cls, prepared: PreparedModel, progress: Progress = quiet) -> ModelSession:
@@ -261,15 +262,14 @@ class ModelSession:
         so that its packed weights are freed before the artifact is loaded to be checked."""
         self._scheduled = {key: value for key, value in self._scheduled.items() if value is not scheduled}
 
-    @staticmethod
-    def _schedule(lowered, cfg: PipelineConfig, records, log: dict[str, str], rule_errors: list[RuleError]):
+    def _schedule(self, lowered, cfg: PipelineConfig, records, log: dict[str, str], rule_errors: list[RuleError]):
         return fusion_pipeline(cfg, PatternReport(), phases=("schedule",), tuning=records, schedule_log=log,
-                               rule_errors=rule_errors)(lowered)
+                               rule_errors=rule_errors, schedule_memo=self._schedule_memo)(lowered)
 
-    @staticmethod
-    def _lower_and_schedule(module, cfg: PipelineConfig):
+    def _lower_and_schedule(self, module, cfg: PipelineConfig):
         """Lower and hand-schedule a module (the fusion gate's fused side)."""
-        return fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"))(module)
+        return fusion_pipeline(cfg, PatternReport(), phases=("lower", "schedule"),
+                               schedule_memo=self._schedule_memo)(module)
 
     # built --------------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ import tvm
 from tvm import relax
 from tvm.relax.op import add, divide, matmul, nn, permute_dims, reshape
 
-from tvm_fusion.schedules import ApplySchedules, schedule_rules
+import tvm_fusion.schedules as schedules_module
+from tvm_fusion.schedules import ApplySchedules, ScheduleMemo, schedule_rules
 from tvm_fusion.schedules.registry import builtin_cpu_rules
 
 SEQ, HIDDEN, HEADS, FFN = 32, 64, 4, 128
@@ -95,3 +96,43 @@ def test_rule_lists_per_target_family():
     cuda = schedule_rules(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
     names = [type(r).__name__ for r in cuda]  # ours (schedules/gpu/) first, then dlight's, Fallback last
     assert names[:3] == ["WarpNorm", "WarpSoftmax", "Matmul"] and names[-1] == "Fallback"
+
+
+def _asked(monkeypatch) -> list:
+    """The kernels the rules are asked about (the memo answers the rest)."""
+    asked: list = []
+    original = schedules_module._schedule_kernel
+    monkeypatch.setattr(schedules_module, "_schedule_kernel",
+                        lambda func, target: asked.append(func) or original(func, target))
+    return asked
+
+
+def test_a_memo_answers_for_a_kernel_scheduled_before_under_the_name_asked(target, monkeypatch):
+    """The fusion gate's, the bf16 gate's and the final build schedule the same kernels again:
+    the second time the rules are not asked, and each kernel keeps its own name."""
+    asked, memo = _asked(monkeypatch), ScheduleMemo()
+    lowered = relax.get_pipeline("zero")(_bert_layer())
+    first = ApplySchedules(target, memo=memo)(lowered)
+    kernels = [func for func in lowered.functions.values() if isinstance(func, tvm.tirx.PrimFunc)]
+    assert len(asked) == len(kernels) > 3
+    asked.clear()
+    again = ApplySchedules(target, memo=memo)(lowered)
+    assert asked == []
+    tvm.ir.assert_structural_equal(again, first)
+    named = tvm.IRModule({tvm.ir.GlobalVar(name): lowered["softmax"].with_attr("global_symbol", name)
+                          for name in ("first", "second")})
+    answered = ApplySchedules(target, memo=memo)(named)
+    assert asked == []  # the symbol aside, the softmax kernel scheduled first
+    assert [answered[name].attrs["global_symbol"] for name in ("first", "second")] == ["first", "second"]
+    tvm.ir.assert_structural_equal(answered["second"].without_attr("global_symbol"), first["softmax"])
+
+
+def test_a_memo_asks_anew_under_other_rules(target, monkeypatch):
+    asked, memo = _asked(monkeypatch), ScheduleMemo()
+    lowered = relax.get_pipeline("zero")(_bert_layer())
+    ApplySchedules(target, memo=memo)(lowered)
+    asked.clear()
+    original = schedules_module.rules_for_kind
+    monkeypatch.setattr(schedules_module, "rules_for_kind", lambda kind: original(kind)[::-1])
+    ApplySchedules(target, memo=memo)(lowered)
+    assert len(asked) > 3

@@ -36,7 +36,7 @@ from ..config import PipelineConfig
 from ..frontend import integer_matmul
 from ..kernels.cpu_features import has_vnni
 from ..patterns import FusionRule, PatternReport, RewriteRule, get_pattern
-from ..schedules import ApplySchedules, RuleError
+from ..schedules import ApplySchedules, RuleError, ScheduleMemo
 from ..targets.target_info import vector_lanes
 from ..tuning.apply import ApplyTuningRecords
 from .apply_rewrite_rules import ApplyRewriteRules
@@ -69,7 +69,8 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
                     phases: tuple[str, ...] = (*GRAPH_PHASES, "lower", "schedule"),
                     schedule_log: dict[str, str] | None = None, tuning=None,
                     excluded: frozenset[str] = frozenset(),
-                    rule_errors: list[RuleError] | None = None) -> tvm.transform.Pass:
+                    rule_errors: list[RuleError] | None = None,
+                    schedule_memo: ScheduleMemo | None = None) -> tvm.transform.Pass:
     """The configured pipeline (optionally only some phases, for inspection and tests).
 
     ``report`` receives fusion counts and near misses; ``schedule_log`` (kernel -> schedule
@@ -77,6 +78,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
     kernel (which then went on to the next rule). ``tuning`` (tuning.apply.TuningRecords)
     schedules the kernels it has records for before the hand-written rules take the rest.
     ``excluded``: binding names no fusion may take (instances the numeric gate undid).
+    ``schedule_memo`` answers for the kernels a build of the same model scheduled before.
     """
     rules = [get_pattern(name) for name in config.patterns]
     rewrites = [rule for rule in rules if isinstance(rule, RewriteRule)]
@@ -103,7 +105,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
         "fuse": lambda: [FusePatterns(fusions, report, excluded)],
         "lower": lambda: lowering_passes(config.fast_math, config.winograd, bf16_target(config),
                                          frozenset(config.bf16_declined), is_cpu(config)),
-        "schedule": lambda: schedule_passes(config, schedule_log, tuning, rule_errors),
+        "schedule": lambda: schedule_passes(config, schedule_log, tuning, rule_errors, schedule_memo),
     }
     return tvm.transform.Sequential([p for phase in phases for p in passes[phase]()],
                                     name="tvm_fusion.Pipeline")
@@ -172,8 +174,9 @@ def lowering_passes(fast_math: bool = True, winograd: bool = True, bf16: tvm.tar
     ]
 
 
-def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
-                    tuning=None, rule_errors: list[RuleError] | None = None) -> list[tvm.transform.Pass]:
+def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None, tuning=None,
+                    rule_errors: list[RuleError] | None = None,
+                    memo: ScheduleMemo | None = None) -> list[tvm.transform.Pass]:
     if config.schedule == "none":
         return []
     tuned = []
@@ -182,7 +185,7 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
     # Weights are transformed before the tuning log is read: MetaSchedule tunes the kernels
     # that take them (tuning/tasks.py), so records and hand schedules see the same kernel.
     return [*weight_passes(config), *tuned,
-            ApplySchedules(config.tvm_target(), log=schedule_log, errors=rule_errors), RestoreTileConfig()]
+            ApplySchedules(config.tvm_target(), log=schedule_log, errors=rule_errors, memo=memo), RestoreTileConfig()]
 
 
 def weight_passes(config: PipelineConfig) -> list[tvm.transform.Pass]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -52,25 +53,67 @@ class ApplySchedules:
     RuleError for each rule that raised on a function instead of answering.
     """
 
-    def __init__(self, target: Target, log: dict[str, str] | None = None, errors: list[RuleError] | None = None):
+    def __init__(self, target: Target, log: dict[str, str] | None = None, errors: list[RuleError] | None = None,
+                 memo: ScheduleMemo | None = None):
         self.target = target
         schedule_rules(target)  # a plugin that fails to load fails here, not inside the pass
         self.applied: dict[str, str] = log if log is not None else {}
         self.rule_errors: list[RuleError] = errors if errors is not None else []
+        self.memo = memo
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func, target in unscheduled_kernels(mod, self.target):
-            failures: list[tuple[str, str]] = []
-            rule, sch = hand_schedule(func, target, failures)
+            rule, scheduled, failures = (self.memo.schedule if self.memo is not None else _schedule_kernel)(func, target)
             self.rule_errors.extend(RuleError(gvar.name_hint, failed, error, rule) for failed, error in failures)
-            if sch is not None:
-                updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            if scheduled is not None:
+                updates[gvar] = scheduled
                 self.applied[gvar.name_hint] = rule
         mod = mod.clone()  # the caller's module (a cached session stage) stays as it was
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
+
+
+def _schedule_kernel(func: tirx.PrimFunc, target: Target) -> tuple[str | None, tirx.PrimFunc | None, list]:
+    """(the rule, the scheduled kernel marked scheduled or None, the rules that raised on it)."""
+    failures: list[tuple[str, str]] = []
+    rule, sch = hand_schedule(func, target, failures)
+    return rule, None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True), failures
+
+
+class ScheduleMemo:
+    """The hand schedules of the kernels one model's compile has seen, for its later builds of
+    the same kernels: a bf16 compile schedules its float32 graph to judge the bf16 kernels, then
+    the bf16 one, whose other kernels are the same; the fusion gate's builds repeat them too. A
+    kernel is found by its structure (its name aside) and the target; the rules in force are part
+    of the key, so a plugin loaded or a rule planted since is asked anew."""
+
+    def __init__(self):
+        self._known: dict[tuple, list] = {}
+
+    def schedule(self, func: tirx.PrimFunc, target: Target) -> tuple[str | None, tirx.PrimFunc | None, list]:
+        """What ``_schedule_kernel`` answers for ``func``, from memory where it has seen the kernel."""
+        symbol = _symbol(func)
+        anonymous = func if symbol is None else func.without_attr("global_symbol")
+        key = (str(target), tuple(schedule_rules(target)), tvm_ffi.structural_hash(anonymous))
+        for known, (rule, scheduled, failures) in self._known.get(key, ()):
+            if tvm_ffi.structural_equal(known, anonymous):
+                return rule, _named(scheduled, symbol), failures
+        answer = _schedule_kernel(func, target)
+        self._known.setdefault(key, []).append((anonymous, answer))
+        return answer
+
+
+def _symbol(func: tirx.PrimFunc):
+    return func.attrs["global_symbol"] if func.attrs and "global_symbol" in func.attrs else None
+
+
+def _named(scheduled: tirx.PrimFunc | None, symbol) -> tirx.PrimFunc | None:
+    """A remembered schedule under the name of the kernel that asked for it."""
+    if scheduled is None or _symbol(scheduled) == symbol:
+        return scheduled
+    return scheduled.without_attr("global_symbol") if symbol is None else scheduled.with_attr("global_symbol", symbol)
 
 
 def hand_schedule(func: tirx.PrimFunc, target: Target,
