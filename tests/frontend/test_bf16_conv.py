@@ -64,11 +64,14 @@ CASES = {  # (N, C, H, W), Co, kernel, strides, pads (top, left, bottom, right),
     "1x1-batch": ((2, 16, 5, 6), 32, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
     "strided-dilated-asymmetric": ((1, 32, 15, 13), 16, 3, (2, 1), (1, 0, 2, 1), (2, 1)),
     "prime-width": ((1, 16, 6, 19), 16, 3, (1, 1), (0, 0, 0, 0), (1, 1)),
+    "8-channels-column-stride": ((1, 8, 7, 23), 32, 5, (1, 3), (2, 1, 2, 1), (1, 1)),  # basic-pitch's
 }
+# each case in NCHW, and in NCHW16c where its channels fill whole blocks
+LAYOUT_CASES = [(case, layout) for case in CASES for layout in ("NCHW", "NCHW16c")
+                if layout == "NCHW" or CASES[case][0][1] % BLOCK == 0]
 
 
-@pytest.mark.parametrize("layout", ["NCHW", "NCHW16c"])
-@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+@pytest.mark.parametrize("case, layout", LAYOUT_CASES)
 def test_patches_times_weight_matrix_is_the_conv(case, layout):
     shape, out_channels, k, strides, pads, dilations = CASES[case]
     rng = np.random.default_rng(0)
@@ -103,8 +106,7 @@ def run_bf16_conv(data: np.ndarray, kernel: np.ndarray, layout: str, **attrs) ->
     return vm["main"](tvm.runtime.tensor(data)).numpy()
 
 
-@pytest.mark.parametrize("layout", ["NCHW", "NCHW16c"])
-@pytest.mark.parametrize("case", ["3x3", "strided-dilated-asymmetric", "prime-width"])
+@pytest.mark.parametrize("case, layout", [(c, layout) for c, layout in LAYOUT_CASES if c != "1x1-batch"])
 def test_the_kernel_is_the_product_of_bf16_operands(case, layout):
     """Within float32 summation error of the float64 product of the bf16-rounded patches and
     weights, and with the input rounded (not the float32 conv)."""
@@ -137,10 +139,18 @@ def test_rows_follow_output_rows_unless_the_width_has_no_tile_divisor():
     (lambda: conv_call((1, 32, 8, 8), (32, 16, 3, 3), groups=2), "grouped"),
     (lambda: conv_call((1, 32, 8, 8), (32, 32, 3, 3), dtype="float16"), "float16"),
     (lambda: conv_call((1, 3, 8, 8), (16, 3, 3, 3)), "3 input channels"),
-], ids=["grouped", "float16", "rgb-stem"])
+    (lambda: conv_call((1, 3, 8, 24), (16, 3, 3, 3), strides=(2, 2)), "3 input channels"),
+    (lambda: conv_call((1, 12, 8, 8), (24, 12, 3, 3)), "12 input channels"),
+], ids=["grouped", "float16", "rgb-stem", "strided-rgb-stem", "12-channels-unstrided"])
 def test_must_not_take(call, reason):
     declined = conv_geometry(call())
     assert isinstance(declined, str) and reason in declined
+
+
+def test_takes_8_channels_strided_along_columns():
+    """Its float32 kernel gathers each input vector: patches pay from 8 channels there."""
+    geometry = conv_geometry(conv_call((1, 8, 12, 30), (32, 8, 5, 5), strides=(1, 3), padding=(2, 1, 2, 1)))
+    assert isinstance(geometry, ConvGeometry) and geometry.channels == 8 and geometry.strides == (1, 3)
 
 
 def test_must_not_take_a_symbolic_shape():

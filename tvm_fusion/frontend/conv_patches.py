@@ -36,6 +36,11 @@ PATCH_LOOPS = "tvm_fusion.patch_loops"
 # Input channels a conv needs for a patch kernel: an RGB stem's patches (27 values for 3 x 3)
 # are built element by element and fill a tile's 32 k once, so the float32 kernel is faster.
 MIN_CHANNELS = 16
+# ... and one strided along its columns, whose float32 kernel gathers every input vector: there
+# patches pay from fewer channels (basic-pitch's 8 -> 32 channel 5x5 conv at stride (1, 3) ran
+# at 24 % of the FMA roof in float32; as patches the model took 0.92x on Emerald Rapids, where a
+# 12 -> 24 channel 3x3 conv at stride 1 took ddddocr-det to 1.05x).
+MIN_STRIDED_CHANNELS = 8
 # Output pixels (the sum's rows) a conv needs: a squeeze-and-excitation block's convs on a pooled
 # map have one, which its own fusion computes (a patch kernel inside it ran at half its speed).
 MIN_PIXELS = 16
@@ -124,7 +129,7 @@ def conv_geometry(call: relax.Call) -> ConvGeometry | str:
     (n, c, h, w, *_), _, out = ([int(d) for d in s.values] for s in shapes)
     if data_block:
         c *= data_block
-    if c < MIN_CHANNELS:
+    if c < (MIN_STRIDED_CHANNELS if int(attrs.strides[1]) > 1 else MIN_CHANNELS):
         return f"{c} input channels (an image stem): its patches cost more than tiles gain on so few products"
     if n * out[2] * out[3] < MIN_PIXELS:
         return f"{n * out[2] * out[3]} output pixels (a conv on a pooled map): fewer than a tile's {MIN_PIXELS} rows"

@@ -6,9 +6,9 @@
 activation rounded to bf16 in the kernel's prologue, the products summed in float32. Each
 dense ``conv2d`` by a constant (NCHW or the blocked layout, any stride, dilation and padding)
 becomes the same sum over its input's patches (``frontend/bf16_conv.py``); a grouped or
-depthwise conv, an image stem of fewer than 16 channels, a conv on a pooled map
-(``conv_geometry`` says why), one of fewer than ``MIN_CONV_MACS`` multiply-adds or fewer than 16
-output channels, and on a target without AMX one that float32 computes by Winograd
+depthwise conv, an image stem of fewer than 16 channels (8 strided along its columns), a conv
+on a pooled map (``conv_geometry`` says why), one of fewer than ``MIN_CONV_MACS`` multiply-adds
+or fewer than 16 output channels, and on a target without AMX one that float32 computes by Winograd
 (``keeps_winograd_convs``) stays float32. What feeds and follows them stays float32.
 
 It runs in the "lower" phase before LegalizeOps, so that FuseOps puts the float32 epilogue
