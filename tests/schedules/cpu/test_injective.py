@@ -274,3 +274,19 @@ def test_a_shufflenet_unit_matches_onnx_runtime(tmp_path):
     vm = relax.VirtualMachine(api.build(optimized.module, prepared.config), tvm.cpu())
     (expected,) = ort_outputs(path, {"x": x}).values()
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_shifted_rows_run_row_by_row(assert_schedule_matches, lanes):
+    """A slice along rows of 260 columns (no whole number of vectors of 8 or 16): fused, the
+    vectors would straddle rows and gather; row by row, whole vectors and then a tail of 4."""
+    funcs = assert_schedule_matches(Injective(), lambda x: strided_slice(x, axes=[2], begin=[3], end=[263]),
+                                    x=(2, 40, 300))
+    (func,) = funcs.values()
+    loops = loop_kinds(func)
+    assert loops.vectorized == [lanes, 260 % lanes] and loops.parallel == [2 * 40]
+
+
+def test_element_wise_rows_keep_the_fused_loop(assert_schedule_matches, lanes):
+    """Rows of 260 read as they are written: the fused loop's vectors are contiguous already."""
+    funcs = assert_schedule_matches(Injective(), lambda x: add(x, x), x=(2, 40, 260))
+    assert_fused_vectors(funcs, lanes, 2 * 40 * 260, blocks=1)
