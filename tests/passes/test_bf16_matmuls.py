@@ -22,7 +22,7 @@ from tvm_fusion.config import load_config
 from tvm_fusion.frontend.bf16_conv import BF16_PATCHES
 from tvm_fusion.frontend.bf16_matmul import pack_weight
 from tvm_fusion.frontend.conv_patches import conv_geometry
-from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls, bf16_candidates
+from tvm_fusion.passes.bf16_matmuls import MIN_CONV_MACS, Bf16Matmuls, bf16_candidates
 from tvm_fusion.passes.blocked_layout_legalize import winograd_tile_of
 from tvm_fusion.passes.pipeline import GRAPH_PHASES, fusion_pipeline, lowering_passes
 from tvm_fusion.patterns import PatternReport
@@ -488,3 +488,31 @@ def test_register_tiles_keep_a_conv_per_output_row_that_four_divides():
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(cnn_model(8, 76)))
     assert patch_row_shapes(Bf16Matmuls(AMX)(fused)) == [(8 * 76,)] * 2
     assert patch_row_shapes(Bf16Matmuls(zen4, winograd=False)(fused)) == [(8, 76)] * 2
+
+
+def one_conv_model(channels: int, out_channels: int, kernel: list[int], strides: list[int], pads: list[int],
+                   height: int, width: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(6)
+    weight = numpy_helper.from_array((0.2 * rng.standard_normal((out_channels, channels, *kernel))).astype(np.float32), "W")
+    node = helper.make_node("Conv", ["X", "W"], ["out"], kernel_shape=kernel, strides=strides, pads=pads)
+    out = [(size + pads[i] + pads[i + 2] - kernel[i]) // strides[i] + 1 for i, size in enumerate((height, width))]
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                                             [1, channels, height, width])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, out_channels, *out])],
+                              [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_nchw_conv_at_column_stride_1_stays_float32_and_a_strided_one_does_not():
+    """oww-embedding's 24-channel 3x1 conv (24 channels: no whole blocks, so its input stays
+    NCHW) keeps float32's row loads; basic-pitch's 8 -> 32 channel 5x5 conv at stride (1, 3)
+    becomes a bf16 kernel (its float32 kernel gathers)."""
+    config = load_config(None)
+    unstrided = fusion_pipeline(config, PatternReport(), phases=GRAPH_PHASES)(
+        from_onnx(one_conv_model(24, 32, [3, 1], [1, 1], [1, 0, 1, 0], 48, 48)))
+    (conv,) = conv_calls(unstrided)
+    assert str(conv.attrs.data_layout) == "NCHW" and conv_geometry(conv).pixels * 24 * 3 * 32 >= MIN_CONV_MACS
+    assert Bf16Matmuls(AMX)(unstrided).same_as(unstrided) and not bf16_candidates(unstrided, AMX)
+    strided = fusion_pipeline(config, PatternReport(), phases=GRAPH_PHASES)(
+        from_onnx(one_conv_model(8, 32, [5, 5], [1, 3], [2, 1, 2, 1], 64, 200)))
+    assert len(kernel_weights(Bf16Matmuls(AMX)(strided))) == 1
