@@ -59,12 +59,12 @@ class ApplySchedules:
         schedule_rules(target)  # a plugin that fails to load fails here, not inside the pass
         self.applied: dict[str, str] = log if log is not None else {}
         self.rule_errors: list[RuleError] = errors if errors is not None else []
-        self.memo = memo
+        self._schedule = memo.schedule if memo is not None else _schedule_kernel
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func, target in unscheduled_kernels(mod, self.target):
-            rule, scheduled, failures = (self.memo.schedule if self.memo is not None else _schedule_kernel)(func, target)
+            rule, scheduled, failures = self._schedule(func, target)
             self.rule_errors.extend(RuleError(gvar.name_hint, failed, error, rule) for failed, error in failures)
             if scheduled is not None:
                 updates[gvar] = scheduled

@@ -12,7 +12,7 @@ from tvm.target import Target
 
 from ...kernels.blocks import is_spatial
 from ...targets.target_info import num_cores, vector_lanes
-from .helpers import calls_in, cpu_schedule, inline_cheap_blocks
+from .helpers import calls_in, cpu_schedule
 from .small_extent import MIN_PARALLEL_ELEMENTS, serial_when_small
 from .symbolic_width import mentions
 
@@ -32,10 +32,11 @@ class Injective(ScheduleRule):
     runs_before = ("Fallback",)
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        sch = cpu_schedule(func, target)
+        # Inlining keeps every block that is not spatial, so the check may follow it; the rules
+        # asked before this one have usually inlined the kernel already (``cpu_schedule``).
+        sch = cpu_schedule(func, target, inline_cheap=True)
         if sch is None or not all(is_spatial(sch.get(b)) for b in sch.get_child_blocks(get_root_block(sch))):
             return None
-        inline_cheap_blocks(sch)
         _inline_single_instruction_calls(sch)
         for block in sch.get_child_blocks(get_root_block(sch)):
             loops = sch.get_loops(block)
