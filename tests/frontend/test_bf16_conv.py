@@ -15,8 +15,8 @@ from tvm import relax
 
 from helpers import blocked_weight
 from tvm_fusion.frontend.bf16_conv import emit_bf16_conv2d
-from tvm_fusion.frontend.conv_patches import (ConvGeometry, conv_geometry, oihw_weight, patch_rows, rows_per_output_row,
-                                              weight_matrix)
+from tvm_fusion.frontend.conv_patches import (ConvGeometry, conv_geometry, flat_rows, oihw_weight, patch_rows,
+                                              rows_per_output_row, weight_matrix)
 from tvm_fusion.passes.pipeline import lowering_passes
 
 HOST = tvm.target.Target(host_target())
@@ -65,6 +65,7 @@ CASES = {  # (N, C, H, W), Co, kernel, strides, pads (top, left, bottom, right),
     "strided-dilated-asymmetric": ((1, 32, 15, 13), 16, 3, (2, 1), (1, 0, 2, 1), (2, 1)),
     "prime-width": ((1, 16, 6, 19), 16, 3, (1, 1), (0, 0, 0, 0), (1, 1)),
     "8-channels-column-stride": ((1, 8, 7, 23), 32, 5, (1, 3), (2, 1, 2, 1), (1, 1)),  # basic-pitch's
+    "padded-flat-rows": ((2, 16, 3, 17), 16, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # 102 pixels in 112 rows
 }
 # each case in NCHW, and in NCHW16c where its channels fill whole blocks
 LAYOUT_CASES = [(case, layout) for case in CASES for layout in ("NCHW", "NCHW16c")
@@ -133,6 +134,15 @@ def test_rows_follow_output_rows_unless_the_width_has_no_tile_divisor():
     assert not rows_per_output_row(geometry(1))  # a conv1d's map: 1-row tiles, 508 of them
     assert not rows_per_output_row(geometry(4))
     assert rows_per_output_row(geometry(7))
+
+
+def test_flat_rows_are_padded_to_whole_tiles_where_no_large_tile_divides_them():
+    def geometry(height, width):
+        return ConvGeometry(BLOCK, BLOCK, 1, 32, height, width, 32, height, width, (1, 1), (1, 1), (1, 1), (0, 0))
+    assert flat_rows(geometry(25, 19)) == 480  # 475 pixels: tiles of 5 rows, padded to 30 of 16
+    assert flat_rows(geometry(50, 38)) == 1900  # tiles of 10
+    assert flat_rows(geometry(9, 17)) == 153  # tiles of 9
+    assert flat_rows(geometry(1, 13)) == 13  # one tile
 
 
 @pytest.mark.parametrize("call, reason", [

@@ -481,7 +481,7 @@ def patch_row_shapes(mod: tvm.IRModule) -> list[tuple[int, ...]]:
 
 def test_register_tiles_keep_a_conv_per_output_row_that_four_divides():
     """76 output columns: no divisor from an AMX tile's 5 to 16, so AMX's patch rows run over
-    every pixel (a tile may straddle two output rows, the epilogue waits for the whole sum); 4
+    every pixel (a tile may straddle two output rows); 4
     divides them, so register tiles of 4 rows keep each output row's pixels together and the
     epilogue follows each tile (picodet-layout's 1x1 convs over 100x76 on Zen 4)."""
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})

@@ -33,6 +33,8 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
     "3x3-rows-of-10": ConvGeometry(16, 16, 1, 32, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1)),
     "1x1-batch": ConvGeometry(16, 16, 2, 64, 7, 7, 32, 7, 7, (1, 1), (1, 1), (1, 1), (0, 0)),
     "strided-prime-width": ConvGeometry(16, 16, 1, 16, 17, 33, 48, 9, 17, (3, 3), (2, 2), (1, 1), (1, 1)),
+    # 2 x 3 x 17 = 102 pixels (no divisor from 8 to 16): 112 patch rows, 10 of them padding
+    "batch-padded-rows": ConvGeometry(16, 16, 2, 16, 3, 17, 32, 3, 17, (3, 3), (1, 1), (1, 1), (1, 1)),
 }
 
 

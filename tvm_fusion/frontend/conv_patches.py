@@ -14,6 +14,9 @@ block): the innermost ``b`` k of a row are ``b`` consecutive values of the input
 prologue reads and writes whole vectors. In NCHW it runs over (channel, kh, kw), the weight's
 own OIHW order. A patch matrix re-reads each input value ``KH x KW`` times (strided convs
 fewer): for a 1x1 conv it is the input itself, converted and in pixel-major order.
+
+Its rows are per output row (``[N x OH, OW]``) where a tile divides OW, else the pixels, padded
+to whole tiles where no large tile divides them (``flat_rows``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ MIN_PIXELS = 16
 # Rows of an AMX tile (schedules/cpu/amx_tiles.py): a tile of fewer than MIN_TILE_ROWS rows
 # wastes most of its 16.
 TILE_ROWS, MIN_TILE_ROWS = 16, 5
+# Rows of a tile below which a flat conv's rows are padded to whole tiles of 16 (``flat_rows``).
+MIN_PADDED_TILE_ROWS = 8
 _BLOCKED = re.compile(r"NCHW(\d+)c")
 _BLOCKED_WEIGHT = re.compile(r"OIHW(\d+)i(\d+)o")
 _OUT_BLOCKED_WEIGHT = re.compile(r"OIHW(\d+)o")
@@ -182,7 +187,18 @@ def rows_per_output_row(geometry: ConvGeometry) -> bool:
 
 def _rows_shape(geometry: ConvGeometry) -> tuple[int, ...]:
     g = geometry
-    return (g.batch * g.out_height, g.out_width) if rows_per_output_row(g) else (g.pixels,)
+    return (g.batch * g.out_height, g.out_width) if rows_per_output_row(g) else (flat_rows(g),)
+
+
+def flat_rows(geometry: ConvGeometry) -> int:
+    """The patch rows of a conv whose rows are its pixels: their count, padded to whole tiles of
+    16 where no divisor of at least ``MIN_SQUARE_TILE_ROWS`` up to 16 divides it (475 pixels:
+    tiles of 5 rows would re-read the weight for every 5 rows and fill a third of each AMX
+    tile); the padding rows are zeros that no output reads."""
+    pixels = geometry.pixels
+    if pixels <= TILE_ROWS or max(d for d in range(1, TILE_ROWS + 1) if pixels % d == 0) >= MIN_PADDED_TILE_ROWS:
+        return pixels
+    return round_up(pixels, TILE_ROWS)
 
 
 def _pixel(geometry: ConvGeometry, n, y, x) -> tuple:
@@ -211,6 +227,8 @@ def _patch_index(geometry: ConvGeometry, rows: tuple, k):
     y = oh * g.strides[0] + r * g.dilation[0] - g.padding[0]
     x = ow * g.strides[1] + s * g.dilation[1] - g.padding[1]
     inside = tvm.tirx.all(y >= 0, y < g.height, x >= 0, x < g.width, k < g.depth)
+    if len(rows) == 1 and flat_rows(g) != g.pixels:  # a padding row
+        inside, n = tvm.tirx.all(inside, rows[0] < g.pixels), tvm.tirx.min(n, g.batch - 1)
     return (n, outer, y, x, k % block), inside
 
 

@@ -4,6 +4,7 @@ against a numpy reference that rounds both operands to bf16 (bf16_kernels.assert
 
 from __future__ import annotations
 
+import re
 import ml_dtypes
 import numpy as np
 import pytest
@@ -187,6 +188,9 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
     "1x1-batch": ConvGeometry(16, 16, 2, 64, 7, 7, 32, 7, 7, (1, 1), (1, 1), (1, 1), (0, 0)),
     "strided-k-tail": ConvGeometry(16, 16, 1, 16, 17, 33, 48, 9, 17, (3, 3), (2, 2), (1, 1), (1, 1)),
     "nchw-odd-k": ConvGeometry(0, 0, 1, 17, 9, 12, 20, 9, 12, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "nchw-strided-flat": ConvGeometry(0, 0, 1, 16, 9, 33, 24, 9, 17, (3, 3), (1, 2), (1, 1), (1, 1)),
+    # 2 x 3 x 17 = 102 pixels (no divisor from 8 to 16): 112 patch rows, 10 of them padding
+    "batch-padded-rows": ConvGeometry(16, 16, 2, 16, 3, 17, 32, 3, 17, (3, 3), (1, 1), (1, 1), (1, 1)),
 }
 
 
@@ -208,11 +212,26 @@ def test_a_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
         assert rows_loop < script.index('T.sblock("bf16_activation")')
 
 
+@pytest.mark.parametrize("conv", ["strided-k-tail", "nchw-strided-flat"])
+def test_a_flat_convs_epilogue_follows_each_tile(conv):
+    """17 output columns (prime, past 16): the patch rows are the pixels and a tile's rows
+    straddle output rows; the output layout and its epilogue still follow each tile, over the
+    epilogue's (n, y, x) as one pixel axis (in NCHW the pixel innermost: whole rows of a plane),
+    instead of waiting for the whole sum in memory."""
+    mod, _ = bf16_conv_module(CONVS[conv])
+    script = bf16_kernel(on_tiles(mod, AMX))[1].script()
+    blocks = re.findall(r'T\.sblock\("(\w+)"\)', script)
+    assert blocks[blocks.index("bf16_matmul_update_o") + 1:] == ["compute"]  # layout, bias, ReLU in one
+    assert "bf16_matmul = T.sblock_alloc_buffer" not in script  # no sum in memory
+    stores = re.findall(r"\n *compute\w*\[(.*)\] = ", script)  # the pixel's row and column from one axis
+    assert len(stores) == 1 and stores[0].endswith("v1 % T.int64(17)" if conv.startswith("nchw") else "% T.int64(17), v2")
+
+
 @host_amx
 @pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
 def test_scheduled_conv_matches_the_bf16_reference_on_the_host(conv):
     """Rows per output row (tiles of 10, 2 x 2 calls), a batch of 7 x 7 maps, a stride with a
-    prime output width (flat rows, the output layout after the whole sum) and a K tail, and
+    prime output width (flat rows: the epilogue per tile over one pixel axis) and a K tail, and
     NCHW with K = 153 (its patches built element by element)."""
     geometry = CONVS[conv]
     mod, matrix = bf16_conv_module(geometry)

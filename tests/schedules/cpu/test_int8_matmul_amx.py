@@ -201,5 +201,5 @@ def test_a_quantized_conv_kernel_builds_its_patches_per_tile_of_rows(conv):
 @pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
 def test_a_scheduled_quantized_conv_equals_the_kernel_as_written_on_the_host(conv):
     """Exact: the same int32 sums, converted and requantized alike (rows per output row, a
-    batch, and flat rows whose output layout follows the whole sum)."""
+    batch, flat rows whose tiles straddle output rows, and flat rows padded to whole tiles)."""
     assert_scheduled_conv_is_exact(CONVS[conv], Int8MatmulAmx(), HOST)

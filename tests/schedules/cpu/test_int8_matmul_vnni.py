@@ -102,6 +102,7 @@ CONV_TILES = {
     "3x3-rows-of-10": (200, [4, 4]),  # 20 output rows x 10 tiles of 4 rows, 4 blocks of 16 channels
     "1x1-batch": (14, [2, 7]),  # 2 x 7 output rows of 7 pixels: one tile of 7 rows each, 2 blocks
     "strided-prime-width": (51, [3, 3]),  # 9 x 17 pixels as flat rows: 51 tiles of 3 rows, 3 blocks
+    "batch-padded-rows": (28, [2, 4]),  # 102 pixels padded to 112 flat rows: 28 tiles of 4 rows, 2 blocks
 }
 
 

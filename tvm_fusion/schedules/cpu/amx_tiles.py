@@ -57,12 +57,10 @@ MIN_TILE_ROWS = 5
 COLUMNS_OUTER_WEIGHT_BYTES = 1 << 20
 
 
-def schedule_tiles(kernel: OneReduction, spec: TileProduct, per_tile: bool = True,
-                   operand_per_row_tile: bool = False) -> s_tir.Schedule | None:
+def schedule_tiles(kernel: OneReduction, spec: TileProduct, operand_per_row_tile: bool = False
+                   ) -> s_tir.Schedule | None:
     """``kernel`` (a packed-weight sum of ``spec``'s form) as AMX tiles, its element-wise
-    epilogue per tile where it can follow one (never without ``per_tile``: an epilogue whose
-    index map a tile's rows straddle, which ``reverse_compute_at`` cannot bound exactly); None
-    where tiles do not pay or cannot be formed. With ``operand_per_row_tile`` the prologue that
+    epilogue per tile where it can follow one; None where tiles do not pay or cannot be formed. With ``operand_per_row_tile`` the prologue that
     writes the A operand (a conv's patch rows) is computed per tile of rows, where there are
     enough of them to share among cores (``int8_sum.operand_block``)."""
     *batch, m, _, _ = kernel.stmt.iter_vars
@@ -85,7 +83,7 @@ def schedule_tiles(kernel: OneReduction, spec: TileProduct, per_tile: bool = Tru
         request_amx_permission()
         return scheduled
     scheduled = with_epilogue_per_tile(sch, lambda attempt, epilogue_per_tile: _schedule(
-        attempt, kernel.block, kernel.epilogue, tile_rows, epilogue_per_tile, spec, operand), per_tile)
+        attempt, kernel.block, kernel.epilogue, tile_rows, epilogue_per_tile, spec, operand))
     if scheduled is not None:
         request_amx_permission()  # this process may run the kernel (compile's verification)
     return scheduled

@@ -80,12 +80,11 @@ def operand_block(kernel, row_tiles: int):
     return found[0] if len(found) == 1 else None
 
 
-def with_epilogue_per_tile(sch: s_tir.Schedule, schedule: Callable[[s_tir.Schedule, bool], None],
-                           per_tile: bool = True) -> s_tir.Schedule | None:
+def with_epilogue_per_tile(sch: s_tir.Schedule, schedule: Callable[[s_tir.Schedule, bool], None]
+                           ) -> s_tir.Schedule | None:
     """A copy of ``sch`` scheduled by ``schedule(copy, epilogue_per_tile)``: the epilogue per
-    tile where it can follow one (never without ``per_tile``), else after the whole sum; None
-    where neither schedules."""
-    for epilogue_per_tile in (True, False) if per_tile else (False,):
+    tile where it can follow one, else after the whole sum; None where neither schedules."""
+    for epilogue_per_tile in (True, False):
         attempt = sch.copy()
         try:
             schedule(attempt, epilogue_per_tile)
@@ -105,6 +104,26 @@ def _inlined_but_last(sch: s_tir.Schedule, epilogue: list) -> list:
         except s_tir.ScheduleError:
             left.append(block_rv)
     return left + epilogue[-1:]
+
+
+def _rows_as_one_axis(sch: s_tir.Schedule, output, tile: tirx.Buffer) -> None:
+    """The ``output`` block's axes that make up the sum's row index as one axis, the row (a
+    conv's output pixel ``(n * OH + y) * OW + x``, when its rows are the pixels): a tile's rows
+    then are one range of it, which ``reverse_compute_at`` bounds exactly where the tile
+    straddles output rows. Raises ``ScheduleError`` (the caller then runs the epilogue after the
+    whole sum) where the map is not one to one."""
+    stmt = sch.get(output)
+    read = next((region for region in stmt.reads if region.source.same_as(tile)), None)
+    if read is None or len(read.region) < 2:
+        return
+    row = read.region[-2].min
+    axes = [iv.var for iv in stmt.iter_vars]
+    used = [var for var in axes if any(var.same_as(found) for found in tirx.analysis.undefined_vars(row))]
+    if len(used) < 2:
+        return
+    merged = [row if var.same_as(used[-1]) else var for var in axes if var.same_as(used[-1]) or not any(
+        var.same_as(other) for other in used)]
+    sch.transform_block_layout(output, tirx.IndexMap(axes, merged, None))
 
 
 def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epilogue: list, per_tile: bool,
@@ -127,6 +146,7 @@ def write_back_tiles(sch: s_tir.Schedule, block, batch: list, outer: tuple, epil
         *inlined, output = [writeback, *epilogue]
         for block_rv in inlined:
             sch.compute_inline(block_rv)
+        _rows_as_one_axis(sch, output, sch.get(block).writes[0].source)
         sch.reverse_compute_at(output, tile)
     else:
         output = writeback

@@ -5,9 +5,8 @@ tiles) and ``Int8MatmulVnni`` (``vpdpbusd`` registers).
 A conv's input is converted to the operand type once, in one pass on vectors (a 1x1 conv's
 patches read each value once and convert it themselves: no pass); its patches are built per
 tile of rows, in L1 under the tiles that read them, a blocked input's 16 channels of
-one tap per vector; its output layout follows each tile where the rows are per output row, else
-the whole sum (a tile's rows then straddle two output rows, which ``reverse_compute_at`` cannot
-bound exactly).
+one tap per vector; its output layout follows each tile, also where a tile's rows straddle two
+output rows (``int8_sum.write_back_tiles`` makes the pixel one axis of the output).
 """
 
 from collections.abc import Callable
@@ -30,7 +29,7 @@ def _is_conv(kernel: OneReduction, operand: PatchOperand) -> bool:
 
 def schedule_with_operand(kernel: OneReduction, operand: PatchOperand,
                           tile_sum: Callable[..., s_tir.Schedule | None]) -> s_tir.Schedule | None:
-    """``kernel``'s sum tiled by ``tile_sum(kernel, per_tile=..., operand_per_row_tile=...)``
+    """``kernel``'s sum tiled by ``tile_sum(kernel, operand_per_row_tile=...)``
     (``amx_tiles.schedule_tiles``' arguments: AMX tiles, ``vpdpbusd`` registers) with its
     prologue on vectors: a conv's input converted in one pass, its patch rows computed per tile
     of rows, the block named ``operand.patches_name`` (a conv's patches, a bf16 matmul's rounded
@@ -38,9 +37,8 @@ def schedule_with_operand(kernel: OneReduction, operand: PatchOperand,
     matmul's) is the tiles alone."""
     sch = kernel.sch
     conv = _is_conv(kernel, operand)
-    flat_conv = conv and len(kernel.stmt.iter_vars) == 3  # rows not per output row (conv_patches.py)
     _vectorize_input(sch, kernel, operand.input_name)
-    scheduled = tile_sum(kernel, per_tile=not flat_conv, operand_per_row_tile=conv)
+    scheduled = tile_sum(kernel, operand_per_row_tile=conv)
     if scheduled is not None:
         _vectorize_operand(scheduled, operand.patches_name)
     return scheduled

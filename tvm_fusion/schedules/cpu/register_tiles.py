@@ -91,10 +91,9 @@ class RegisterDot:
     import_llvm: str | None = None
 
 
-def register_tiles(kernel: OneReduction, dot: RegisterDot, per_tile: bool = True,
-                   operand_per_row_tile: bool = False) -> s_tir.Schedule | None:
-    """The sum as register tiles of ``dot``, the epilogue per tile where it can follow one
-    (never without ``per_tile``); with ``operand_per_row_tile`` the prologue block that writes
+def register_tiles(kernel: OneReduction, dot: RegisterDot, operand_per_row_tile: bool = False
+                   ) -> s_tir.Schedule | None:
+    """The sum as register tiles of ``dot``, the epilogue per tile where it can follow one; with ``operand_per_row_tile`` the prologue block that writes
     the A operand (a conv's patch rows) computed per tile of rows (``int8_sum.operand_block``)."""
     *batch, m, n, _ = kernel.stmt.iter_vars
     operand = None
@@ -108,7 +107,7 @@ def register_tiles(kernel: OneReduction, dot: RegisterDot, per_tile: bool = True
     parallel = not is_small_static_sum(kernel.stmt)
     place_prologue(kernel.sch, kernel, parallel)
     return with_epilogue_per_tile(kernel.sch, lambda sch, epilogue_per_tile: _schedule(
-        sch, kernel.block, dot, kernel.epilogue, epilogue_per_tile, operand_per_row_tile, operand, parallel), per_tile)
+        sch, kernel.block, dot, kernel.epilogue, epilogue_per_tile, operand_per_row_tile, operand, parallel))
 
 
 def tile_shape(rows, column_blocks: int, conv: bool, max_column_blocks: int = 4) -> tuple[int, int]:
