@@ -62,10 +62,11 @@ def unblocked(y: np.ndarray) -> np.ndarray:
 CASES = {  # (N, C, H, W), Co, kernel, strides, pads (top, left, bottom, right), dilations
     "3x3": ((1, 32, 9, 11), 48, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
     "1x1-batch": ((2, 16, 5, 6), 32, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
-    "strided-dilated-asymmetric": ((1, 32, 15, 13), 16, 3, (2, 1), (1, 0, 2, 1), (2, 1)),
-    "prime-width": ((1, 16, 6, 19), 16, 3, (1, 1), (0, 0, 0, 0), (1, 1)),
+    "strided-dilated-asymmetric": ((1, 32, 15, 13), 32, 3, (2, 1), (1, 0, 2, 1), (2, 1)),
+    "prime-width": ((1, 16, 6, 19), 32, 3, (1, 1), (0, 0, 0, 0), (1, 1)),
     "8-channels-column-stride": ((1, 8, 7, 23), 32, 5, (1, 3), (2, 1, 2, 1), (1, 1)),  # basic-pitch's
-    "padded-flat-rows": ((2, 16, 3, 17), 16, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # 102 pixels in 112 rows
+    "padded-flat-rows": ((2, 16, 3, 17), 32, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # 102 pixels in 112 rows
+    "rgb-stem": ((1, 3, 11, 13), 32, 3, (2, 2), (1, 1, 1, 1), (1, 1)),  # 3 channels padded to 4
 }
 # each case in NCHW, and in NCHW16c where its channels fill whole blocks
 LAYOUT_CASES = [(case, layout) for case in CASES for layout in ("NCHW", "NCHW16c")
@@ -148,13 +149,22 @@ def test_flat_rows_are_padded_to_whole_tiles_where_no_large_tile_divides_them():
 @pytest.mark.parametrize("call, reason", [
     (lambda: conv_call((1, 32, 8, 8), (32, 16, 3, 3), groups=2), "grouped"),
     (lambda: conv_call((1, 32, 8, 8), (32, 32, 3, 3), dtype="float16"), "float16"),
-    (lambda: conv_call((1, 3, 8, 8), (16, 3, 3, 3)), "3 input channels"),
-    (lambda: conv_call((1, 3, 8, 24), (16, 3, 3, 3), strides=(2, 2)), "3 input channels"),
-    (lambda: conv_call((1, 12, 8, 8), (24, 12, 3, 3)), "12 input channels"),
-], ids=["grouped", "float16", "rgb-stem", "strided-rgb-stem", "12-channels-unstrided"])
+    (lambda: conv_call((1, 1, 8, 64), (16, 1, 1, 16)), "1 input channel: a filter over a raw signal"),
+    (lambda: conv_call((1, 2, 8, 8), (16, 2, 1, 3)), "a receptive field of 6 values"),
+], ids=["grouped", "float16", "one-channel-filter", "two-channel-1x3"])
 def test_must_not_take(call, reason):
     declined = conv_geometry(call())
     assert isinstance(declined, str) and reason in declined
+
+
+def test_an_nchw_input_is_converted_pixel_major_with_its_padding():
+    """An RGB stem: its 3 channels padded to 4 per pixel, K over (kh, kw, channel) = 3 x 3 x 4,
+    the input converted into [N, H', W', 4] with the conv's padding as zeros, so each of a
+    patch row's 3 runs is 12 contiguous values."""
+    geometry = conv_geometry(conv_call((1, 3, 8, 24), (32, 3, 3, 3), strides=(2, 2), padding=(1, 1, 1, 1)))
+    assert isinstance(geometry, ConvGeometry)
+    assert (geometry.patch_channels, geometry.depth) == (4, 36)
+    assert geometry.padded_input == (1, 9, 25, 4)  # 2 x 3 + 3 rows, 2 x 11 + 3 columns
 
 
 def test_takes_8_channels_strided_along_columns():

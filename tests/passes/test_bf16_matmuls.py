@@ -21,8 +21,7 @@ from tvm.script import relax as R
 from tvm_fusion.config import load_config
 from tvm_fusion.frontend.bf16_conv import BF16_PATCHES
 from tvm_fusion.frontend.bf16_matmul import pack_weight
-from tvm_fusion.frontend.conv_patches import conv_geometry
-from tvm_fusion.passes.bf16_matmuls import MIN_CONV_MACS, Bf16Matmuls, bf16_candidates
+from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls, bf16_candidates
 from tvm_fusion.passes.blocked_layout_legalize import winograd_tile_of
 from tvm_fusion.passes.pipeline import GRAPH_PHASES, fusion_pipeline, lowering_passes
 from tvm_fusion.patterns import PatternReport
@@ -461,7 +460,7 @@ def test_must_not_take_a_conv_of_fewer_output_channels_than_a_column_block():
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 1, 32, 32])], [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(model))
-    assert len(conv_calls(fused)) == 1 and conv_geometry(conv_calls(fused)[0]).out_channels == 1
+    assert len(conv_calls(fused)) == 1 and int(conv_calls(fused)[0].ty.shape.values[1]) == 1
     assert Bf16Matmuls(AMX)(fused).same_as(fused) and not bf16_candidates(fused, AMX)
 
 
@@ -503,16 +502,20 @@ def one_conv_model(channels: int, out_channels: int, kernel: list[int], strides:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_an_nchw_conv_at_column_stride_1_stays_float32_and_a_strided_one_does_not():
-    """oww-embedding's 24-channel 3x1 conv (24 channels: no whole blocks, so its input stays
-    NCHW) keeps float32's row loads; basic-pitch's 8 -> 32 channel 5x5 conv at stride (1, 3)
-    becomes a bf16 kernel (its float32 kernel gathers)."""
-    config = load_config(None)
-    unstrided = fusion_pipeline(config, PatternReport(), phases=GRAPH_PHASES)(
-        from_onnx(one_conv_model(24, 32, [3, 1], [1, 1], [1, 0, 1, 0], 48, 48)))
-    (conv,) = conv_calls(unstrided)
-    assert str(conv.attrs.data_layout) == "NCHW" and conv_geometry(conv).pixels * 24 * 3 * 32 >= MIN_CONV_MACS
-    assert Bf16Matmuls(AMX)(unstrided).same_as(unstrided) and not bf16_candidates(unstrided, AMX)
-    strided = fusion_pipeline(config, PatternReport(), phases=GRAPH_PHASES)(
-        from_onnx(one_conv_model(8, 32, [5, 5], [1, 3], [2, 1, 2, 1], 64, 200)))
-    assert len(kernel_weights(Bf16Matmuls(AMX)(strided))) == 1
+@pytest.mark.parametrize("channels, out_channels, kernel, strides, pads, height, width, rewritten", [
+    (24, 32, [3, 1], [1, 1], [1, 0, 1, 0], 48, 48, True),  # oww-embedding's: 24 channels stay NCHW
+    (8, 32, [5, 5], [1, 3], [2, 1, 2, 1], 64, 200, True),  # basic-pitch's
+    (3, 64, [7, 7], [2, 2], [3, 3, 3, 3], 96, 96, True),  # an RGB stem, its channels padded to 4
+    (3, 16, [3, 3], [2, 2], [1, 1, 1, 1], 192, 192, False),  # one column of tiles
+    (1, 32, [1, 64], [1, 4], [0, 0, 0, 0], 8, 1024, False),  # a filter over a raw signal
+], ids=["24-channels-3x1", "8-channels-strided", "rgb-stem", "rgb-stem-16-out", "one-channel-filter"])
+def test_an_nchw_conv_is_rewritten_unless_its_patches_do_not_pay(channels, out_channels, kernel, strides, pads,
+                                                                  height, width, rewritten):
+    """An NCHW input (too few channels for whole blocks) converted pixel major, each kernel row
+    of a patch one run of values; not for one output tile of columns or one input channel."""
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(
+        from_onnx(one_conv_model(channels, out_channels, kernel, strides, pads, height, width)))
+    (conv,) = conv_calls(fused)
+    assert str(conv.attrs.data_layout) == "NCHW"
+    assert len(kernel_weights(Bf16Matmuls(AMX)(fused))) == int(rewritten)
+    assert len(bf16_candidates(fused, AMX)) == int(rewritten)

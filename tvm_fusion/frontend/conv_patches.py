@@ -11,8 +11,10 @@ follows in the same kernel.
 
 In the blocked layout ``NCHW{b}c`` the patch's k runs over (channel block, kh, kw, channel in
 block): the innermost ``b`` k of a row are ``b`` consecutive values of the input, so the
-prologue reads and writes whole vectors. In NCHW it runs over (channel, kh, kw), the weight's
-own OIHW order. A patch matrix re-reads each input value ``KH x KW`` times (strided convs
+prologue reads and writes whole vectors. An NCHW input is converted pixel major, with the
+conv's padding as zeros, and k runs over (kh, kw, channel): each kernel row of a patch is one
+contiguous run of ``KW x channels`` values, copied as a vector (an RGB stem's 3 channels are
+padded to 4). A patch matrix re-reads each input value ``KH x KW`` times (strided convs
 fewer): for a 1x1 conv it is the input itself, converted and in pixel-major order.
 
 Its rows are per output row (``[N x OH, OW]``) where a tile divides OW, else the pixels, padded
@@ -50,6 +52,17 @@ MIN_PIXELS = 16
 # Rows of an AMX tile (schedules/cpu/amx_tiles.py): a tile of fewer than MIN_TILE_ROWS rows
 # wastes most of its 16.
 TILE_ROWS, MIN_TILE_ROWS = 16, 5
+# An NCHW input's channels per pixel in the patches are padded to this (ConvGeometry.patch_channels).
+NCHW_CHANNEL_MULTIPLE = 2
+# Channels an NCHW input needs: basic-pitch's 1-channel 1x256 filters over its audio took its
+# bf16 outputs to a cosine of 0.995 against float32.
+MIN_NCHW_CHANNELS = 2
+# Output channels an NCHW input's patches need: past one tile of 16 columns, each patch value is
+# reused enough to pay for the conversion and the copies (with the 3 -> 16 RGB stems of
+# picodet-layout and YOLOv8n as patches, their bf16 builds ran 1.07x and 1.06x slower).
+MIN_NCHW_OUT_CHANNELS = 17
+# K an NCHW input's patches need (half an AMX tile's 32): a 1-channel 3x3 conv's 10 fill a third.
+MIN_NCHW_DEPTH = 16
 # Rows of a tile below which a flat conv's rows are padded to whole tiles of 16 (``flat_rows``).
 MIN_PADDED_TILE_ROWS = 8
 _BLOCKED = re.compile(r"NCHW(\d+)c")
@@ -96,9 +109,25 @@ class ConvGeometry:
     min_tile_rows: int = MIN_TILE_ROWS
 
     @property
+    def patch_channels(self) -> int:
+        """The channels of each tap in a patch row: an NCHW input's padded to a multiple of
+        ``NCHW_CHANNEL_MULTIPLE`` (an RGB stem's 3 as 4, the 4th zero), so that K is whole
+        depth blocks and every tap's run starts on one."""
+        return self.channels if self.data_block else round_up(self.channels, NCHW_CHANNEL_MULTIPLE)
+
+    @property
     def depth(self) -> int:
-        """K: the values of one receptive field."""
-        return self.channels * self.kernel[0] * self.kernel[1]
+        """K: the values of one receptive field (with an NCHW input's padding channels)."""
+        return self.patch_channels * self.kernel[0] * self.kernel[1]
+
+    @property
+    def padded_input(self) -> tuple[int, int, int, int]:
+        """An NCHW input as the kernel converts it: ``[N, H', W', channels]`` (pixel-major, the
+        padding around it written as zeros, ``patch_channels`` per pixel), so that each tap's
+        ``KW x channels`` values are one contiguous run."""
+        height, width = ((out - 1) * stride + (kernel - 1) * dilation + 1 for out, stride, kernel, dilation in zip(
+            (self.out_height, self.out_width), self.strides, self.kernel, self.dilation))
+        return (self.batch, height, width, self.patch_channels)
 
     @property
     def pixels(self) -> int:
@@ -134,14 +163,21 @@ def conv_geometry(call: relax.Call) -> ConvGeometry | str:
     (n, c, h, w, *_), _, out = ([int(d) for d in s.values] for s in shapes)
     if data_block:
         c *= data_block
-    if c < (MIN_STRIDED_CHANNELS if int(attrs.strides[1]) > 1 else MIN_CHANNELS):
-        return f"{c} input channels (an image stem): its patches cost more than tiles gain on so few products"
     if n * out[2] * out[3] < MIN_PIXELS:
         return f"{n * out[2] * out[3]} output pixels (a conv on a pooled map): fewer than a tile's {MIN_PIXELS} rows"
     out_channels = out[1] * out_block if out_block else out[1]
     kernel = _weight_kernel(str(attrs.kernel_layout), [int(d) for d in weight.ty.shape.values])
     if kernel is None:
         return f"kernel layout {attrs.kernel_layout}"
+    if data_block and c < (MIN_STRIDED_CHANNELS if int(attrs.strides[1]) > 1 else MIN_CHANNELS):
+        return f"{c} input channels in blocks: its patches cost more than tiles gain on so few products"
+    if not data_block and c < MIN_NCHW_CHANNELS:
+        return f"{c} input channel: a filter over a raw signal (audio), which bf16's 8-bit mantissa loses"
+    if not data_block and round_up(c, NCHW_CHANNEL_MULTIPLE) * kernel[0] * kernel[1] < MIN_NCHW_DEPTH:
+        return f"a receptive field of {c * kernel[0] * kernel[1]} values: under half a tile's k"
+    if not data_block and out_channels < MIN_NCHW_OUT_CHANNELS:
+        return (f"{out_channels} output channels from an NCHW input: its conversion and patches cost more "
+                "than one column of tiles saves")
     return ConvGeometry(data_block, out_block, n, c, h, w, out_channels, out[2], out[3], kernel,
                         tuple(int(s) for s in attrs.strides), tuple(int(d) for d in attrs.dilation),
                         (int(attrs.padding[0]), int(attrs.padding[1])))
@@ -166,11 +202,12 @@ def oihw_weight(weight: np.ndarray, layout: str) -> np.ndarray:
 
 def weight_matrix(weight: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
     """The plain ``[Co, C, KH, KW]`` weight as the ``[K, Co]`` matrix the patch rows multiply:
-    k over (channel block, kh, kw, channel in block) for a blocked input, (channel, kh, kw) for NCHW."""
+    k over (channel block, kh, kw, channel in block) for a blocked input, (kh, kw, channel) for NCHW."""
     out_channels, channels, kh, kw = weight.shape
     block = geometry.data_block
-    if not block:
-        return np.ascontiguousarray(weight.reshape(out_channels, -1).T)
+    if not block:  # k over (kh, kw, channel), the padding channels' rows zero
+        padded = np.pad(weight, ((0, 0), (0, geometry.patch_channels - channels), (0, 0), (0, 0)))
+        return np.ascontiguousarray(padded.transpose(2, 3, 1, 0).reshape(-1, out_channels))
     blocked = weight.reshape(out_channels, channels // block, block, kh, kw).transpose(1, 3, 4, 2, 0)
     return np.ascontiguousarray(blocked.reshape(-1, out_channels))
 
@@ -209,26 +246,34 @@ def _pixel(geometry: ConvGeometry, n, y, x) -> tuple:
     return ((n * g.out_height + y) * g.out_width + x,)
 
 
-def _patch_index(geometry: ConvGeometry, rows: tuple, k):
-    """(batch, channel block or channel, input row, input column, channel in block) of patch
-    element ``[*rows, k]``, and whether it lies inside the input (else padding)."""
+def _output_pixel(geometry: ConvGeometry, rows: tuple) -> tuple:
+    """(batch, output row, output column) of patch row ``rows``, and the condition that it is
+    a pixel (not a padding row; None where there are none), the batch clamped inside."""
     g = geometry
-    kh, kw = g.kernel
-    block = g.data_block or 1
     if len(rows) == 2:
         (line, ow) = rows
-        n, oh = line // g.out_height, line % g.out_height
-    else:
-        (p,) = rows
-        n, rest = p // (g.out_height * g.out_width), p % (g.out_height * g.out_width)
-        oh, ow = rest // g.out_width, rest % g.out_width
+        return line // g.out_height, line % g.out_height, ow, None
+    (p,) = rows
+    n, rest = p // (g.out_height * g.out_width), p % (g.out_height * g.out_width)
+    if flat_rows(g) == g.pixels:
+        return n, rest // g.out_width, rest % g.out_width, None
+    return tvm.tirx.min(n, g.batch - 1), rest // g.out_width, rest % g.out_width, p < g.pixels
+
+
+def _patch_index(geometry: ConvGeometry, rows: tuple, k):
+    """(batch, channel block, input row, input column, channel in block) of a blocked input's
+    patch element ``[*rows, k]``, and whether it lies inside the input (else padding)."""
+    g = geometry
+    kh, kw = g.kernel
+    block = g.data_block
+    n, oh, ow, pixel = _output_pixel(g, rows)
     tap = k // block
     outer, r, s = tap // (kh * kw), tap // kw % kh, tap % kw
     y = oh * g.strides[0] + r * g.dilation[0] - g.padding[0]
     x = ow * g.strides[1] + s * g.dilation[1] - g.padding[1]
     inside = tvm.tirx.all(y >= 0, y < g.height, x >= 0, x < g.width, k < g.depth)
-    if len(rows) == 1 and flat_rows(g) != g.pixels:  # a padding row
-        inside, n = tvm.tirx.all(inside, rows[0] < g.pixels), tvm.tirx.min(n, g.batch - 1)
+    if pixel is not None:
+        inside = tvm.tirx.all(inside, pixel)
     return (n, outer, y, x, k % block), inside
 
 
@@ -236,24 +281,66 @@ def patches_te(data: te.Tensor, geometry: ConvGeometry, operand: PatchOperand) -
     """The patch matrix (rows ``_rows_shape``, K padded to whole depth blocks with zeros) as
     ``operand`` elements: the input is converted once, then copied into the patches (each value
     KH x KW times). A 1x1 conv's patches read each value at most once: its conversion is left
-    for the rules to inline into them, saving a pass over the input."""
+    for the rules to inline into them, saving a pass over the input. An NCHW input's are
+    ``_pixel_major_patches_te``'s."""
+    if not geometry.data_block:
+        return _pixel_major_patches_te(data, geometry, operand)
     attrs = {} if tuple(geometry.kernel) == (1, 1) else {READ_MANY_TIMES: 1}
     converted = te.compute(data.shape, lambda *i: operand.convert(data[i]), name=operand.input_name, attrs=attrs)
-    zero = tvm.tirx.const(operand.zero, operand.dtype)
 
     def compute(*index):
         *rows, k = index
         (n, outer, y, x, inner), inside = _patch_index(geometry, tuple(rows), k)
         clamp = [tvm.tirx.max(tvm.tirx.min(v, bound - 1), 0) for v, bound in
                  ((y, geometry.height), (x, geometry.width))]
-        at = (n, outer, *clamp, inner) if geometry.data_block else (n, outer, *clamp)
-        return tvm.tirx.Select(inside, converted[at], zero)  # the read is clamped
+        return _where(inside, converted[(n, outer, *clamp, inner)], operand)
 
     depth = round_up(geometry.depth, operand.depth_block)
-    outer = geometry.channels // geometry.data_block if geometry.data_block else geometry.channels
-    loops = [outer, *geometry.kernel, *([geometry.data_block] if geometry.data_block else [])]
+    loops = [geometry.channels // geometry.data_block, *geometry.kernel, geometry.data_block]
     attrs = {PATCH_LOOPS: loops} if depth == geometry.depth else {}  # K padded: one k loop
     return te.compute((*_rows_shape(geometry), depth), compute, name=operand.patches_name, attrs=attrs)
+
+
+def _pixel_major_patches_te(data: te.Tensor, geometry: ConvGeometry, operand: PatchOperand) -> te.Tensor:
+    """An NCHW input's patches: the input converted once into ``geometry.padded_input`` (pixel
+    major, its padding zeros), so that a patch row is KH runs of ``KW x channels`` contiguous
+    values (k over kh, kw, channel), each copied as one vector. Read from the channel planes,
+    a row's values would be gathered one by one (a 24-channel 3x1 conv's ran slower than float32)."""
+    g = geometry
+    top, left = g.padding
+    channels = g.patch_channels
+
+    def convert(n, y, x, c):
+        inside = tvm.tirx.all(y >= top, y < top + g.height, x >= left, x < left + g.width, c < g.channels)
+        at = (n, tvm.tirx.min(c, g.channels - 1), *(tvm.tirx.max(tvm.tirx.min(v - start, bound - 1), 0)
+                                                    for v, start, bound in ((y, top, g.height), (x, left, g.width))))
+        return _where(inside, operand.convert(data[at]), operand)
+
+    converted = te.compute(g.padded_input, convert, name=operand.input_name, attrs={READ_MANY_TIMES: 1})
+    run = g.kernel[1] * channels
+    depth = round_up(g.depth, operand.depth_block)
+
+    def compute(*index):
+        *rows, k = index
+        n, oh, ow, pixel = _output_pixel(g, tuple(rows))
+        last = tvm.tirx.min(k, g.depth - 1) if depth != g.depth else k
+        r, s, c = last // run, last % run // channels, last % channels
+        value = converted[n, oh * g.strides[0] + r * g.dilation[0], ow * g.strides[1] + s * g.dilation[1], c]
+        valid = [v for v in (pixel, k < g.depth if depth != g.depth else None) if v is not None]
+        return _where(tvm.tirx.all(*valid), value, operand) if valid else value
+
+    attrs = {PATCH_LOOPS: [g.kernel[0], run]} if depth == g.depth else {}
+    return te.compute((*_rows_shape(g), depth), compute, name=operand.patches_name, attrs=attrs)
+
+
+def _where(inside: tvm.tirx.PrimExpr, value: tvm.tirx.PrimExpr, operand: PatchOperand) -> tvm.tirx.PrimExpr:
+    """``value`` (a clamped read) where ``inside``, else ``operand.zero``, as a mask of its bits: in a
+    ``Select``, TVM's simplifier drops the read's clamps (the condition implies them) and a false
+    lane then reads outside the buffer (a vector load there faulted). The mask keeps the read
+    out of the condition's reach, and vectorizes as a ``Select`` does."""
+    ones = tvm.tirx.const((1 << tvm.DataType(operand.dtype).bits) - 1, operand.dtype)
+    mask = tvm.tirx.Select(inside, ones, tvm.tirx.const(0, operand.dtype))
+    return (value & mask) | (tvm.tirx.const(operand.zero, operand.dtype) & ~mask)
 
 
 def output_te(total: te.Tensor, geometry: ConvGeometry, name: str,
@@ -294,6 +381,6 @@ def patch_rows(activation: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
     if g.data_block:  # k over (channel block, tap, channel in block)
         b = g.data_block
         stacked = stacked.reshape(n, c // b, b, len(taps), g.out_height, g.out_width).transpose(0, 4, 5, 1, 3, 2)
-    else:  # k over (channel, tap)
-        stacked = stacked.transpose(0, 3, 4, 1, 2)
+    else:  # k over (tap, channel), with the padding channels
+        stacked = np.pad(stacked, ((0, 0), (0, g.patch_channels - c), (0, 0), (0, 0), (0, 0))).transpose(0, 3, 4, 2, 1)
     return np.ascontiguousarray(stacked.reshape(g.pixels, g.depth))

@@ -6,10 +6,10 @@
 activation rounded to bf16 in the kernel's prologue, the products summed in float32. Each
 dense ``conv2d`` by a constant (NCHW or the blocked layout, any stride, dilation and padding)
 becomes the same sum over its input's patches (``frontend/bf16_conv.py``); a grouped or
-depthwise conv, an image stem of fewer than 16 channels (8 strided along its columns), a conv
-on a pooled map (``conv_geometry`` says why), one of fewer than ``MIN_CONV_MACS`` multiply-adds
-or fewer than 16 output channels, one of an NCHW input not strided along its columns, and on a
-target without AMX one that float32 computes by Winograd
+depthwise conv, one of a blocked input of fewer than 16 channels (8 strided along its columns)
+or of a one-channel NCHW input, a conv on a pooled map (``conv_geometry`` says why), one of fewer
+than ``MIN_CONV_MACS`` multiply-adds or fewer than 16 output channels, and on a target without
+AMX one that float32 computes by Winograd
 (``keeps_winograd_convs``) stays float32. What feeds and follows them stays float32.
 
 It runs in the "lower" phase before LegalizeOps, so that FuseOps puts the float32 epilogue
@@ -159,15 +159,6 @@ def _product_of(value: relax.Expr, bindings: dict) -> _Product | None:
     return _Product(value.args[1], False, lambda w: w)
 
 
-def _unstrided_nchw(geometry: ConvGeometry) -> bool:
-    """An input in NCHW read at column stride 1: its patch rows gather each value from a channel
-    plane of its own, where float32's register tiles load whole rows of columns. Kept float32,
-    oww-embedding's 24-channel 3x1 and 1x3 convs took its bf16 build to 0.82x, ddddocr-ocr's
-    24 -> 32 channel 3x3 convs to 0.96x (ppocrv5-rec: 1.00x), on Emerald Rapids. Strided along
-    its columns, float32 gathers too, and the patches pay (``conv_patches.MIN_STRIDED_CHANNELS``)."""
-    return geometry.data_block == 0 and geometry.strides[1] == 1
-
-
 def _static_rows(data: relax.Expr) -> bool:
     """Whether the activation's leading axes are static: the AMX tiles need a known row count,
     and the kernel without them is far slower than float32's (``frontend/bf16_matmul.py``)."""
@@ -239,11 +230,9 @@ class _Rewriter(PyExprMutator):
 
     def _conv_stays_float32(self, conv: relax.Call, geometry: ConvGeometry) -> bool:
         """A conv of fewer output channels than a column block (a spectrogram's one-channel
-        head: 16 columns computed for each one kept), one whose float32 kernel reads whole rows
-        where its patches would gather (``_unstrided_nchw``), and with ``keep_winograd`` one
-        that float32 computes by Winograd."""
-        return (geometry.out_channels < COLUMN_BLOCK or _unstrided_nchw(geometry)
-                or (self.keep_winograd and bool(winograd_tile_of(conv))))
+        head: 16 columns computed for each one kept), and with ``keep_winograd`` one that
+        float32 computes by Winograd."""
+        return geometry.out_channels < COLUMN_BLOCK or (self.keep_winograd and bool(winograd_tile_of(conv)))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)

@@ -191,6 +191,8 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
     "nchw-strided-flat": ConvGeometry(0, 0, 1, 16, 9, 33, 24, 9, 17, (3, 3), (1, 2), (1, 1), (1, 1)),
     # 2 x 3 x 17 = 102 pixels (no divisor from 8 to 16): 112 patch rows, 10 of them padding
     "batch-padded-rows": ConvGeometry(16, 16, 2, 16, 3, 17, 32, 3, 17, (3, 3), (1, 1), (1, 1), (1, 1)),
+    # 3 channels padded to 4 per pixel: each kernel row of a patch one run of 7 x 4 values
+    "rgb-7x7-stem": ConvGeometry(0, 16, 1, 3, 32, 32, 32, 16, 16, (7, 7), (2, 2), (1, 1), (3, 3)),
 }
 
 
@@ -225,6 +227,18 @@ def test_a_flat_convs_epilogue_follows_each_tile(conv):
     assert "bf16_matmul = T.sblock_alloc_buffer" not in script  # no sum in memory
     stores = re.findall(r"\n *compute\w*\[(.*)\] = ", script)  # the pixel's row and column from one axis
     assert len(stores) == 1 and stores[0].endswith("v1 % T.int64(17)" if conv.startswith("nchw") else "% T.int64(17), v2")
+
+
+def test_an_rgb_stems_patch_rows_are_vector_runs_of_its_pixel_major_input():
+    """The NCHW input converted once into [N, H + 6, W + 6, 4] (its padding zeros), its reads
+    clamped inside the input (not dropped under the padding's condition: a vector lane would
+    then read outside it); each patch row 7 runs of 28 values, one vector each."""
+    mod, _ = bf16_conv_module(CONVS["rgb-7x7-stem"])
+    script = bf16_kernel(on_tiles(mod, AMX))[1].script()
+    assert "bf16_conv_input = T.sblock_alloc_buffer((T.int64(1), T.int64(37), T.int64(37), T.int64(4))" in script
+    conversion = next(line for line in script.splitlines() if "bf16_conv_input[v_n, v_y, v_x, v_c] =" in line)
+    assert "T.max(T.min(v_y - T.int64(3), T.int64(31)), T.int64(0))" in conversion
+    assert "T.vectorized(T.int64(28))" in script and '"tvm_fusion.patch_loops": [7, 28]' in script
 
 
 @host_amx

@@ -20,6 +20,8 @@ from .helpers import extent_of
 # operand elements per vector in the prologue: float32 lanes of an AVX-512 register, and a
 # blocked conv input's channel block
 PROLOGUE_LANES = 16
+# the most elements of a run copied as one vector whose extent is not a multiple of PROLOGUE_LANES
+MAX_RUN_LANES = 64
 
 
 def _is_conv(kernel: OneReduction, operand: PatchOperand) -> bool:
@@ -72,7 +74,11 @@ def _vectorize_operand(sch: s_tir.Schedule, name: str) -> None:
 
 
 def _vectorize_lanes(sch: s_tir.Schedule, loop) -> None:
-    """``loop`` on vectors of ``PROLOGUE_LANES``, where its extent is a multiple of them."""
+    """``loop`` on vectors of ``PROLOGUE_LANES`` where its extent is a multiple of them, else
+    as one vector where it is at most ``MAX_RUN_LANES`` (a pixel-major patch's run: an RGB 7x7
+    stem's 28 values)."""
     extent = extent_of(sch.get(loop).extent)
     if isinstance(extent, int) and extent % PROLOGUE_LANES == 0:
         sch.vectorize(sch.split(loop, [None, PROLOGUE_LANES])[1] if extent > PROLOGUE_LANES else loop)
+    elif isinstance(extent, int) and extent <= MAX_RUN_LANES:
+        sch.vectorize(loop)
