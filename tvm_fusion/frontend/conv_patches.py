@@ -38,13 +38,11 @@ from .packed_weights import round_up
 # readers; the patches' k loop as the extents of (channel block, kh, kw, channel in block).
 READ_MANY_TIMES = "tvm_fusion.read_many_times"
 PATCH_LOOPS = "tvm_fusion.patch_loops"
-# Input channels a conv needs for a patch kernel: an RGB stem's patches (27 values for 3 x 3)
-# are built element by element and fill a tile's 32 k once, so the float32 kernel is faster.
+# Input channels a conv of a blocked input (NCHW{b}c) needs for a patch kernel: with fewer, each
+# patch value feeds too few products for the tiles to pay for the copies ...
 MIN_CHANNELS = 16
-# ... and one strided along its columns, whose float32 kernel gathers every input vector: there
-# patches pay from fewer channels (basic-pitch's 8 -> 32 channel 5x5 conv at stride (1, 3) ran
-# at 24 % of the FMA roof in float32; as patches the model took 0.92x on Emerald Rapids, where a
-# 12 -> 24 channel 3x3 conv at stride 1 took ddddocr-det to 1.05x).
+# ... and one strided along its columns, whose float32 kernel gathers every input vector.
+# (An NCHW input's patches are pixel-major runs, with rules of their own below.)
 MIN_STRIDED_CHANNELS = 8
 # Output pixels (the sum's rows) a conv needs: a squeeze-and-excitation block's convs on a pooled
 # map have one, which its own fusion computes (a patch kernel inside it ran at half its speed).
@@ -229,7 +227,7 @@ def _rows_shape(geometry: ConvGeometry) -> tuple[int, ...]:
 
 def flat_rows(geometry: ConvGeometry) -> int:
     """The patch rows of a conv whose rows are its pixels: their count, padded to whole tiles of
-    16 where no divisor of at least ``MIN_SQUARE_TILE_ROWS`` up to 16 divides it (475 pixels:
+    16 where no divisor of at least ``MIN_PADDED_TILE_ROWS`` up to 16 divides it (475 pixels:
     tiles of 5 rows would re-read the weight for every 5 rows and fill a third of each AMX
     tile); the padding rows are zeros that no output reads."""
     pixels = geometry.pixels

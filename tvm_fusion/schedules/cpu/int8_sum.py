@@ -121,8 +121,8 @@ def _rows_as_one_axis(sch: s_tir.Schedule, output, tile: tirx.Buffer) -> None:
     used = [var for var in axes if any(var.same_as(found) for found in tirx.analysis.undefined_vars(row))]
     if len(used) < 2:
         return
-    merged = [row if var.same_as(used[-1]) else var for var in axes if var.same_as(used[-1]) or not any(
-        var.same_as(other) for other in used)]
+    kept = [var for var in axes if not any(var.same_as(other) for other in used[:-1])]
+    merged = [row if var.same_as(used[-1]) else var for var in kept]  # the row where its last axis was
     sch.transform_block_layout(output, tirx.IndexMap(axes, merged, None))
 
 
