@@ -167,18 +167,20 @@ def conv_geometry(call: relax.Call) -> ConvGeometry | str:
     kernel = _weight_kernel(str(attrs.kernel_layout), [int(d) for d in weight.ty.shape.values])
     if kernel is None:
         return f"kernel layout {attrs.kernel_layout}"
-    if data_block and c < (MIN_STRIDED_CHANNELS if int(attrs.strides[1]) > 1 else MIN_CHANNELS):
-        return f"{c} input channels in blocks: its patches cost more than tiles gain on so few products"
-    if not data_block and c < MIN_NCHW_CHANNELS:
+    geometry = ConvGeometry(data_block, out_block, n, c, h, w, out_channels, out[2], out[3], kernel,
+                            tuple(int(s) for s in attrs.strides), tuple(int(d) for d in attrs.dilation),
+                            (int(attrs.padding[0]), int(attrs.padding[1])))
+    if data_block:
+        if c < (MIN_STRIDED_CHANNELS if geometry.strides[1] > 1 else MIN_CHANNELS):
+            return f"{c} input channels in blocks: its patches cost more than tiles gain on so few products"
+    elif c < MIN_NCHW_CHANNELS:
         return f"{c} input channel: a filter over a raw signal (audio), which bf16's 8-bit mantissa loses"
-    if not data_block and round_up(c, NCHW_CHANNEL_MULTIPLE) * kernel[0] * kernel[1] < MIN_NCHW_DEPTH:
+    elif geometry.depth < MIN_NCHW_DEPTH:
         return f"a receptive field of {c * kernel[0] * kernel[1]} values: under half a tile's k"
-    if not data_block and out_channels < MIN_NCHW_OUT_CHANNELS:
+    elif out_channels < MIN_NCHW_OUT_CHANNELS:
         return (f"{out_channels} output channels from an NCHW input: its conversion and patches cost more "
                 "than one column of tiles saves")
-    return ConvGeometry(data_block, out_block, n, c, h, w, out_channels, out[2], out[3], kernel,
-                        tuple(int(s) for s in attrs.strides), tuple(int(d) for d in attrs.dilation),
-                        (int(attrs.padding[0]), int(attrs.padding[1])))
+    return geometry
 
 
 def _weight_kernel(layout: str, shape: list[int]) -> tuple[int, int] | None:
@@ -289,9 +291,8 @@ def patches_te(data: te.Tensor, geometry: ConvGeometry, operand: PatchOperand) -
     def compute(*index):
         *rows, k = index
         (n, outer, y, x, inner), inside = _patch_index(geometry, tuple(rows), k)
-        clamp = [tvm.tirx.max(tvm.tirx.min(v, bound - 1), 0) for v, bound in
-                 ((y, geometry.height), (x, geometry.width))]
-        return _where(inside, converted[(n, outer, *clamp, inner)], operand)
+        at = (n, outer, _clamp(y, geometry.height), _clamp(x, geometry.width), inner)
+        return _where(inside, converted[at], operand)
 
     depth = round_up(geometry.depth, operand.depth_block)
     loops = [geometry.channels // geometry.data_block, *geometry.kernel, geometry.data_block]
@@ -308,27 +309,32 @@ def _pixel_major_patches_te(data: te.Tensor, geometry: ConvGeometry, operand: Pa
     top, left = g.padding
     channels = g.patch_channels
 
+    if g.depth % operand.depth_block:
+        raise ValueError(f"{g.patch_channels} channels per pixel do not fill whole depth blocks of "
+                         f"{operand.depth_block}: pad them to a multiple of it (NCHW_CHANNEL_MULTIPLE)")
+
     def convert(n, y, x, c):
         inside = tvm.tirx.all(y >= top, y < top + g.height, x >= left, x < left + g.width, c < g.channels)
-        at = (n, tvm.tirx.min(c, g.channels - 1), *(tvm.tirx.max(tvm.tirx.min(v - start, bound - 1), 0)
-                                                    for v, start, bound in ((y, top, g.height), (x, left, g.width))))
+        at = (n, tvm.tirx.min(c, g.channels - 1), _clamp(y - top, g.height), _clamp(x - left, g.width))
         return _where(inside, operand.convert(data[at]), operand)
 
     converted = te.compute(g.padded_input, convert, name=operand.input_name, attrs={READ_MANY_TIMES: 1})
     run = g.kernel[1] * channels
-    depth = round_up(g.depth, operand.depth_block)
 
     def compute(*index):
         *rows, k = index
         n, oh, ow, pixel = _output_pixel(g, tuple(rows))
-        last = tvm.tirx.min(k, g.depth - 1) if depth != g.depth else k
-        r, s, c = last // run, last % run // channels, last % channels
+        r, s, c = k // run, k % run // channels, k % channels
         value = converted[n, oh * g.strides[0] + r * g.dilation[0], ow * g.strides[1] + s * g.dilation[1], c]
-        valid = [v for v in (pixel, k < g.depth if depth != g.depth else None) if v is not None]
-        return _where(tvm.tirx.all(*valid), value, operand) if valid else value
+        return value if pixel is None else _where(pixel, value, operand)
 
-    attrs = {PATCH_LOOPS: [g.kernel[0], run]} if depth == g.depth else {}
-    return te.compute((*_rows_shape(g), depth), compute, name=operand.patches_name, attrs=attrs)
+    return te.compute((*_rows_shape(g), g.depth), compute, name=operand.patches_name,
+                      attrs={PATCH_LOOPS: [g.kernel[0], run]})
+
+
+def _clamp(index: tvm.tirx.PrimExpr, bound: int) -> tvm.tirx.PrimExpr:
+    """``index`` kept inside ``[0, bound)``: a read that ``_where`` masks must still land in the buffer."""
+    return tvm.tirx.max(tvm.tirx.min(index, bound - 1), 0)
 
 
 def _where(inside: tvm.tirx.PrimExpr, value: tvm.tirx.PrimExpr, operand: PatchOperand) -> tvm.tirx.PrimExpr:

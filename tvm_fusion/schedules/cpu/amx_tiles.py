@@ -60,9 +60,10 @@ COLUMNS_OUTER_WEIGHT_BYTES = 1 << 20
 def schedule_tiles(kernel: OneReduction, spec: TileProduct, operand_per_row_tile: bool = False
                    ) -> s_tir.Schedule | None:
     """``kernel`` (a packed-weight sum of ``spec``'s form) as AMX tiles, its element-wise
-    epilogue per tile where it can follow one; None where tiles do not pay or cannot be formed. With ``operand_per_row_tile`` the prologue that
-    writes the A operand (a conv's patch rows) is computed per tile of rows, where there are
-    enough of them to share among cores (``int8_sum.operand_block``)."""
+    epilogue per tile where it can follow one; None where tiles do not pay or cannot be formed.
+    With ``operand_per_row_tile`` the prologue that writes the A operand (a conv's patch rows)
+    is computed per tile of rows, where there are enough of them to share among cores
+    (``int8_sum.operand_block``)."""
     *batch, m, _, _ = kernel.stmt.iter_vars
     rows = extent_of(m.dom.extent)
     if not isinstance(rows, int) or rows < spec.min_rows:

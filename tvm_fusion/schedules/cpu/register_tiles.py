@@ -93,8 +93,9 @@ class RegisterDot:
 
 def register_tiles(kernel: OneReduction, dot: RegisterDot, operand_per_row_tile: bool = False
                    ) -> s_tir.Schedule | None:
-    """The sum as register tiles of ``dot``, the epilogue per tile where it can follow one; with ``operand_per_row_tile`` the prologue block that writes
-    the A operand (a conv's patch rows) computed per tile of rows (``int8_sum.operand_block``)."""
+    """The sum as register tiles of ``dot``, the epilogue per tile where it can follow one; with
+    ``operand_per_row_tile`` the prologue block that writes the A operand (a conv's patch rows)
+    computed per tile of rows (``int8_sum.operand_block``)."""
     *batch, m, n, _ = kernel.stmt.iter_vars
     operand = None
     if operand_per_row_tile:  # a conv's: static shapes
