@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tvm_fusion.accuracy.bf16_gate import (Bf16Tolerance, check_bf16, classifier_outputs, compare_bf16,
-                                           compare_bf16_matmul, format_bf16)
+                                           compare_bf16_matmul, format_bf16, judge_bf16_conditioning)
 from tvm_fusion.errors import VerificationError
 
 TOLERANCE = Bf16Tolerance()
@@ -130,3 +130,67 @@ def test_a_matmul_whose_activation_cancels_against_its_weight_fails_alone():
     result = compare_bf16_matmul("m", shifted, zero_sum_columns(rng), TOLERANCE)
     assert not result.passed and result.cosine < 0.9 and "cosine" in result.note
     assert result.name == "m"
+
+
+def test_a_scaled_tolerance_shrinks_every_allowance():
+    half = TOLERANCE.scaled(0.5)
+    assert (half.rtol, half.atol, half.min_top1) == (TOLERANCE.rtol / 2, TOLERANCE.atol / 2, TOLERANCE.min_top1)
+    assert 1 - half.min_cosine == pytest.approx((1 - TOLERANCE.min_cosine) / 4)  # the RMS error allowed halves
+
+
+def test_share_is_the_larger_of_the_element_rule_and_the_rms_error():
+    reference = np.linspace(-1.0, 1.0, 1000)
+    one_element = np.zeros(1000)
+    one_element[10] = 2 * (TOLERANCE.atol + TOLERANCE.rtol * abs(reference[10]))  # twice its allowance
+    assert TOLERANCE.share(one_element, reference) == pytest.approx(2.0)
+    spread = 0.01 * reference  # relative RMS 1%, the cosine allows sqrt(0.002) = 4.5%
+    assert TOLERANCE.share(spread, reference) == pytest.approx(0.01 / np.sqrt(0.002))
+    assert TOLERANCE.share(np.zeros(3), np.zeros(3)) == 0.0
+
+
+def ill_conditioned_case(ours_factor: float):
+    """An output a few float32 steps from zero, as a detector's sigmoid map of noise: ONNX Runtime
+    against itself is off by a relative RMS of 5%, past the cosine's 4.5%."""
+    rng = np.random.default_rng(2)
+    reference = np.abs(rng.standard_normal(4096)) * 1e-6
+    noise = rng.standard_normal(4096) * 0.05 * np.sqrt(np.mean(reference ** 2))
+    variant = reference + noise
+    ours = reference + ours_factor * noise[::-1]
+    results = gate({"map": ours}, {"map": reference})
+    return judge_bf16_conditioning(results, {"map": ours}, {"map": reference}, lambda: {"optimizations off": {
+        "map": variant}}, TOLERANCE)
+
+
+def test_an_output_onnx_runtime_itself_fails_passes_within_twice_its_spread():
+    (result,) = ill_conditioned_case(1.5)
+    assert not result.within_tolerance and result.passed
+    spread = result.reference_spread
+    assert spread.configuration == "optimizations off" and spread.multiple > 1.0 and spread.ours <= spread.allowed
+    assert "ok, ILL-CONDITIONED" in format_bf16([result], TOLERANCE)
+
+
+def test_beyond_twice_its_spread_it_fails():
+    (result,) = ill_conditioned_case(3.0)
+    assert not result.passed and result.reference_spread.ours > result.reference_spread.allowed
+    assert "MISMATCH" in format_bf16([result], TOLERANCE)
+
+
+def test_a_well_conditioned_output_gets_no_allowance():
+    reference = np.linspace(1.0, 2.0, 100)
+    ours = reference * 1.1  # 10% off: outside
+    (result,) = judge_bf16_conditioning(gate({"y": ours}, {"y": reference}), {"y": ours}, {"y": reference},
+                                        lambda: {"optimizations off": {"y": reference.copy()}}, TOLERANCE)
+    assert not result.passed and result.reference_spread.multiple == 0.0 and result.reference_spread.allowed == 1.0
+
+
+def test_a_top1_disagreement_is_never_excused_and_a_passing_output_runs_no_variant():
+    reference = np.array([[1.0, 0.0], [0.0, 1.0]])
+    flipped = reference[:, ::-1].copy()
+    (result,) = gate({"p": flipped}, {"p": reference}, {"p": "scores"})
+
+    def no_variants():
+        raise AssertionError("variants run for an output they cannot excuse")
+    (judged,) = judge_bf16_conditioning([result], {"p": flipped}, {"p": reference}, no_variants, TOLERANCE)
+    assert judged.reference_spread is None and not judged.passed
+    (passing,) = gate({"p": reference}, {"p": reference}, {"p": "scores"})
+    assert judge_bf16_conditioning([passing], {"p": reference}, {"p": reference}, no_variants, TOLERANCE) == [passing]

@@ -1,6 +1,8 @@
 """The per-kernel bf16 gate (tvm_fusion/commands/bf16_kernels.py) on a planted ill-conditioned
 matmul: at auto and at bf16 it stays float32 and is named, the benign matmul beside it is bf16,
-and the outputs pass; profile sets the bf16 kernel against the AMX-BF16 roof."""
+and the outputs pass; profile sets the bf16 kernel against the AMX-BF16 roof. Then a matmul that
+passes alone but whose error the layer after it amplifies past the gate: the emulation names it
+and compile rebuilds with it float32."""
 
 from __future__ import annotations
 
@@ -14,9 +16,14 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import api, cli
+from tvm_fusion.commands.bf16_kernels import Bf16KernelGate, emulated_declines
 from tvm_fusion.commands.profile import roof_position
+from tvm_fusion.config import parse_config
+from tvm_fusion.frontend import onnx as onnx_frontend
 from tvm_fusion.kernels.cpu_features import has_bf16_kernels
 from tvm_fusion.machine_peak import MachinePeak
+from tvm_fusion.session import ModelSession
+from tvm_fusion.verify import reference_outputs
 
 HOST_HAS_BF16 = has_bf16_kernels(tvm.target.Target.from_device(tvm.cpu()))
 OFFSET = 1000.0  # bf16's spacing there is 4: rounding the shifted activation loses x itself
@@ -110,3 +117,57 @@ def test_a_bf16_kernel_is_set_against_the_amx_roof_and_its_ridge():
 def test_without_an_amx_probe_every_kernel_is_set_against_the_fma_roof():
     no_amx = dataclasses.replace(PEAK, amx_bf16_gflops=None)
     assert roof_position(no_amx, "bf16", 5000, 50.0, 50.0, 1.0) == ("FMA", 100.0, "compute", 0.5)
+
+
+def amplified_model() -> onnx.ModelProto:
+    """``amplified = exp(x @ A)`` and ``benign = x @ B``. Alone each matmul errs by about u = 2^-8
+    of its output in bf16, within the gate; but x @ A reaches +-50, where bf16's error of about 0.1
+    becomes a 10 % error of its exp, past the gate on the output."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array((3.0 * rng.standard_normal((64, 32))).astype(np.float32), "a"),
+             numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "a"], ["logits"], name="amplified_matmul"),
+             helper.make_node("Exp", ["logits"], ["amplified"], name="exp"),
+             helper.make_node("MatMul", ["x", "b"], ["benign"], name="benign_matmul")]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 4, 32]) for name in ("amplified", "benign")]
+    graph = helper.make_graph(nodes, "amplified", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 64])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_emulation_names_the_matmul_whose_error_is_amplified(tmp_path):
+    """For a named AMX-BF16 CPU, so it runs on any host: the candidates are the pipeline's, the
+    emulation ONNX Runtime's."""
+    onnx.save(amplified_model(), tmp_path / "amplified.onnx")
+    cfg = parse_config({"target": {"kind": "llvm", "mcpu": "sapphirerapids"}, "pipeline": {"precision": "bf16"}},
+                       name="sapphirerapids-test", path="test.toml")
+    session = ModelSession(tmp_path / "amplified.onnx", None)
+    prepared = session.prepared(cfg)
+    inputs = onnx_frontend.random_inputs(prepared.onnx_model, onnx_frontend.inputs_at(prepared.inputs, {}), cfg.seed)
+    reference = (inputs, reference_outputs(prepared.onnx_model, inputs))
+    said: list[str] = []
+    (declined,) = emulated_declines(session, prepared, cfg, None, Bf16KernelGate(), reference, 0.5, said.append)
+    assert declined.onnx_nodes == ["amplified_matmul"] and declined.judged_by == "emulation"
+    assert declined.cosine is None and declined.max_abs > 0 and "x the gate's allowance on amplified" in declined.reason
+    assert said[0] == "bf16 gate: emulating 2 bf16 matmul(s) in ONNX Runtime to find which to keep float32"
+    assert said[1].startswith("bf16 gate: kept amplified_matmul float32: in bf16 it moves the outputs too far")
+    # already kept float32: nothing left to decline that the outputs need
+    kept = Bf16KernelGate(declined=[declined])
+    assert emulated_declines(session, prepared, cfg, None, kept, reference, 0.5) == []
+
+
+@pytest.mark.parametrize("precision", ["bf16", "auto"])
+def test_compile_rebuilds_with_the_amplified_matmul_float32(tmp_path, precision):
+    if not HOST_HAS_BF16:
+        pytest.skip("the host CPU has neither AVX512_BF16 nor AMX-BF16: no bf16 kernel is built or run here")
+    onnx.save(amplified_model(), tmp_path / "amplified.onnx")
+    said: list[str] = []
+    result = api.compile_model(tmp_path / "amplified.onnx", None, None, tmp_path / "build", precision=precision,
+                               progress=said.append)
+    meta = result.metadata
+    gate = meta["bf16_gate_per_kernel"]
+    assert meta["precision"] == "bf16" and "precision_fallback" not in meta
+    assert [(d["onnx_nodes"], d["judged_by"]) for d in gate["declined"]] == [(["amplified_matmul"], "emulation")]
+    assert gate["emulation_margins"] == [0.5] and len(meta["bf16_kernels"]) == 1
+    assert all(o["passed"] for o in meta["verification"]["outputs"])
+    assert any(line.startswith("bf16 gate: rebuilding with 1 matmul(s) kept float32") for line in said)

@@ -162,16 +162,33 @@ def test_auto_keeps_each_matmul_float32_that_fails_the_gate_alone(tmp_path, mlp_
 
 def test_auto_builds_float32_where_bf16_fails_the_gate(tmp_path, mlp_path, monkeypatch):
     """The last resort: outputs that fail the gate though no matmul was declined alone (here the
-    per-kernel gate is skipped, as for a matmul it cannot judge) rebuild the model in float32."""
+    per-kernel gate is skipped, as for a matmul it cannot judge) and the emulation finds none to
+    keep float32 (as where no ONNX product matches a kernel) rebuild the model in float32."""
     if not HOST_HAS_BF16:
         pytest.skip("the host CPU lacks AMX-BF16: auto builds float32 without trying bf16")
     monkeypatch.setattr(compile_command, "judge_bf16_kernels", lambda *_args: Bf16KernelGate())
+    monkeypatch.setattr(compile_command, "emulated_declines", lambda *_args: [])
     result = api.compile_model(mlp_path, exact_config(tmp_path), [MLP_SHAPE], tmp_path / "build", precision="auto")
     meta = result.metadata
     assert meta["precision"] == "float32" and meta["built_from"]["config"]["precision"] == "float32"
     assert meta["precision_fallback"]["reason"].startswith("bf16 failed the accuracy gate (y: cosine ")
     # The float32 rebuild, staged at the same path, is what was run and verified.
     assert meta["verification"]["outputs"][0]["max_abs"] < 1e-4
+
+
+def test_auto_keeps_float32_what_the_emulation_finds_the_outputs_need(tmp_path, mlp_path, monkeypatch):
+    """Outputs that fail though no matmul failed alone: the emulation in ONNX Runtime keeps
+    float32 those whose rounding moves them (here both, for a cosine of exactly 1), and the
+    rebuild, with no bf16 kernel left, is the float32 build, not a whole-model fallback."""
+    if not HOST_HAS_BF16:
+        pytest.skip("the host CPU lacks AMX-BF16: auto builds float32 without trying bf16")
+    monkeypatch.setattr(compile_command, "judge_bf16_kernels", lambda *_args: Bf16KernelGate())
+    result = api.compile_model(mlp_path, exact_config(tmp_path), [MLP_SHAPE], tmp_path / "build", precision="auto")
+    meta = result.metadata
+    assert meta["precision"] == "float32" and meta["built_from"]["config"]["precision"] == "auto"
+    gate = meta["bf16_gate_per_kernel"]
+    assert [d["judged_by"] for d in gate["declined"]] == ["emulation", "emulation"] and not meta["bf16_kernels"]
+    assert gate["emulation_margins"] == [0.5] and "precision_fallback" not in meta
 
 
 def test_bf16_kernels_are_other_tuning_workloads_than_their_float32_twins(mlp_path):

@@ -16,7 +16,7 @@ import concurrent.futures
 import ctypes
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -320,7 +320,7 @@ def format_comparisons(results: list[OutputComparison], rtol: float, atol: float
     return "\n".join(lines)
 
 
-def ill_conditioned(results: list[OutputComparison]) -> list[OutputComparison]:
+def ill_conditioned(results: Sequence[OutputComparison]) -> list[OutputComparison]:
     """The outputs that passed only as ill-conditioned."""
     return [r for r in results if not r.within_tolerance and r.passed]
 

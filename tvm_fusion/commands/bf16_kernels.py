@@ -9,6 +9,12 @@ sum to nearly zero), and only the activations the model computes show it. They c
 float32 run of the fused graph, built to return each candidate's activation, on compile's
 seeded inputs; each matmul is then judged by ``accuracy.bf16_gate.compare_bf16_matmul`` with
 the ``[verify] bf16_*`` tolerances. The whole-model gate still judges the outputs after.
+
+Where the outputs fail though every kernel passed alone, the errors add up through the layers
+after them, and ``emulated_declines`` picks more kernels to keep float32: it emulates the bf16
+products in ONNX Runtime (``accuracy/bf16_emulation.py``), measures how far rounding each one
+alone moves the outputs, and keeps float32 the fewest of the worst whose emulated outputs are
+within a ``margin`` of the gate; compile then rebuilds and the gate judges the artifact again.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ import dataclasses
 import numpy as np
 import tvm
 
-from ..accuracy.bf16_gate import compare_bf16_matmul
+from ..accuracy.bf16_emulation import Bf16Emulation, match_products, product_weights
+from ..accuracy.bf16_gate import classifier_outputs, compare_bf16, compare_bf16_matmul
 from ..config import PipelineConfig
 from ..frontend.dims import ranges_of
 from ..passes.bf16_matmuls import bf16_candidates
+from ..native_log import captured_native_stderr, summarize
 from ..preparation import PreparedModel, Progress, quiet
 from ..provenance import onnx_nodes_of
 from ..session import Fused, ModelSession
@@ -29,17 +37,21 @@ from ..session import Fused, ModelSession
 
 @dataclasses.dataclass
 class Bf16Decline:
-    """A matmul kept float32: its binding, the ONNX nodes it computes, and its bf16 error alone."""
+    """A matmul kept float32: its binding, the ONNX nodes it computes, and why: its bf16 error
+    alone (``judged_by`` "alone": the error of its own output), or what rounding it moves the
+    model's outputs by ("emulation": ``max_abs`` the largest change, ``cosine`` None)."""
 
     matmul: str
     onnx_nodes: list[str]
     max_abs: float
-    cosine: float
+    cosine: float | None
     reason: str
+    judged_by: str = "alone"
 
     def line(self) -> str:
-        return (f"bf16 gate: kept {', '.join(self.onnx_nodes) or self.matmul} float32: alone on its activations "
-                f"in bf16 it fails the gate ({self.reason})")
+        how = "alone on its activations in bf16 it fails the gate" if self.judged_by == "alone" else \
+            "in bf16 it moves the outputs too far, emulated in ONNX Runtime"
+        return f"bf16 gate: kept {', '.join(self.onnx_nodes) or self.matmul} float32: {how} ({self.reason})"
 
 
 @dataclasses.dataclass
@@ -50,15 +62,29 @@ class Bf16KernelGate:
     declined: list[Bf16Decline] = dataclasses.field(default_factory=list)
     # matmuls built bf16 without a judgement: a fused composite computes their activation itself
     unjudged: list[str] = dataclasses.field(default_factory=list)
+    # the gate's margins the emulation kept more float32 for, one rebuild each (``emulated_declines``)
+    emulation_margins: list[float] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def judge_bf16_kernels(session: ModelSession, prepared: PreparedModel, cfg: PipelineConfig, fused: Fused,
-                       inputs: dict[str, np.ndarray], say: Progress = quiet) -> Bf16KernelGate:
-    """Each bf16 candidate of ``fused`` (a static model's graph) judged on ``inputs``; ``say``
-    names each declined matmul, and counts those it could not judge."""
+def judge_bf16_kernels(session: ModelSession, prepared: PreparedModel, cfg: PipelineConfig,
+                       gate_config: PipelineConfig | None, inputs: dict[str, np.ndarray],
+                       say: Progress = quiet) -> Bf16KernelGate:
+    """Each bf16 candidate of the fused graph that ``scheduled`` lowers (a static model's; the
+    fusion gate's ``gate_config``) judged on ``inputs``; ``say`` names each declined matmul, and
+    counts those it could not judge."""
+    native: list[str] = []
+    with captured_native_stderr(native):
+        gate = _judge(session, prepared, cfg, session.fused(prepared, frozenset(), gate_config, say), inputs, say)
+    for message in summarize(native):
+        say(f"tvm: {message}")
+    return gate
+
+
+def _judge(session: ModelSession, prepared: PreparedModel, cfg: PipelineConfig, fused: Fused,
+           inputs: dict[str, np.ndarray], say: Progress) -> Bf16KernelGate:
     if ranges_of(prepared.inputs):
         return Bf16KernelGate()  # the symbolic graph has no candidate (its rows are not static)
     candidates = bf16_candidates(fused.module, cfg.tvm_target(), cfg.winograd)
@@ -79,3 +105,68 @@ def judge_bf16_kernels(session: ModelSession, prepared: PreparedModel, cfg: Pipe
         say(f"bf16 gate: {len(gate.unjudged)} matmul(s) built bf16 without a judgement of their own (a fused "
             "kernel computes their activation): the outputs' gate judges them")
     return gate
+
+
+def emulated_declines(session: ModelSession, prepared: PreparedModel, cfg: PipelineConfig,
+                      gate_config: PipelineConfig | None, gate: Bf16KernelGate,
+                      reference: tuple[dict[str, np.ndarray], dict[str, np.ndarray]], margin: float,
+                      say: Progress = quiet) -> list[Bf16Decline]:
+    """More matmuls to keep float32, beyond ``gate.declined``, for outputs that failed the gate
+    on ``reference``'s inputs (with ONNX Runtime's float32 outputs for them): the fewest of those
+    whose rounding alone moves the outputs most, such that the emulated outputs pass the gate with
+    its allowances times ``margin``. Empty where emulation cannot help: no bf16 matmul maps to an
+    ONNX product, or the outputs pass with all of them rounded, or fail with none."""
+    inputs, expected = reference
+    floats = [name for name, value in expected.items() if np.issubdtype(value.dtype, np.floating)]
+    fused = session.fused(prepared, frozenset(), gate_config, say)
+    kept = {d.matmul for d in gate.declined}
+    weights: dict[str, list[np.ndarray]] = {}  # a matmul binding -> its weight at each call
+    for candidate in bf16_candidates(fused.module, cfg.tvm_target(), cfg.winograd):
+        if candidate.name not in kept:
+            weights.setdefault(candidate.name, []).append(candidate.weight)
+    if not weights:
+        return []
+    model = prepared.simplified_with_weights()
+    matched = match_products(weights, product_weights(model, inputs, cfg.threads))
+    names = sorted(matched)
+    unmatched = len(weights) - len(names)
+    if not names or not floats:  # shares are of float outputs
+        return []
+    say(f"bf16 gate: emulating {len(names)} bf16 matmul(s) in ONNX Runtime to find which to keep float32"
+        + (f" ({unmatched} more matched no ONNX product and stay bf16)" if unmatched else ""))
+    emulation = Bf16Emulation(model, [matched[name] for name in names], inputs, cfg.threads)
+    tolerance, classifiers = cfg.bf16_tolerance(), classifier_outputs(prepared.onnx_model)
+    target = tolerance.scaled(margin)
+
+    def passes(outputs: dict[str, np.ndarray]) -> bool:
+        return all(r.passed for r in compare_bf16(outputs, expected, target, classifiers, cfg.rtol, cfg.atol))
+
+    everything = set(range(len(names)))
+    base = emulation.run(set())
+    if not passes(base) or passes(emulation.run(everything)):
+        return []
+    moves = []  # per matmul: (share of the gate's allowance, the output it moves most, by how much)
+    for k in range(len(names)):
+        moved = emulation.run({k})
+        moves.append(max((tolerance.share(moved[output] - base[output], expected[output]), output,
+                          float(np.abs(moved[output] - base[output]).max())) for output in floats))
+    order = sorted(range(len(names)), key=lambda k: -moves[k][0])
+
+    def passes_without(count: int) -> bool:
+        return passes(emulation.run(everything - set(order[:count])))
+
+    # the fewest of the worst: doubling to a count that passes, then halving back between
+    low, high = 0, 1
+    while high < len(names) and not passes_without(high):
+        low, high = high, min(2 * high, len(names))
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if passes_without(middle) else (middle, high)
+    declines = []
+    for k in order[:high]:
+        share, output, change = moves[k]
+        nodes = [model.graph.node[i].name or f"#{i}" for i in matched[names[k]]]
+        declines.append(Bf16Decline(names[k], nodes, change, None,
+                                    f"alone {share:.2g}x the gate's allowance on {output}", judged_by="emulation"))
+        say(declines[-1].line())
+    return declines
