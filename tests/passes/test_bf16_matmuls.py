@@ -264,6 +264,23 @@ def test_a_composite_called_for_several_layers_takes_each_calls_own_packed_weigh
     assert len(candidates) == 2 and {c.weight.tobytes() for c in candidates} == {WEIGHT[:20].tobytes(), SECOND.tobytes()}
 
 
+def test_one_call_of_a_shared_composite_is_declined_by_its_key():
+    """``gv#1``: the second layer keeps calling the float32 composite, kept beside the rewrite,
+    and the first takes its packed weight; ``gv`` alone would decline both."""
+    assert [c.key for c in bf16_candidates(SharedComposite, AMX)] == ["gv#0", "gv#1"]
+    after = Bf16Matmuls(AMX, frozenset({"gv#1"}))(SharedComposite)
+    (packed,) = kernel_weights(after)
+    np.testing.assert_array_equal(packed, pack_weight(WEIGHT[:20]))
+    composites = sorted([str(p.ty.dtype) for p in f.params] for _, f in after.functions_items()
+                        if isinstance(f, relax.Function) and "Composite" in (f.attrs or {}))
+    assert composites == [["float32", "float32"], ["float32", "uint16"]]  # the float32 one and its rewrite
+    x = np.random.default_rng(8).standard_normal((3, 20)).astype(np.float32)
+    bf16 = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float64)  # noqa: E731 - the kernel's operand rounding
+    first = (bf16(x) @ bf16(WEIGHT[:20])).astype(np.float32)
+    np.testing.assert_allclose(run(after, x), first.astype(np.float64) @ SECOND, rtol=1e-5, atol=1e-4)
+    tvm.ir.assert_structural_equal(Bf16Matmuls(AMX, frozenset({"gv#0", "gv#1"}))(SharedComposite), SharedComposite)
+
+
 @I.ir_module
 class SharedCompositeOneInput:
     @R.function(private=True)

@@ -37,7 +37,8 @@ from ..session import Fused, ModelSession
 
 @dataclasses.dataclass
 class Bf16Decline:
-    """A matmul kept float32: its binding, the ONNX nodes it computes, and why: its bf16 error
+    """A matmul kept float32: its ``Bf16Candidate.key`` (a binding of main, or one call of a
+    composite), the ONNX nodes it computes, and why: its bf16 error
     alone (``judged_by`` "alone": the error of its own output), or what rounding it moves the
     model's outputs by ("emulation": ``max_abs`` the largest change, ``cosine`` None)."""
 
@@ -88,7 +89,7 @@ def _judge(session: ModelSession, prepared: PreparedModel, cfg: PipelineConfig, 
     if ranges_of(prepared.inputs):
         return Bf16KernelGate()  # the symbolic graph has no candidate (its rows are not static)
     candidates = bf16_candidates(fused.module, cfg.tvm_target(), cfg.winograd)
-    gate = Bf16KernelGate(unjudged=[c.name for c in candidates if c.activation is None])
+    gate = Bf16KernelGate(unjudged=[c.key for c in candidates if c.activation is None])
     candidates = [c for c in candidates if c.activation is not None]
     arguments = [tvm.runtime.tensor(np.require(value, requirements="C")) for value in inputs.values()]
     activations = session.float32_values(fused.module, cfg, [c.activation for c in candidates],
@@ -99,7 +100,7 @@ def _judge(session: ModelSession, prepared: PreparedModel, cfg: PipelineConfig, 
                                      cfg.bf16_tolerance())
         if not result.passed:
             nodes = onnx_nodes_of([candidate.name], fused.report, prepared.simplified)
-            gate.declined.append(Bf16Decline(candidate.name, nodes, result.max_abs, result.cosine, result.note))
+            gate.declined.append(Bf16Decline(candidate.key, nodes, result.max_abs, result.cosine, result.note))
             say(gate.declined[-1].line())
     if gate.unjudged:
         say(f"bf16 gate: {len(gate.unjudged)} matmul(s) built bf16 without a judgement of their own (a fused "
@@ -120,10 +121,8 @@ def emulated_declines(session: ModelSession, prepared: PreparedModel, cfg: Pipel
     floats = [name for name, value in expected.items() if np.issubdtype(value.dtype, np.floating)]
     fused = session.fused(prepared, frozenset(), gate_config, say)
     kept = {d.matmul for d in gate.declined}
-    weights: dict[str, list[np.ndarray]] = {}  # a matmul binding -> its weight at each call
-    for candidate in bf16_candidates(fused.module, cfg.tvm_target(), cfg.winograd):
-        if candidate.name not in kept:
-            weights.setdefault(candidate.name, []).append(candidate.weight)
+    weights = {candidate.key: [candidate.weight] for candidate in
+               bf16_candidates(fused.module, cfg.tvm_target(), cfg.winograd) if candidate.key not in kept}
     if not weights:
         return []
     model = prepared.simplified_with_weights()

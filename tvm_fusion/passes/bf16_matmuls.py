@@ -26,10 +26,13 @@ the float32 kernels. Declines too for a weight that is not a float32 constant
 (``bf16_matmul_declines`` says why for each matmul), or a row count that is not static
 (the AMX tiles need one: ``_static_rows``).
 
-``declined``: the names of matmul and conv bindings (``onnx<node>_<k>``, kept inside composites) to leave
-float32, those compile's per-kernel gate found too ill-conditioned for bf16
-(``commands/bf16_kernels.py``); ``bf16_candidates`` lists what the pass would rewrite, with the
-activation each one reads (a conv's: its patch rows), for that gate to judge.
+``declined``: the matmul and conv bindings to leave float32, those compile's bf16 gate keeps
+float32 (``commands/bf16_kernels.py``), each by its ``Bf16Candidate.key``: the binding's name
+(``onnx<node>_<k>``, kept inside composites) in ``main``, and ``NAME#k`` for the k-th call of the
+composite that holds it. A composite some of whose calls are declined is kept beside its
+rewrite, and those calls keep calling it: one composite serves every layer of a shape, and the
+gate finds one layer of them, not all. ``bf16_candidates`` lists what the pass would rewrite,
+one per call, with the activation each one reads (a conv's: its patch rows), for that gate.
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ class Bf16Matmuls:
         if not rewriter.changed:
             return mod
         built = rewriter.builder_.get()  # with the kernels' PrimFuncs and the rewritten composites
-        kept = {gvar: func for gvar, func in built.functions_items() if gvar not in rewriter.replaced}
+        kept = {gvar: func for gvar, func in built.functions_items()
+                if gvar not in rewriter.replaced or rewriter.float32_calls[gvar]}
         kept.update({gvar: func for gvar, func in functions.items() if gvar not in rewriter.replaced})
         return relax.transform.Normalize()(tvm.IRModule(kept, mod.attrs, mod.global_infos))
 
@@ -94,6 +98,12 @@ class Bf16Candidate:
     weight: np.ndarray
     activation: relax.Expr | None
     conv: ConvGeometry | None = None
+    call: int | None = None  # which call of its composite; None in main, or for a weight every call shares
+
+    @property
+    def key(self) -> str:
+        """What ``Bf16Matmuls(declined=...)`` names it by: one call of a composite, or a binding of main."""
+        return self.name if self.call is None else f"{self.name}#{self.call}"
 
     def rows(self, activation: np.ndarray) -> np.ndarray:
         """The rows that multiply ``weight``, of the activation the model gave."""
@@ -201,6 +211,7 @@ class _Rewriter(PyExprMutator):
         self.changed = False
         self.packed_arguments: dict = {}  # composite GlobalVar -> {parameter index: its constant -> [K, N]}
         self.replaced: dict = {}  # a rewritten composite's GlobalVar -> the new one (its type changed)
+        self.float32_calls: dict = {}  # a rewritten composite's GlobalVar -> the calls that keep it
 
     def rewrite(self, gvar: tvm.ir.GlobalVar, func: relax.Function) -> relax.Function:
         """``func`` with its matmuls by constant weights as bf16 kernels, and its calls of
@@ -216,6 +227,7 @@ class _Rewriter(PyExprMutator):
                                                           for arguments in self.arguments)}
         self.packed_params: dict = {}  # float32 weight parameter -> its packed bf16 replacement
         self.packed_matrix: dict = {}  # float32 weight parameter -> its constant -> the [K, N] matrix
+        self.declined_calls: set[int] = set()  # this composite's calls that stay float32
         self.rewrote = False
         new = self.visit_expr(func)
         if self.rewrote:
@@ -226,6 +238,7 @@ class _Rewriter(PyExprMutator):
             self.packed_arguments[gvar] = {i: self.packed_matrix[p] for i, p in enumerate(func.params)
                                            if p in self.packed_params}
             self.replaced[gvar] = self.builder_.add_func(new, gvar.name_hint)
+            self.float32_calls[gvar] = [calls[k] for k in sorted(self.declined_calls)]
         return new
 
     def _conv_stays_float32(self, conv: relax.Call, geometry: ConvGeometry) -> bool:
@@ -235,9 +248,12 @@ class _Rewriter(PyExprMutator):
         return geometry.out_channels < COLUMN_BLOCK or (self.keep_winograd and bool(winograd_tile_of(conv)))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
+        original = call
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.GlobalVar) and call.op in self.replaced):
             return call
+        if any(original.same_as(kept) for kept in self.float32_calls[call.op]):
+            return call  # a declined call: the float32 composite, kept beside its rewrite
         packed = self.packed_arguments[call.op]  # each call packs its own weight
         args = [arg if i not in packed else relax.const(tvm.runtime.tensor(pack_weight(packed[i](arg.value.numpy()))))
                 for i, arg in enumerate(call.args)]
@@ -263,6 +279,9 @@ class _Rewriter(PyExprMutator):
         constants = self.param_constants[weight_expr] if is_param else [weight_expr]
         if not isinstance(constants[0], tvm.ir.GenericConst):
             return None
+        declined = {k for k in range(len(constants)) if f"{var.name}#{k}" in self.declined} if is_param else set()
+        if len(declined) == len(constants):
+            return None
         weight = product.matrix(constants[0].value.numpy())  # every call's has this shape and dtype
         if product.conv is None and (bf16_matmul_declines(value.args[0], weight) is not None
                                      or not _static_rows(value.args[0])):
@@ -272,8 +291,9 @@ class _Rewriter(PyExprMutator):
             for index, constant in enumerate(constants):
                 activation = data if self.arguments is None else self.arguments[index].get(data)
                 self.candidates.append(Bf16Candidate(var.name, product.matrix(constant.value.numpy()), activation,
-                                                     product.conv))
+                                                     product.conv, index if is_param else None))
             return None
+        self.declined_calls |= declined
         packed = None
         if is_param:  # the composite's callers pass their packed weights in this parameter's place
             packed = relax.Var(f"{weight_expr.name}_bf16", relax.TensorType(packed_weight_shape(weight.shape), "uint16"))
