@@ -1,9 +1,11 @@
 """BatchSharedWeightMatmuls: independent matmuls by one constant weight (equal by value) become
-one matmul of their stacked rows; a recurrent chain or another weight is left alone; an
-unrolled RNN matches ONNX Runtime and the unfused module."""
+one matmul of their stacked rows, with the row-wise epilogue every step shares; a recurrent
+chain, another weight, an epilogue that differs or a product read elsewhere is left alone; an
+unrolled RNN and a stepped box head match ONNX Runtime and the unfused module."""
 
 import numpy as np
 import onnx
+import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
@@ -14,6 +16,7 @@ import helpers
 from tvm_fusion import api
 from tvm_fusion.config import load_config
 from tvm_fusion.passes.batch_shared_weight_matmuls import BatchSharedWeightMatmuls
+from tvm_fusion.patterns.base import PatternReport
 
 # Stated tolerances: float32 matmuls, the stacked one sums in another order.
 RTOL, ATOL = 1e-4, 1e-4
@@ -130,3 +133,128 @@ def _matmul_calls(module) -> int:
 
     relax.analysis.post_order_visit(module["main"], visit)
     return len(calls)
+
+
+BIAS = np.array([0.5, -1.0, 2.0], np.float32)
+
+
+def test_a_common_row_wise_epilogue_runs_once_on_the_stacked_rows():
+    """Each step's ``sigmoid(x_t @ W + b)``, the bias equal by value: the bias add and the sigmoid
+    follow the stacked matmul (the gemm epilogue then fuses them), and the slices take the
+    sigmoid's place; the report maps each stacked binding to the steps' own."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 4), "float32"), y: R.Tensor((1, 4), "float32")):
+            with R.dataflow():
+                a = R.matmul(x, R.const(WEIGHT))
+                a_bias = R.add(a, R.const(BIAS))
+                a_out = R.sigmoid(a_bias)
+                b = R.matmul(y, R.const(WEIGHT.copy()))
+                b_bias = R.add(b, R.const(BIAS.copy()))
+                b_out = R.sigmoid(b_bias)
+                gv = R.add(R.sum(a_out), R.sum(b_out))
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 4), "float32"), y: R.Tensor((1, 4), "float32")):
+            with R.dataflow():
+                rows = R.concat((x, y), axis=0)
+                stacked = R.matmul(rows, R.const(WEIGHT))
+                biased = R.add(stacked, R.const(BIAS))
+                activated = R.sigmoid(biased)
+                a_out = R.strided_slice(activated, axes=[0], begin=[0], end=[2], assume_inbound=True)
+                b_out = R.strided_slice(activated, axes=[0], begin=[2], end=[3], assume_inbound=True)
+                gv = R.add(R.sum(a_out), R.sum(b_out))
+                R.output(gv)
+            return gv
+
+    report = PatternReport()
+    tvm.ir.assert_structural_equal(BatchSharedWeightMatmuls(report)(Before), Expected)
+    assert [(i.output, i.absorbed) for i in report.instances] == [
+        ("a_stacked", ["a", "b"]), ("a_bias_stacked", ["a_bias", "b_bias"]), ("a_out_stacked", ["a_out", "b_out"])]
+
+
+@pytest.mark.parametrize("second_bias, other_reader", [
+    (BIAS + 1, False),  # another bias at the second step
+    (np.tile(BIAS, (1, 1)), True),  # the same bias, but the product is read by a sum too
+])
+def test_must_not_stack_an_epilogue_that_differs_or_a_product_read_elsewhere(second_bias, other_reader):
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 4), "float32"), y: R.Tensor((1, 4), "float32")):
+            with R.dataflow():
+                a = R.matmul(x, R.const(WEIGHT))
+                a_bias = R.add(a, R.const(BIAS))
+                b = R.matmul(y, R.const(WEIGHT.copy()))
+                b_bias = R.add(b, R.const(second_bias))
+                gv = R.add(R.add(R.sum(a_bias), R.sum(b_bias)), R.sum(b) if other_reader else R.const(0.0))
+                R.output(gv)
+            return gv
+
+    after = BatchSharedWeightMatmuls()(Before)
+    adds = [b for b in after["main"].body.blocks[0].bindings
+            if isinstance(b.value, relax.Call) and b.value.op.name == "relax.add" and b.var.name.endswith("_bias")]
+    assert [b.var.name for b in adds] == ["a_bias", "b_bias"]  # per step, after the slices
+    assert any(isinstance(b.value, relax.Call) and b.value.op.name == "relax.concat"
+               for b in after["main"].body.blocks[0].bindings)  # the matmuls are stacked all the same
+
+
+def test_must_not_stack_a_bias_that_differs_per_row():
+    """A ``[2, 3]`` addend of a two-row step adds another value to each row: not row-wise."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 4), "float32"), y: R.Tensor((2, 4), "float32")):
+            with R.dataflow():
+                a = R.matmul(x, R.const(WEIGHT))
+                a_bias = R.add(a, R.const(np.stack([BIAS, -BIAS])))
+                b = R.matmul(y, R.const(WEIGHT.copy()))
+                b_bias = R.add(b, R.const(np.stack([BIAS, -BIAS])))
+                gv = R.add(R.sum(a_bias), R.sum(b_bias))
+                R.output(gv)
+            return gv
+
+    report = PatternReport()
+    BatchSharedWeightMatmuls(report)(Before)
+    assert [i.absorbed for i in report.instances] == [["a", "b"]]
+
+
+def _box_head_steps(steps: int, hidden: int = 16, boxes: int = 4) -> onnx.ModelProto:
+    """SLANet's box head in each of ``steps`` independent decoding steps: ``sigmoid(x_t W + b)``."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((hidden, boxes)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(boxes).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis")]
+    nodes = []
+    for t in range(steps):
+        inits += [numpy_helper.from_array(np.array([t], np.int64), f"start_{t}"),
+                  numpy_helper.from_array(np.array([t + 1], np.int64), f"end_{t}")]
+        nodes += [helper.make_node("Slice", ["x", f"start_{t}", f"end_{t}", "axis"], [f"x_{t}"]),
+                  helper.make_node("MatMul", [f"x_{t}", "w"], [f"m_{t}"], name=f"matmul_{t}"),
+                  helper.make_node("Add", [f"m_{t}", "b"], [f"a_{t}"], name=f"bias_{t}"),
+                  helper.make_node("Sigmoid", [f"a_{t}"], [f"y_{t}"], name=f"sigmoid_{t}")]
+    nodes.append(helper.make_node("Concat", [f"y_{t}" for t in range(steps)], ["y"], axis=0))
+    graph = helper.make_graph(nodes, "box_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, hidden])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, boxes])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_stacked_box_head_is_one_fused_kernel_credited_to_every_step(tmp_path):
+    steps = 6
+    model = _box_head_steps(steps)
+    path = tmp_path / "box_head.onnx"
+    onnx.save(model, str(path))
+    prepared = api.prepare(path, load_config())
+    optimized = api.optimize(prepared)
+    assert _matmul_calls(optimized.module) == 1  # matmul + bias + sigmoid, once for every step
+    inputs = {"x": np.random.default_rng(3).standard_normal((steps, 16)).astype(np.float32)}
+    helpers.assert_fused_matches_references(model, prepared, optimized, inputs, RTOL, ATOL)
+    coverage = api.inspect_model(path).coverage
+    assert coverage.targeted == {"gemm_epilogue": steps} and coverage.fused == {"gemm_epilogue": steps}

@@ -14,6 +14,13 @@ Only matmuls whose left operand does not depend, through any chain, on another m
 are stacked (a recurrent ``h_{t-1} @ W_hh`` never is). The block's bindings are then reordered
 so that the stacked matmul comes before the first step that reads one of its slices, with the
 left operands' own chains pulled up before it; everything else keeps its order.
+
+What every step does to its product alone, the same for each, row by row (the bias add, a
+sigmoid: SLANet's box head ``sigmoid(h W + b)`` in each of its 501 decoding steps), is done
+once on the stacked product before the slices (``_common_epilogue``): the gemm epilogue then
+fuses it into the stacked matmul instead of leaving a small kernel per step. ``report`` records
+the stacked bindings as rewrites of the steps' own, so that the ONNX nodes they came from stay
+credited to whatever fuses them.
 """
 
 from __future__ import annotations
@@ -23,22 +30,34 @@ import heapq
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
-from ..patterns.base import static_shape
+from ..patterns.base import PatternInstance, PatternReport, static_shape
 from .rebinding import rewrite_blocks, vars_in
 
 MATMUL = "relax.matmul"
 MIN_MATMULS = 2
+PASS_NAME = "batch_shared_weight_matmuls"
+# Elementwise ops that treat each row alone: with their other operands constants broadcast
+# along the rows, applying one to the stacked rows equals applying it to each step's.
+ROW_WISE_OPS = frozenset({
+    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
+    "relax.sigmoid", "relax.tanh", "relax.exp", "relax.clip", "relax.nn.relu", "relax.nn.gelu",
+    "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.leakyrelu",
+})
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.BatchSharedWeightMatmuls")
 class BatchSharedWeightMatmuls:
+    def __init__(self, report: PatternReport | None = None):
+        self.report = report
+
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return rewrite_blocks(mod, _batch_block)
+        return rewrite_blocks(mod, lambda block: _batch_block(block, self.report))
 
 
-def _batch_block(block):
+def _batch_block(block, report: PatternReport | None):
     if not isinstance(block, relax.DataflowBlock):
         return block
     bindings = list(block.bindings)
@@ -48,9 +67,12 @@ def _batch_block(block):
     builder = relax.BlockBuilder()
     replaced: dict[int, list[relax.VarBinding]] = {}  # first member's index -> the stacked bindings
     removed = set()
+    readers = _readers(bindings)
+    position = {binding.var: index for index, binding in enumerate(bindings)}
     for members in groups:
-        replaced[members[0]] = _stacked(builder, [bindings[i] for i in members])
-        removed.update(members)
+        steps = [members] + _common_epilogue(bindings, members, readers, position)
+        replaced[members[0]] = _stacked(builder, [[bindings[i] for i in step] for step in steps], report)
+        removed.update(i for step in steps for i in step)
     new = []  # (priority, binding): a stacked group takes its first member's place
     for index, binding in enumerate(bindings):
         if index in replaced:
@@ -127,8 +149,54 @@ def _descendants(readers: dict, roots: set) -> set:
     return found
 
 
-def _stacked(builder: relax.BlockBuilder, matmuls: list) -> list:
-    """``concat(lhs..) @ W`` and each member's rows sliced back under its own variable."""
+def _common_epilogue(bindings: list, members: list[int], readers: dict, position: dict) -> list[list[int]]:
+    """The bindings that follow each member's product alike, one list per step (each member's
+    binding at that step): while every member's last result is a dataflow variable read by one
+    binding alone, a ``ROW_WISE_OPS`` call of it and of constants broadcast along the rows, of
+    its shape, and the same call for every member."""
+    steps: list[list[int]] = []
+    last = list(members)
+    while True:
+        following = []
+        for index in last:
+            var = bindings[index].var
+            reader = readers.get(var, [])
+            if not isinstance(var, relax.DataflowVar) or len(reader) != 1:
+                return steps
+            following.append(position[reader[0]])
+        templates = [_row_wise_template(bindings[i].value, bindings[j].var) for i, j in zip(following, last)]
+        if templates[0] is None or not all(t is not None and tvm_ffi.structural_equal(t, templates[0])
+                                           for t in templates[1:]):
+            return steps
+        steps.append(following)
+        last = following
+
+
+_PLACEHOLDER = relax.Var("row_wise_operand")
+
+
+def _row_wise_template(value, var):
+    """``value`` with ``var`` as a shared placeholder, if it is a row-wise op of ``var`` alone
+    (``_common_epilogue``); else None."""
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ROW_WISE_OPS):
+        return None
+    shape = static_shape(var)
+    if shape is None or static_shape(value) != shape or sum(a.same_as(var) for a in value.args) != 1:
+        return None
+    for arg in value.args:
+        if arg.same_as(var):
+            continue
+        constant = static_shape(arg) if isinstance(arg, tvm.ir.GenericConst) else None
+        if constant is None or len(constant) > len(shape) or any(d != 1 for d in constant[:-1]):
+            return None  # not a constant, or not the same for every row
+    args = [_PLACEHOLDER if a.same_as(var) else a for a in value.args]
+    return relax.Call(value.op, args, value.attrs, value.ty_args)
+
+
+def _stacked(builder: relax.BlockBuilder, steps: list[list], report: PatternReport | None) -> list:
+    """``concat(lhs..) @ W``, then the common epilogue's steps on the stacked rows, and each
+    member's rows sliced back under its last binding's variable."""
+    matmuls = steps[0]
     lhs = [binding.value.args[0] for binding in matmuls]
     weight = matmuls[0].value.args[1]
     first = matmuls[0].var
@@ -137,9 +205,18 @@ def _stacked(builder: relax.BlockBuilder, matmuls: list) -> list:
     stacked_value = builder.normalize(relax.op.matmul(rows, weight))
     stacked = relax.DataflowVar(f"{first.name}_stacked", stacked_value.ty)
     result = [relax.VarBinding(rows, rows_value), relax.VarBinding(stacked, stacked_value)]
+    for step, previous in zip(steps, [None] + steps[:-1]):
+        if previous is not None:  # the epilogue's call, on the stacked rows instead of one step's
+            value = step[0].value
+            args = [stacked if a.same_as(previous[0].var) else a for a in value.args]
+            value = builder.normalize(relax.Call(value.op, args, value.attrs, value.ty_args))
+            stacked = relax.DataflowVar(f"{step[0].var.name}_stacked", value.ty)
+            result.append(relax.VarBinding(stacked, value))
+        if report is not None:
+            report.instances.append(PatternInstance(PASS_NAME, PASS_NAME, stacked.name, [b.var.name for b in step]))
     start = 0
-    for binding in matmuls:
-        count = int(binding.value.args[0].ty.shape[0])
+    for matmul, binding in zip(matmuls, steps[-1]):
+        count = int(matmul.value.args[0].ty.shape[0])
         part = builder.normalize(relax.op.strided_slice(stacked, axes=[0], begin=[start], end=[start + count],
                                                         assume_inbound=True))
         result.append(relax.VarBinding(binding.var, part))

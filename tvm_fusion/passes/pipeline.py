@@ -98,7 +98,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             # conv's bias and activation read it directly and keep the conv out of both.
             MergeSiblingConvs(report),
             StridedRowConvAsMatmul(report),
-            BatchSharedWeightMatmuls(),
+            BatchSharedWeightMatmuls(report),
             relax.transform.ConvertToDataflow(),
         ],
         "layout": lambda: layout_passes(config, report),
