@@ -16,7 +16,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import api, cli
-from tvm_fusion.commands.bf16_kernels import Bf16KernelGate, emulated_declines
+from tvm_fusion.commands.bf16_kernels import Bf16KernelGate, emulated_declines, judge_bf16_kernels
 from tvm_fusion.commands.profile import roof_position
 from tvm_fusion.config import parse_config
 from tvm_fusion.frontend import onnx as onnx_frontend
@@ -171,3 +171,32 @@ def test_compile_rebuilds_with_the_amplified_matmul_float32(tmp_path, precision)
     assert gate["emulation_margins"] == [0.5] and len(meta["bf16_kernels"]) == 1
     assert all(o["passed"] for o in meta["verification"]["outputs"])
     assert any(line.startswith("bf16 gate: rebuilding with 1 matmul(s) kept float32") for line in said)
+
+
+def shared_composite_model() -> onnx.ModelProto:
+    """The planted pair with a bias each: both are calls of one gemm epilogue composite (one
+    shape), ``benign`` the first, ``ill`` the second."""
+    model = planted_model()
+    graph = model.graph
+    graph.initializer.append(numpy_helper.from_array(np.linspace(-1, 1, 32).astype(np.float32), "bias"))
+    for node in list(graph.node):
+        if node.op_type == "MatMul":
+            product = node.output[0]
+            node.output[0] = f"{product}_product"
+            graph.node.append(helper.make_node("Add", [node.output[0], "bias"], [product], name=f"{product}_bias"))
+    return model
+
+
+def test_one_call_of_a_shared_composite_is_declined_and_named_by_its_own_node(tmp_path):
+    """For a named AMX-BF16 CPU, so it runs on any host (the activations come from a float32 run):
+    the ill call is kept float32 by its key, and named by its own ONNX node, not the composite's
+    first call's."""
+    onnx.save(shared_composite_model(), tmp_path / "shared.onnx")
+    cfg = parse_config({"target": {"kind": "llvm", "mcpu": "sapphirerapids"}, "pipeline": {"precision": "bf16"}},
+                       name="sapphirerapids-test", path="test.toml")
+    session = ModelSession(tmp_path / "shared.onnx", None)
+    prepared = session.prepared(cfg)
+    inputs = onnx_frontend.random_inputs(prepared.onnx_model, onnx_frontend.inputs_at(prepared.inputs, {}), cfg.seed)
+    gate = judge_bf16_kernels(session, prepared, cfg, None, inputs)
+    (declined,) = gate.declined
+    assert gate.judged == 2 and declined.matmul.endswith("#1") and declined.onnx_nodes == ["ill_matmul"]

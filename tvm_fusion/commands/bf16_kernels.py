@@ -95,17 +95,29 @@ def _judge(session: ModelSession, prepared: PreparedModel, cfg: PipelineConfig, 
     activations = session.float32_values(fused.module, cfg, [c.activation for c in candidates],
                                          arguments) if candidates else []
     gate.judged = len(candidates)
-    for candidate, activation in zip(candidates, activations):
-        result = compare_bf16_matmul(candidate.name, candidate.rows(activation), candidate.weight,
-                                     cfg.bf16_tolerance())
-        if not result.passed:
-            nodes = onnx_nodes_of([candidate.name], fused.report, prepared.simplified)
-            gate.declined.append(Bf16Decline(candidate.key, nodes, result.max_abs, result.cosine, result.note))
-            say(gate.declined[-1].line())
+    failed = [(c, r) for c, r in ((c, compare_bf16_matmul(c.name, c.rows(a), c.weight, cfg.bf16_tolerance()))
+                                  for c, a in zip(candidates, activations)) if not r.passed]
+    nodes = _onnx_nodes(prepared, fused, [c for c, _ in failed], inputs, cfg.threads)
+    for candidate, result in failed:
+        gate.declined.append(Bf16Decline(candidate.key, nodes[candidate.key], result.max_abs, result.cosine,
+                                         result.note))
+        say(gate.declined[-1].line())
     if gate.unjudged:
         say(f"bf16 gate: {len(gate.unjudged)} matmul(s) built bf16 without a judgement of their own (a fused "
             "kernel computes their activation): the outputs' gate judges them")
     return gate
+
+
+def _onnx_nodes(prepared: PreparedModel, fused: Fused, candidates: list, inputs: dict[str, np.ndarray],
+                threads: int) -> dict[str, list[str]]:
+    """Each candidate's ONNX nodes by key: a call of a composite by its weight's columns
+    (``match_products``: the composite's own nodes are its first call's), a binding of main, or
+    a call no product matches, by its name's provenance."""
+    calls = {c.key: [c.weight] for c in candidates if c.call is not None}
+    model = prepared.simplified_with_weights() if calls else prepared.simplified
+    matched = match_products(calls, product_weights(model, inputs, threads)) if calls else {}
+    return {c.key: [model.graph.node[i].name or f"#{i}" for i in matched[c.key]] if c.key in matched
+            else onnx_nodes_of([c.name], fused.report, prepared.simplified) for c in candidates}
 
 
 def emulated_declines(session: ModelSession, prepared: PreparedModel, cfg: PipelineConfig,
