@@ -16,6 +16,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import api, cli
+from tvm_fusion.commands import bf16_kernels
 from tvm_fusion.commands.bf16_kernels import Bf16KernelGate, emulated_declines, judge_bf16_kernels
 from tvm_fusion.commands.profile import roof_position
 from tvm_fusion.config import parse_config
@@ -23,7 +24,7 @@ from tvm_fusion.frontend import onnx as onnx_frontend
 from tvm_fusion.kernels.cpu_features import has_bf16_kernels
 from tvm_fusion.machine_peak import MachinePeak
 from tvm_fusion.session import ModelSession
-from tvm_fusion.verify import reference_outputs
+from tvm_fusion.verify import ReferenceUnavailable, reference_outputs
 
 HOST_HAS_BF16 = has_bf16_kernels(tvm.target.Target.from_device(tvm.cpu()))
 OFFSET = 1000.0  # bf16's spacing there is 4: rounding the shifted activation loses x itself
@@ -135,16 +136,20 @@ def amplified_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_the_emulation_names_the_matmul_whose_error_is_amplified(tmp_path):
+def amplified_setup(folder):
     """For a named AMX-BF16 CPU, so it runs on any host: the candidates are the pipeline's, the
-    emulation ONNX Runtime's."""
-    onnx.save(amplified_model(), tmp_path / "amplified.onnx")
+    emulation ONNX Runtime's. The session, its prepared model, the config and the reference."""
+    onnx.save(amplified_model(), folder / "amplified.onnx")
     cfg = parse_config({"target": {"kind": "llvm", "mcpu": "sapphirerapids"}, "pipeline": {"precision": "bf16"}},
                        name="sapphirerapids-test", path="test.toml")
-    session = ModelSession(tmp_path / "amplified.onnx", None)
+    session = ModelSession(folder / "amplified.onnx", None)
     prepared = session.prepared(cfg)
     inputs = onnx_frontend.random_inputs(prepared.onnx_model, onnx_frontend.inputs_at(prepared.inputs, {}), cfg.seed)
-    reference = (inputs, reference_outputs(prepared.onnx_model, inputs))
+    return session, prepared, cfg, (inputs, reference_outputs(prepared.onnx_model, inputs))
+
+
+def test_the_emulation_names_the_matmul_whose_error_is_amplified(tmp_path):
+    session, prepared, cfg, reference = amplified_setup(tmp_path)
     said: list[str] = []
     (declined,) = emulated_declines(session, prepared, cfg, None, Bf16KernelGate(), reference, 0.5, said.append)
     assert declined.onnx_nodes == ["amplified_matmul"] and declined.judged_by == "emulation"
@@ -154,6 +159,17 @@ def test_the_emulation_names_the_matmul_whose_error_is_amplified(tmp_path):
     # already kept float32: nothing left to decline that the outputs need
     kept = Bf16KernelGate(declined=[declined])
     assert emulated_declines(session, prepared, cfg, None, kept, reference, 0.5) == []
+
+
+def test_an_emulation_onnx_runtime_cannot_run_declines_nothing_and_says_so(tmp_path, monkeypatch):
+    session, prepared, cfg, reference = amplified_setup(tmp_path)
+
+    def refuse(*_args):
+        raise ReferenceUnavailable("ONNX Runtime cannot run the model: planted", "")
+    monkeypatch.setattr(bf16_kernels, "Bf16Emulation", refuse)
+    said: list[str] = []
+    assert emulated_declines(session, prepared, cfg, None, Bf16KernelGate(), reference, 0.5, said.append) == []
+    assert said[-1] == "bf16 gate: no emulation: ONNX Runtime cannot run the model: planted"
 
 
 @pytest.mark.parametrize("precision", ["bf16", "auto"])

@@ -33,6 +33,7 @@ from ..native_log import captured_native_stderr, summarize
 from ..preparation import PreparedModel, Progress, quiet
 from ..provenance import onnx_nodes_of
 from ..session import Fused, ModelSession
+from ..verify import ReferenceUnavailable
 
 
 @dataclasses.dataclass
@@ -115,7 +116,10 @@ def _onnx_nodes(prepared: PreparedModel, fused: Fused, candidates: list, inputs:
     a call no product matches, by its name's provenance."""
     calls = {c.key: [c.weight] for c in candidates if c.call is not None}
     model = prepared.simplified_with_weights() if calls else prepared.simplified
-    matched = match_products(calls, product_weights(model, inputs, threads)) if calls else {}
+    try:
+        matched = match_products(calls, product_weights(model, inputs, threads)) if calls else {}
+    except ReferenceUnavailable:  # named by provenance, as a binding of main is
+        matched = {}
     return {c.key: [model.graph.node[i].name or f"#{i}" for i in matched[c.key]] if c.key in matched
             else onnx_nodes_of([c.name], fused.report, prepared.simplified) for c in candidates}
 
@@ -138,46 +142,60 @@ def emulated_declines(session: ModelSession, prepared: PreparedModel, cfg: Pipel
     if not weights:
         return []
     model = prepared.simplified_with_weights()
-    matched = match_products(weights, product_weights(model, inputs, cfg.threads))
-    names = sorted(matched)
-    unmatched = len(weights) - len(names)
-    if not names or not floats:  # shares are of float outputs
+    try:
+        matched = match_products(weights, product_weights(model, inputs, cfg.threads))
+        names = sorted(matched)
+        if not names or not floats:  # shares are of float outputs
+            return []
+        unmatched = len(weights) - len(names)
+        say(f"bf16 gate: emulating {len(names)} bf16 matmul(s) in ONNX Runtime to find which to keep float32"
+            + (f" ({unmatched} more matched no ONNX product and stay bf16)" if unmatched else ""))
+        emulation = Bf16Emulation(model, [matched[name] for name in names], inputs, cfg.threads)
+        chosen = _fewest_of_the_worst(emulation, expected, floats, cfg, classifier_outputs(prepared.onnx_model),
+                                      margin)
+    except ReferenceUnavailable as err:  # a model ONNX Runtime runs, whose emulation it cannot
+        say(f"bf16 gate: no emulation: {err.message}")
         return []
-    say(f"bf16 gate: emulating {len(names)} bf16 matmul(s) in ONNX Runtime to find which to keep float32"
-        + (f" ({unmatched} more matched no ONNX product and stay bf16)" if unmatched else ""))
-    emulation = Bf16Emulation(model, [matched[name] for name in names], inputs, cfg.threads)
-    tolerance, classifiers = cfg.bf16_tolerance(), classifier_outputs(prepared.onnx_model)
-    target = tolerance.scaled(margin)
-
-    def passes(outputs: dict[str, np.ndarray]) -> bool:
-        return all(r.passed for r in compare_bf16(outputs, expected, target, classifiers, cfg.rtol, cfg.atol))
-
-    everything = set(range(len(names)))
-    base = emulation.run(set())
-    if not passes(base) or passes(emulation.run(everything)):
-        return []
-    moves = []  # per matmul: (share of the gate's allowance, the output it moves most, by how much)
-    for k in range(len(names)):
-        moved = emulation.run({k})
-        moves.append(max((tolerance.share(moved[output] - base[output], expected[output]), output,
-                          float(np.abs(moved[output] - base[output]).max())) for output in floats))
-    order = sorted(range(len(names)), key=lambda k: -moves[k][0])
-
-    def passes_without(count: int) -> bool:
-        return passes(emulation.run(everything - set(order[:count])))
-
-    # the fewest of the worst: doubling to a count that passes, then halving back between
-    low, high = 0, 1
-    while high < len(names) and not passes_without(high):
-        low, high = high, min(2 * high, len(names))
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if passes_without(middle) else (middle, high)
     declines = []
-    for k in order[:high]:
-        share, output, change = moves[k]
+    for k, (share, output, change) in chosen:
         nodes = [model.graph.node[i].name or f"#{i}" for i in matched[names[k]]]
         declines.append(Bf16Decline(names[k], nodes, change, None,
                                     f"alone {share:.2g}x the gate's allowance on {output}", judged_by="emulation"))
         say(declines[-1].line())
     return declines
+
+
+def _fewest_of_the_worst(emulation: Bf16Emulation, expected: dict[str, np.ndarray], floats: list[str],
+                         cfg: PipelineConfig, classifiers: dict[str, str], margin: float) -> list[tuple]:
+    """The switches to turn off, each with (its share of the gate's allowance alone, the output
+    it moves most, by how much): the fewest of those that move the outputs most, such that the
+    rest pass the gate at ``margin``; none where the outputs pass with all on or fail with none."""
+    tolerance = cfg.bf16_tolerance()
+    target = tolerance.scaled(margin)
+
+    def passes(outputs: dict[str, np.ndarray]) -> bool:
+        return all(r.passed for r in compare_bf16(outputs, expected, target, classifiers, cfg.rtol, cfg.atol))
+
+    count = len(emulation.switches)
+    everything = set(range(count))
+    base = emulation.run(set())
+    if not passes(base) or passes(emulation.run(everything)):
+        return []
+    moves = []
+    for k in range(count):
+        moved = emulation.run({k})
+        moves.append(max((tolerance.share(moved[output] - base[output], expected[output]), output,
+                          float(np.abs(moved[output] - base[output]).max())) for output in floats))
+    order = sorted(range(count), key=lambda k: -moves[k][0])
+
+    def passes_without(taken: int) -> bool:
+        return passes(emulation.run(everything - set(order[:taken])))
+
+    # doubling to a count that passes, then halving back between
+    low, high = 0, 1
+    while high < count and not passes_without(high):
+        low, high = high, min(2 * high, count)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if passes_without(middle) else (middle, high)
+    return [(k, moves[k]) for k in order[:high]]
