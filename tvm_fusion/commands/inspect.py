@@ -15,11 +15,12 @@ from .. import onnx_export
 from ..build import kernel_calls
 from ..files import check_writable
 from ..frontend import onnx as onnx_frontend
+from ..frontend import bf16_conv, bf16_matmul, int8_conv, integer_matmul
 from ..frontend.dims import ranges_of
 from ..native_log import captured_native_stderr
 from ..patterns import PatternReport
 from ..preparation import ShapeArg
-from ..provenance import node_index
+from ..provenance import kernel_onnx_nodes, node_index
 from ..render import check_graph_path, render_fusion_graph
 from ..schedules import RuleError
 from ..session import ModelSession
@@ -113,6 +114,26 @@ def fused_nodes(report: PatternReport, model: onnx.ModelProto) -> list[FusedNode
     return groups
 
 
+# The kernels our frontend and passes emit (no pattern does), which FuseOps then gives their
+# epilogue: the int8 and bf16 matmuls' and convs' PrimFuncs, by name.
+OWN_KERNELS = (int8_conv.PRIMFUNC_NAME, integer_matmul.KERNEL_NAME, bf16_conv.PRIMFUNC_NAME, bf16_matmul.KERNEL_NAME)
+
+
+def own_kernel_groups(lowered, report: PatternReport, model: onnx.ModelProto) -> list[FusedNodes]:
+    """Each lowered kernel built around one of ``OWN_KERNELS``, with the ONNX nodes it computes:
+    a quantized conv's requantization and activation after it run in its kernel as surely as a
+    pattern's epilogue, and coverage counts them so."""
+    ours = {kernel: names for kernel, names in lowered.kernel_bindings.items()
+            if any(name in kernel for name in OWN_KERNELS)}
+    index = {node.name or f"#{i}": i for i, node in enumerate(model.graph.node)}
+    groups = []
+    for kernel, nodes in kernel_onnx_nodes(ours, report, model).items():
+        indices = [index[name] for name in nodes if name in index]
+        groups.append(FusedNodes("own kernel", f"own kernel.{kernel}", [model.graph.node[i].name or f"#{i}" for i in indices],
+                                 [model.graph.node[i].op_type for i in indices], indices))
+    return groups
+
+
 def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
                   graph: str | Path | None = None) -> InspectReport:
     """Op counts before/after fusion, which fusions fired how often (with the ONNX nodes each
@@ -123,7 +144,8 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
     with captured_native_stderr([]):  # inspection builds nothing; TVM's build warnings are noise here
         prepared = session.prepared(config)
         fused = session.fused(prepared)
-        kernels = kernel_calls(session.lowered(fused, prepared.config).module)
+        lowered = session.lowered(fused, prepared.config)
+        kernels = kernel_calls(lowered.module)
         stock_kernels = session.stock_kernel_calls(prepared.config)
         scheduled = session.scheduled(prepared.config)
         generic = generic_kernels(scheduled, prepared)
@@ -147,7 +169,8 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         kernels=kernels,
         stock_kernels=stock_kernels,
         instances=instances,
-        coverage=measure_coverage(simplified, instances, report.near_misses),
+        coverage=measure_coverage(simplified, instances + own_kernel_groups(lowered, report, simplified),
+                                  report.near_misses),
         generic_kernels=generic,
         schedule_rule_errors=scheduled.schedule_rule_errors,
     )

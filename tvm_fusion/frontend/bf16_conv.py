@@ -15,6 +15,7 @@ from tvm import relax, te
 from .bf16_matmul import DEPTH_BLOCK, PROLOGUE_NAME, bf16_bits, pack_weight, sum_te
 from .conv_patches import ConvGeometry, PatchOperand, output_te, patches_te
 
+PRIMFUNC_NAME = "bf16_conv2d"  # the kernel's: inspect credits the epilogue FuseOps gives it
 BF16_PATCHES = PatchOperand("uint16", DEPTH_BLOCK, bf16_bits, 0, "bf16_conv_input", PROLOGUE_NAME, "bf16_conv_output")
 
 
@@ -30,5 +31,5 @@ def emit_bf16_conv2d(bb: relax.BlockBuilder, data: relax.Expr, geometry: ConvGeo
     ``name`` the kernel call's binding (the conv's, so its kernel traces back to its node)."""
     if packed is None:
         packed = relax.const(tvm.runtime.tensor(pack_weight(weight)))
-    return bb.emit_te(lambda d, w: conv_te(d, w, geometry), data, packed, primfunc_name_hint="bf16_conv2d",
+    return bb.emit_te(lambda d, w: conv_te(d, w, geometry), data, packed, primfunc_name_hint=PRIMFUNC_NAME,
                       name_hint=name)

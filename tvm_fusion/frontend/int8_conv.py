@@ -28,6 +28,7 @@ from ..patterns.base import whole_numbers
 from .conv_patches import ConvGeometry, PatchOperand, output_te, patches_te
 from .integer_matmul import DEPTH_BLOCK, pack_weight, sum_te
 
+PRIMFUNC_NAME = "int8_conv2d"  # the kernel's: inspect credits the epilogue FuseOps gives it
 # The names and operand of the kernel's blocks; ``emit_int8_conv2d`` fills in each conv's
 # conversion and padding (its offset).
 INT8_PATCHES = PatchOperand("uint8", DEPTH_BLOCK, lambda v: v.astype("uint8"), 0, "int8_conv_input",
@@ -61,4 +62,4 @@ def emit_int8_conv2d(bb: relax.BlockBuilder, data: relax.Expr, geometry: ConvGeo
     packed = relax.const(tvm.runtime.tensor(pack_weight(weight)))
     correction = relax.const((-offset * weight.astype(np.int64).sum(axis=0)).astype(np.int32))
     return bb.emit_te(lambda d, w, c: conv_te(d, w, c, geometry, offset), data, packed, correction,
-                      primfunc_name_hint="int8_conv2d", name_hint=name)
+                      primfunc_name_hint=PRIMFUNC_NAME, name_hint=name)
