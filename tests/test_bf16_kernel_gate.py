@@ -136,20 +136,21 @@ def amplified_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def amplified_setup(folder):
-    """For a named AMX-BF16 CPU, so it runs on any host: the candidates are the pipeline's, the
-    emulation ONNX Runtime's. The session, its prepared model, the config and the reference."""
-    onnx.save(amplified_model(), folder / "amplified.onnx")
+def named_cpu_setup(model: onnx.ModelProto, path):
+    """``model`` for a named AMX-BF16 CPU at bf16, so it runs on any host: the candidates are
+    the pipeline's, the emulation ONNX Runtime's. The session, its prepared model, the config
+    and the reference (compile's seeded inputs, ONNX Runtime's outputs for them)."""
+    onnx.save(model, path)
     cfg = parse_config({"target": {"kind": "llvm", "mcpu": "sapphirerapids"}, "pipeline": {"precision": "bf16"}},
                        name="sapphirerapids-test", path="test.toml")
-    session = ModelSession(folder / "amplified.onnx", None)
+    session = ModelSession(path, None)
     prepared = session.prepared(cfg)
     inputs = onnx_frontend.random_inputs(prepared.onnx_model, onnx_frontend.inputs_at(prepared.inputs, {}), cfg.seed)
     return session, prepared, cfg, (inputs, reference_outputs(prepared.onnx_model, inputs))
 
 
 def test_the_emulation_names_the_matmul_whose_error_is_amplified(tmp_path):
-    session, prepared, cfg, reference = amplified_setup(tmp_path)
+    session, prepared, cfg, reference = named_cpu_setup(amplified_model(), tmp_path / "amplified.onnx")
     said: list[str] = []
     (declined,) = emulated_declines(session, prepared, cfg, None, Bf16KernelGate(), reference, 0.5, said.append)
     assert declined.onnx_nodes == ["amplified_matmul"] and declined.judged_by == "emulation"
@@ -162,7 +163,7 @@ def test_the_emulation_names_the_matmul_whose_error_is_amplified(tmp_path):
 
 
 def test_an_emulation_onnx_runtime_cannot_run_declines_nothing_and_says_so(tmp_path, monkeypatch):
-    session, prepared, cfg, reference = amplified_setup(tmp_path)
+    session, prepared, cfg, reference = named_cpu_setup(amplified_model(), tmp_path / "amplified.onnx")
 
     def refuse(*_args):
         raise ReferenceUnavailable("ONNX Runtime cannot run the model: planted", "")
@@ -207,12 +208,7 @@ def test_one_call_of_a_shared_composite_is_declined_and_named_by_its_own_node(tm
     """For a named AMX-BF16 CPU, so it runs on any host (the activations come from a float32 run):
     the ill call is kept float32 by its key, and named by its own ONNX node, not the composite's
     first call's."""
-    onnx.save(shared_composite_model(), tmp_path / "shared.onnx")
-    cfg = parse_config({"target": {"kind": "llvm", "mcpu": "sapphirerapids"}, "pipeline": {"precision": "bf16"}},
-                       name="sapphirerapids-test", path="test.toml")
-    session = ModelSession(tmp_path / "shared.onnx", None)
-    prepared = session.prepared(cfg)
-    inputs = onnx_frontend.random_inputs(prepared.onnx_model, onnx_frontend.inputs_at(prepared.inputs, {}), cfg.seed)
+    session, prepared, cfg, (inputs, _) = named_cpu_setup(shared_composite_model(), tmp_path / "shared.onnx")
     gate = judge_bf16_kernels(session, prepared, cfg, None, inputs)
     (declined,) = gate.declined
     assert gate.judged == 2 and declined.matmul.endswith("#1") and declined.onnx_nodes == ["ill_matmul"]
