@@ -209,3 +209,32 @@ def test_conv_with_affine_hardswish_affine_matches_the_unfused_module(groups):
     run = lambda mod: relax.VirtualMachine(tvm.compile(mod, target=config.tvm_target()), tvm.cpu())["main"](  # noqa: E731
         tvm.runtime.tensor(data)).numpy()
     np.testing.assert_allclose(run(fused), run(relax.get_pipeline("zero")(module)), rtol=1e-5, atol=1e-5)
+
+
+def test_a_log_mel_tail_joins_the_matmul_and_matches_the_unfused_module():
+    """openWakeWord's mel spectrogram: ``10 * log(clip(power @ mel, 1e-10)) / log(10)`` after the
+    filterbank matmul, one kernel through the whole pipeline (fused, scheduled)."""
+    rng = np.random.default_rng(1)
+    x = relax.Var("x", relax.TensorType((1, 5, 257), "float32"))
+    mel = relax.const(np.abs(rng.standard_normal((257, 32))).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, mel))
+            y = bb.emit(relax.op.clip(y, 1e-10, float("inf")))
+            y = bb.emit(relax.op.log(y))
+            y = bb.emit(relax.op.multiply(y, relax.const(10.0, "float32")))
+            out = bb.emit_output(relax.op.divide(y, relax.const(float(np.log(10.0)), "float32")))
+        bb.emit_func_output(out)
+    module = bb.get()
+    config = parse_config({"target": host_target(), "pipeline": {"patterns": ["clip", "gemm_epilogue"]}}, name="test")
+    report = PatternReport()
+    schedule_log: dict[str, str] = {}
+    fused = fusion_pipeline(config, report, schedule_log=schedule_log)(module)
+    assert report.variants["gemm_epilogue.matmul_clip_elementwise"] == 1
+    assert len([f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]) == 1
+    assert "Fallback" not in schedule_log.values(), schedule_log
+    data = np.abs(rng.standard_normal((1, 5, 257))).astype("float32")
+    run = lambda mod: relax.VirtualMachine(tvm.compile(mod, target=config.tvm_target()), tvm.cpu())["main"](  # noqa: E731
+        tvm.runtime.tensor(data)).numpy()
+    np.testing.assert_allclose(run(fused), run(relax.get_pipeline("zero")(module)), rtol=1e-5, atol=1e-5)

@@ -27,6 +27,8 @@ ELEMENTWISE_OPS = frozenset({
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
     "relax.clip", "relax.nn.relu", "relax.nn.leakyrelu", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
     "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.negative",
+    # a log-mel spectrogram's log, a norm's square root: math on each element alone
+    "relax.log", "relax.exp", "relax.sqrt", "relax.rsqrt", "relax.abs", "relax.power",
     # a quantized conv's requantization and the QuantizeLinear/DequantizeLinear between layers
     "relax.round", "relax.astype", "relax.quantize", "relax.dequantize",
 })
