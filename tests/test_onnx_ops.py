@@ -619,3 +619,17 @@ def test_add_eye_like():
     model = model_of(nodes, {"x": [5, 7], "other": [5, 7]}, ["y"], {})
     node = assert_fused_matches(model, "eye_like_add.add_eye_like", "AddEyeLike")
     assert attrs(node)["k"] == 1 and list(node.input) == ["x", "other"]
+
+
+def test_gemm_epilogue_tail_of_a_log_mel_spectrogram():
+    """A filterbank matmul, then ``sqrt(10 * log(clip(x, 1e-10)) / log(10)) ** 2``: the clip its
+    activation, log, mul, div, abs, sqrt and pow in the tail."""
+    nodes = [helper.make_node("MatMul", ["x", "mel"], ["mm"]), helper.make_node("Clip", ["mm", "lo", "hi"], ["c"]),
+             helper.make_node("Log", ["c"], ["lg"]), helper.make_node("Mul", ["lg", "ten"], ["db"]),
+             helper.make_node("Div", ["db", "ln10"], ["q"]), helper.make_node("Abs", ["q"], ["a"]),
+             helper.make_node("Sqrt", ["a"], ["r"]), helper.make_node("Pow", ["r", "two"], ["y"])]
+    model = model_of(nodes, {"x": [1, 5, 16]}, ["y"],
+                     {"mel": np.abs(const(16, 8)), "lo": np.float32(1e-10), "hi": np.float32(1e10),
+                      "ten": np.float32(10), "ln10": np.float32(np.log(10)), "two": np.float32(2)})
+    node = assert_fused_matches(model, "gemm_epilogue.matmul_clip_elementwise", "GemmEpilogue")
+    assert attrs(node)["tail"] == [b"log", b"mul", b"div", b"abs", b"sqrt", b"pow"]

@@ -20,7 +20,8 @@ from .graph import GraphIndex, Region, Unrepresentable, attribute
 SIMPLE_ACTIVATIONS = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "LeakyRelu": "leakyrelu",
                       "HardSigmoid": "hardsigmoid", "HardSwish": "hardswish", "Clip": "clip"}
 # Element-wise ONNX ops an epilogue's tail takes (reference_ops.apply_tail), by the step they become.
-TAIL_BINARY = {"add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min"}
+TAIL_BINARY = {"add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min", "Pow": "pow"}
+TAIL_UNARY = {"Neg": "neg", "Log": "log", "Exp": "exp", "Sqrt": "sqrt", "Abs": "abs"}
 TAIL_SUFFIX = "_elementwise"  # passes/absorb_elementwise_tails.py: the variant grew a tail
 
 
@@ -191,13 +192,13 @@ class Tail:
             self.steps.append(step.activation)
             self.params += step.params
             return
-        if step.kind == "Neg":
-            self.steps.append("neg")
+        if step.kind in TAIL_UNARY:
+            self.steps.append(TAIL_UNARY[step.kind])
             return
         name, node = TAIL_BINARY.get(step.kind), step.nodes[0]
         if name is None or len(node.input) != 2 or step.operand is None or self.region.producer(step.operand):
             raise Unrepresentable(f"{step.kind} in the element-wise tail after the {self.what}")
-        reversed_operands = node.input[0] == step.operand and name in ("sub", "div")
+        reversed_operands = node.input[0] == step.operand and name in ("sub", "div", "pow")
         self.steps.append("r" + name if reversed_operands else name)
         self.operands.append(step.operand)
 

@@ -66,24 +66,25 @@ def apply_activation(x: np.ndarray, name: str, params=None) -> np.ndarray:
 # Parameters each activation reads from a tail's ``tail_params``, in order.
 ACTIVATION_PARAM_COUNTS = {"clip": 2, "leakyrelu": 1, "hardsigmoid": 2}
 _TAIL_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
-                "min": np.minimum}
+                "min": np.minimum, "pow": np.power}
+_TAIL_UNARY = {"neg": np.negative, "log": np.log, "exp": np.exp, "sqrt": np.sqrt, "abs": np.abs}
 
 
 def apply_tail(x: np.ndarray, steps, params, operands) -> np.ndarray:
     """The element-wise tail of an epilogue op, step by step in order.
 
-    ``steps``: "add", "sub", "mul", "div", "max", "min" (x op the next of ``operands``),
-    "rsub", "rdiv" (the operand op x), "neg", or an activation name taking its parameters
-    (``ACTIVATION_PARAM_COUNTS``) from the front of ``params``.
+    ``steps``: "add", "sub", "mul", "div", "max", "min", "pow" (x op the next of ``operands``),
+    "rsub", "rdiv", "rpow" (the operand op x), "neg", "log", "exp", "sqrt", "abs", or an
+    activation name taking its parameters (``ACTIVATION_PARAM_COUNTS``) from the front of ``params``.
     """
     params, operands = list(params or []), list(operands)
     for step in steps or []:
         if step in _TAIL_BINARY:
             x = _TAIL_BINARY[step](x, operands.pop(0))
-        elif step in ("rsub", "rdiv"):
+        elif step in ("rsub", "rdiv", "rpow"):
             x = _TAIL_BINARY[step[1:]](operands.pop(0), x)
-        elif step == "neg":
-            x = -x
+        elif step in _TAIL_UNARY:
+            x = _TAIL_UNARY[step](x)
         else:
             count = ACTIVATION_PARAM_COUNTS.get(step, 0)
             x, params = apply_activation(x, step, params[:count]), params[count:]
