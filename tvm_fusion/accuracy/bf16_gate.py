@@ -28,6 +28,7 @@ inputs, as in float32's check (``verify.judge_conditioning``), and passes within
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -170,7 +171,8 @@ def compare_bf16(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray],
 
 
 def judge_bf16_conditioning(results: list[Bf16Comparison], actual: dict[str, np.ndarray],
-                            expected: dict[str, np.ndarray], variants, tolerance: Bf16Tolerance) -> list[Bf16Comparison]:
+                            expected: dict[str, np.ndarray], variants: Callable[[], dict[str, dict[str, np.ndarray]]],
+                            tolerance: Bf16Tolerance) -> list[Bf16Comparison]:
     """Each float output outside the gate by its elements or cosine alone gets ONNX Runtime's own
     spread on it (``variants()``: the reference's outputs under ``verify.REFERENCE_VARIANTS``, run
     only when some output needs them), in shares of the gate's allowance; where that share is
@@ -178,7 +180,7 @@ def judge_bf16_conditioning(results: list[Bf16Comparison], actual: dict[str, np.
     judged, runs = [], None
     for r in results:
         reference, ours = expected.get(r.name), actual.get(r.name)
-        if (r.within_tolerance or r.cosine is None or "top-1" in r.note or reference is None or ours is None):
+        if r.within_tolerance or r.cosine is None or "top-1" in r.note or reference is None or ours is None:
             judged.append(r)
             continue
         runs = variants() if runs is None else runs

@@ -43,8 +43,9 @@ PASS_NAME = "batch_shared_weight_matmuls"
 # along the rows, applying one to the stacked rows equals applying it to each step's.
 ROW_WISE_OPS = frozenset({
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
-    "relax.sigmoid", "relax.tanh", "relax.exp", "relax.clip", "relax.nn.relu", "relax.nn.gelu",
-    "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.leakyrelu",
+    "relax.power", "relax.sigmoid", "relax.tanh", "relax.exp", "relax.log", "relax.sqrt", "relax.rsqrt",
+    "relax.abs", "relax.negative", "relax.clip", "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh",
+    "relax.nn.silu", "relax.nn.leakyrelu",
 })
 
 
