@@ -21,17 +21,19 @@ from tvm import relax
 import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
 from ..patterns.base import same_dims, shape_dims
+from .pad_conv_channels import QUANTIZATION_OPS
 from .rebinding import vars_in
 
-ELEMENTWISE_OPS = frozenset({
+# Float math on each element alone: arithmetic, the activations, and a log-mel spectrogram's
+# log or a norm's square root (BatchSharedWeightMatmuls stacks the same ops after its matmuls).
+ELEMENTWISE_MATH_OPS = frozenset({
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
     "relax.clip", "relax.nn.relu", "relax.nn.leakyrelu", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
     "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.negative",
-    # a log-mel spectrogram's log, a norm's square root: math on each element alone
     "relax.log", "relax.exp", "relax.sqrt", "relax.rsqrt", "relax.abs", "relax.power",
-    # a quantized conv's requantization and the QuantizeLinear/DequantizeLinear between layers
-    "relax.round", "relax.astype", "relax.quantize", "relax.dequantize",
 })
+# and a quantized conv's requantization and the QuantizeLinear/DequantizeLinear between layers
+ELEMENTWISE_OPS = ELEMENTWISE_MATH_OPS | {"relax.round", "relax.astype"} | QUANTIZATION_OPS
 SUFFIX = "_elementwise"
 
 

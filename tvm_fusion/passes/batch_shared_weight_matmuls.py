@@ -34,19 +34,12 @@ import tvm_ffi
 from tvm import relax
 
 from ..patterns.base import PatternInstance, PatternReport, static_shape
+from .absorb_elementwise_tails import ELEMENTWISE_MATH_OPS
 from .rebinding import rewrite_blocks, vars_in
 
 MATMUL = "relax.matmul"
 MIN_MATMULS = 2
 PASS_NAME = "batch_shared_weight_matmuls"
-# Elementwise ops that treat each row alone: with their other operands constants broadcast
-# along the rows, applying one to the stacked rows equals applying it to each step's.
-ROW_WISE_OPS = frozenset({
-    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
-    "relax.power", "relax.sigmoid", "relax.tanh", "relax.exp", "relax.log", "relax.sqrt", "relax.rsqrt",
-    "relax.abs", "relax.negative", "relax.clip", "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh",
-    "relax.nn.silu", "relax.nn.leakyrelu",
-})
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.BatchSharedWeightMatmuls")
@@ -153,8 +146,10 @@ def _descendants(readers: dict, roots: set) -> set:
 def _common_epilogue(bindings: list, members: list[int], readers: dict, position: dict) -> list[list[int]]:
     """The bindings that follow each member's product alike, one list per step (each member's
     binding at that step): while every member's last result is a dataflow variable read by one
-    binding alone, a ``ROW_WISE_OPS`` call of it and of constants broadcast along the rows, of
-    its shape, and the same call for every member."""
+    binding alone, a call of it and of constants broadcast along the rows, of its shape, and the
+    same call for every member. An element-wise op treats each row alone, so on the stacked rows
+    it equals each step's; the ops are the float math the epilogue tails take
+    (``ELEMENTWISE_MATH_OPS``), so that the gemm epilogue takes what is stacked."""
     steps: list[list[int]] = []
     last = list(members)
     while True:
@@ -179,7 +174,7 @@ _PLACEHOLDER = relax.Var("row_wise_operand")
 def _row_wise_template(value, var):
     """``value`` with ``var`` as a shared placeholder, if it is a row-wise op of ``var`` alone
     (``_common_epilogue``); else None."""
-    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ROW_WISE_OPS):
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ELEMENTWISE_MATH_OPS):
         return None
     shape = static_shape(var)
     if shape is None or static_shape(value) != shape or sum(a.same_as(var) for a in value.args) != 1:
