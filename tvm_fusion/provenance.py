@@ -109,9 +109,14 @@ class _Rename(PyExprMutator):
         self.set_var_remap(old, rebind(self.builder_, old, value, name))
 
 
-def onnx_nodes_of(names: list[str], report, model: onnx.ModelProto) -> list[str]:
-    """The ONNX nodes behind binding names of the node-named import, through the rewrites
-    (a rewritten op stands for the chain it replaced)."""
+def node_label(model: onnx.ModelProto, index: int) -> str:
+    """A node as reports name it: its name, or ``#index`` for an unnamed one."""
+    return model.graph.node[index].name or f"#{index}"
+
+
+def onnx_node_indices(names: list[str], report, model: onnx.ModelProto) -> list[int]:
+    """The ONNX nodes (indices, in order) behind binding names of the node-named import, through
+    the rewrites (a rewritten op stands for the chain it replaced)."""
     rewrites = {i.output: i.absorbed for i in report.instances if i.variant == i.pattern}
     found: set[int] = set()
     pending, seen = list(names), set()
@@ -124,11 +129,17 @@ def onnx_nodes_of(names: list[str], report, model: onnx.ModelProto) -> list[str]
         index = node_index(name, model)
         if index is not None:
             found.add(index)
-    return [model.graph.node[i].name or f"#{i}" for i in sorted(found)]
+    return sorted(found)
 
 
-def kernel_onnx_nodes(kernel_bindings: dict[str, list[str]], report, model: onnx.ModelProto) -> dict[str, list[str]]:
-    """Kernel -> the ONNX nodes it covers, from the binding names each kernel computes
+def onnx_nodes_of(names: list[str], report, model: onnx.ModelProto) -> list[str]:
+    """``onnx_node_indices`` as the nodes' labels."""
+    return [node_label(model, i) for i in onnx_node_indices(names, report, model)]
+
+
+def kernel_onnx_indices(kernel_bindings: dict[str, list[str]], report,
+                        model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Kernel -> the ONNX nodes (indices) it covers, from the binding names each kernel computes
     (``session.Lowered.kernel_bindings``) and the fusions that absorbed them."""
     fusions = [set(i.absorbed) for i in report.instances if i.variant != i.pattern]
     covers = {}
@@ -137,5 +148,11 @@ def kernel_onnx_nodes(kernel_bindings: dict[str, list[str]], report, model: onnx
         # instance has the node names. Only node names identify the instance.
         own = {name for name in names if node_index(name, model) is not None}
         names = names + [name for absorbed in fusions if absorbed & own for name in absorbed]
-        covers[kernel] = onnx_nodes_of(names, report, model)
+        covers[kernel] = onnx_node_indices(names, report, model)
     return covers
+
+
+def kernel_onnx_nodes(kernel_bindings: dict[str, list[str]], report, model: onnx.ModelProto) -> dict[str, list[str]]:
+    """``kernel_onnx_indices`` as the nodes' labels."""
+    return {kernel: [node_label(model, i) for i in indices]
+            for kernel, indices in kernel_onnx_indices(kernel_bindings, report, model).items()}

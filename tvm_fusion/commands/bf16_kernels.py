@@ -31,7 +31,7 @@ from ..frontend.dims import ranges_of
 from ..passes.bf16_matmuls import bf16_candidates
 from ..native_log import captured_native_stderr, summarize
 from ..preparation import PreparedModel, Progress, quiet
-from ..provenance import onnx_nodes_of
+from ..provenance import node_label, onnx_nodes_of
 from ..session import Fused, ModelSession
 from ..verify import ReferenceUnavailable
 
@@ -120,7 +120,7 @@ def _onnx_nodes(prepared: PreparedModel, fused: Fused, candidates: list, inputs:
         matched = match_products(calls, product_weights(model, inputs, threads)) if calls else {}
     except ReferenceUnavailable:  # named by provenance, as a binding of main is
         matched = {}
-    return {c.key: [model.graph.node[i].name or f"#{i}" for i in matched[c.key]] if c.key in matched
+    return {c.key: [node_label(model, i) for i in matched[c.key]] if c.key in matched
             else onnx_nodes_of([c.name], fused.report, prepared.simplified) for c in candidates}
 
 
@@ -158,7 +158,7 @@ def emulated_declines(session: ModelSession, prepared: PreparedModel, cfg: Pipel
         return []
     declines = []
     for k, (share, output, change) in chosen:
-        nodes = [model.graph.node[i].name or f"#{i}" for i in matched[names[k]]]
+        nodes = [node_label(model, i) for i in matched[names[k]]]
         declines.append(Bf16Decline(names[k], nodes, change, None,
                                     f"alone {share:.2g}x the gate's allowance on {output}", judged_by="emulation"))
         say(declines[-1].line())

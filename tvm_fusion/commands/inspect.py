@@ -20,7 +20,7 @@ from ..frontend.dims import ranges_of
 from ..native_log import captured_native_stderr
 from ..patterns import PatternReport
 from ..preparation import ShapeArg
-from ..provenance import kernel_onnx_nodes, node_index
+from ..provenance import kernel_onnx_indices, node_index, node_label
 from ..render import check_graph_path, render_fusion_graph
 from ..schedules import RuleError
 from ..session import ModelSession
@@ -109,7 +109,7 @@ def fused_nodes(report: PatternReport, model: onnx.ModelProto) -> list[FusedNode
         nodes = sorted(set(indices(instance.absorbed, seen)))
         absorbed_rewrites |= seen
         groups.append(FusedNodes(instance.pattern, instance.variant,
-                                 [model.graph.node[i].name or f"#{i}" for i in nodes],
+                                 [node_label(model, i) for i in nodes],
                                  [model.graph.node[i].op_type for i in nodes], nodes))
     return groups
 
@@ -125,13 +125,9 @@ def own_kernel_groups(lowered, report: PatternReport, model: onnx.ModelProto) ->
     pattern's epilogue, and coverage counts them so."""
     ours = {kernel: names for kernel, names in lowered.kernel_bindings.items()
             if any(name in kernel for name in OWN_KERNELS)}
-    index = {node.name or f"#{i}": i for i, node in enumerate(model.graph.node)}
-    groups = []
-    for kernel, nodes in kernel_onnx_nodes(ours, report, model).items():
-        indices = [index[name] for name in nodes if name in index]
-        groups.append(FusedNodes("own kernel", f"own kernel.{kernel}", [model.graph.node[i].name or f"#{i}" for i in indices],
-                                 [model.graph.node[i].op_type for i in indices], indices))
-    return groups
+    return [FusedNodes("own kernel", f"own kernel.{kernel}", [node_label(model, i) for i in indices],
+                       [model.graph.node[i].op_type for i in indices], indices)
+            for kernel, indices in kernel_onnx_indices(ours, report, model).items()]
 
 
 def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = None,
