@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -271,27 +272,46 @@ def judge_conditioning(results: list[OutputComparison], actual: dict[str, np.nda
     Where the spread exceeds the tolerance the output is ill-conditioned and passes within
     SPREAD_MULTIPLE times it; an output missing, of another shape or with other non-finite
     values never does."""
+    def ours(r: OutputComparison) -> float | None:
+        multiple = tolerance_multiple(actual[r.name], expected[r.name], rtol, atol) if r.name in actual else None
+        return None if multiple in (None, float("inf")) else multiple
+
+    def measure(values: np.ndarray, reference: np.ndarray) -> tuple[float, int] | None:
+        multiples = _multiples(values, reference, rtol, atol)
+        return None if multiples is None else (float(multiples.max()) if multiples.size else 0.0,
+                                               int((multiples > 1).sum()))
+
+    return judge_by_spread(results, expected, variants, ours, measure)
+
+
+Judged = TypeVar("Judged", bound=OutputComparison)
+
+
+def judge_by_spread(results: Sequence[Judged], expected: dict[str, np.ndarray],
+                    variants: Callable[[], dict[str, dict[str, np.ndarray]]], ours: Callable[[Judged], float | None],
+                    measure: Callable[[np.ndarray, np.ndarray], tuple[float, int] | None]) -> list[Judged]:
+    """``results`` with ONNX Runtime's own spread on each output outside its rule, in that rule's
+    multiples: ``ours(r)`` is our multiple (None: the spread cannot excuse this output),
+    ``measure(values, reference)`` a variant's multiple and its elements outside (None: not
+    comparable). Over 1 the output is ill-conditioned, and passes within SPREAD_MULTIPLE times it."""
     judged, runs = [], None
     for r in results:
-        ours = tolerance_multiple(actual[r.name], expected[r.name], rtol, atol) if r.name in actual else float("inf")
-        if r.within_tolerance or ours == float("inf"):
+        mine = None if r.within_tolerance else ours(r)
+        if mine is None:
             judged.append(r)
             continue
         runs = variants() if runs is None else runs
-        spreads = []
-        for name, outputs in runs.items():
-            multiples = _multiples(outputs[r.name], expected[r.name], rtol, atol) if r.name in outputs else None
-            if multiples is not None:
-                spreads.append((float(multiples.max()) if multiples.size else 0.0, int((multiples > 1).sum()), name))
+        spreads = [(*found, name) for name, outputs in runs.items() if r.name in outputs
+                   for found in [measure(outputs[r.name], expected[r.name])] if found is not None]
         if not spreads:
             judged.append(r)
             continue
         multiple, outside, name = max(spreads)
-        diff, _, _ = _finite_differences(runs[name][r.name], expected[r.name])  # not None: _multiples took it
+        diff, _, _ = _finite_differences(runs[name][r.name], expected[r.name])  # not None: measure took it
         max_abs = float(diff.max()) if diff.size else 0.0
         allowed = SPREAD_MULTIPLE * multiple if multiple > 1.0 else 1.0
         judged.append(dataclasses.replace(r, reference_spread=ReferenceSpread(name, max_abs, multiple, outside,
-                                                                              ours, allowed)))
+                                                                              mine, allowed)))
     return judged
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 
 from ..errors import VerificationError
-from ..verify import REFERENCE_VARIANTS, SPREAD_MULTIPLE, OutputComparison, ReferenceSpread, compare_outputs
+from ..verify import REFERENCE_VARIANTS, SPREAD_MULTIPLE, OutputComparison, compare_outputs, judge_by_spread
 from .output_error import cosine_similarity, max_abs_error, max_rel_error, top1_agreement
 
 # Producers of class scores, and consumers that pick a class from them.
@@ -176,28 +176,22 @@ def judge_bf16_conditioning(results: list[Bf16Comparison], actual: dict[str, np.
     """Each float output outside the gate by its elements or cosine alone gets ONNX Runtime's own
     spread on it (``variants()``: the reference's outputs under ``verify.REFERENCE_VARIANTS``, run
     only when some output needs them), in shares of the gate's allowance; where that share is
-    over 1 the output is ill-conditioned and passes within ``SPREAD_MULTIPLE`` times it."""
-    judged, runs = [], None
-    for r in results:
-        reference, ours = expected.get(r.name), actual.get(r.name)
-        if r.within_tolerance or r.cosine is None or "top-1" in r.note or reference is None or ours is None:
-            judged.append(r)
-            continue
-        runs = variants() if runs is None else runs
-        spreads = [(tolerance.share(outputs[r.name] - reference, reference), name) for name, outputs in runs.items()
-                   if r.name in outputs and outputs[r.name].shape == reference.shape
-                   and np.isfinite(outputs[r.name]).all()]
-        if not spreads:
-            judged.append(r)
-            continue
-        multiple, name = max(spreads)
-        theirs = np.abs(runs[name][r.name].astype(np.float64) - reference)
-        allowed_here = tolerance.atol * float(np.abs(reference).max()) + tolerance.rtol * np.abs(reference)
-        spread = ReferenceSpread(name, float(theirs.max(initial=0.0)), multiple, int(np.sum(theirs > allowed_here)),
-                                 tolerance.share(ours - reference, reference),
-                                 SPREAD_MULTIPLE * multiple if multiple > 1.0 else 1.0)
-        judged.append(dataclasses.replace(r, reference_spread=spread))
-    return judged
+    over 1 the output is ill-conditioned and passes within ``SPREAD_MULTIPLE`` times it
+    (``verify.judge_by_spread``)."""
+    def ours(r: Bf16Comparison) -> float | None:
+        reference, value = expected.get(r.name), actual.get(r.name)
+        if r.cosine is None or "top-1" in r.note or reference is None or value is None:
+            return None
+        return tolerance.share(value - reference, reference)
+
+    def measure(values: np.ndarray, reference: np.ndarray) -> tuple[float, int] | None:
+        if values.shape != reference.shape or not np.isfinite(values).all():
+            return None
+        allowed = tolerance.atol * float(np.abs(reference).max()) + tolerance.rtol * np.abs(reference)
+        outside = int(np.sum(np.abs(values.astype(np.float64) - reference) > allowed))
+        return tolerance.share(values - reference, reference), outside
+
+    return judge_by_spread(results, expected, variants, ours, measure)
 
 
 def compare_bf16_matmul(name: str, activation: np.ndarray, weight: np.ndarray,
