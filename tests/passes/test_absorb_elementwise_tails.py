@@ -197,18 +197,8 @@ def test_conv_with_affine_hardswish_affine_matches_the_unfused_module(groups):
             y = bb.emit(relax.op.multiply(scalar(0.7), y))
             out = bb.emit_output(relax.op.add(y, scalar(0.05)))
         bb.emit_func_output(out)
-    module = bb.get()
-    config = parse_config({"target": host_target(), "pipeline": {"patterns": ["conv_epilogue"]}}, name="test")
-    report = PatternReport()
-    schedule_log: dict[str, str] = {}
-    fused = fusion_pipeline(config, report, schedule_log=schedule_log)(module)
-    assert report.variants["conv_epilogue.conv_bias_elementwise"] == 1
-    assert len([f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]) == 1
-    assert "Fallback" not in schedule_log.values(), schedule_log
-    data = rng.standard_normal((1, 8, 9, 7)).astype("float32")
-    run = lambda mod: relax.VirtualMachine(tvm.compile(mod, target=config.tvm_target()), tvm.cpu())["main"](  # noqa: E731
-        tvm.runtime.tensor(data)).numpy()
-    np.testing.assert_allclose(run(fused), run(relax.get_pipeline("zero")(module)), rtol=1e-5, atol=1e-5)
+    assert_one_kernel_matching_the_unfused_module(bb.get(), ["conv_epilogue"], "conv_epilogue.conv_bias_elementwise",
+                                                  rng.standard_normal((1, 8, 9, 7)).astype("float32"))
 
 
 def test_a_log_mel_tail_joins_the_matmul_and_matches_the_unfused_module():
@@ -226,15 +216,22 @@ def test_a_log_mel_tail_joins_the_matmul_and_matches_the_unfused_module():
             y = bb.emit(relax.op.multiply(y, relax.const(10.0, "float32")))
             out = bb.emit_output(relax.op.divide(y, relax.const(float(np.log(10.0)), "float32")))
         bb.emit_func_output(out)
-    module = bb.get()
-    config = parse_config({"target": host_target(), "pipeline": {"patterns": ["clip", "gemm_epilogue"]}}, name="test")
+    assert_one_kernel_matching_the_unfused_module(bb.get(), ["clip", "gemm_epilogue"],
+                                                  "gemm_epilogue.matmul_clip_elementwise",
+                                                  np.abs(rng.standard_normal((1, 5, 257))).astype("float32"))
+
+
+def assert_one_kernel_matching_the_unfused_module(module, patterns: list[str], variant: str, data: np.ndarray):
+    """Through the whole pipeline (fused, scheduled for the host) with ``patterns``: ``variant``
+    fired once, one kernel, no Fallback schedule, and the outputs on ``data`` those of
+    zero-pipeline TVM."""
+    config = parse_config({"target": host_target(), "pipeline": {"patterns": patterns}}, name="test")
     report = PatternReport()
     schedule_log: dict[str, str] = {}
     fused = fusion_pipeline(config, report, schedule_log=schedule_log)(module)
-    assert report.variants["gemm_epilogue.matmul_clip_elementwise"] == 1
+    assert report.variants[variant] == 1
     assert len([f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]) == 1
     assert "Fallback" not in schedule_log.values(), schedule_log
-    data = np.abs(rng.standard_normal((1, 5, 257))).astype("float32")
     run = lambda mod: relax.VirtualMachine(tvm.compile(mod, target=config.tvm_target()), tvm.cpu())["main"](  # noqa: E731
         tvm.runtime.tensor(data)).numpy()
     np.testing.assert_allclose(run(fused), run(relax.get_pipeline("zero")(module)), rtol=1e-5, atol=1e-5)
