@@ -52,6 +52,7 @@ from .fold_constants import FoldConstantsSafely
 from .fuse_patterns import FusePatterns
 from .int8_convs import Int8Convs
 from .conv1d_as_conv2d import Conv1dAsConv2d
+from .interleave_power_spectrum import InterleavePowerSpectrum
 from .merge_sibling_convs import MergeSiblingConvs
 from .pack_matmul_weights import PackMatmulWeights
 from .precompute_winograd_weights import PrecomputeWinogradWeights
@@ -98,6 +99,7 @@ def fusion_pipeline(config: PipelineConfig, report: PatternReport,
             # conv's bias and activation read it directly and keep the conv out of both.
             MergeSiblingConvs(report),
             StridedRowConvAsMatmul(report),
+            InterleavePowerSpectrum(report),
             BatchSharedWeightMatmuls(report),
             relax.transform.ConvertToDataflow(),
         ],

@@ -10,7 +10,7 @@ from ...kernels.matmul import MatmulAxes, batch_axes, matmul_kernel, rows_from_b
 from ...targets.target_info import num_cores, vector_lanes
 from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorize_in_registers, vectorized_init
 from .matchers import MATMUL_K_UNROLL, matmul_tile_columns, matmul_tile_rows
-from .small_extent import MAX_SERIAL_STATIC_WORK, MIN_PARALLEL_TILE_WORK, serial_when_small
+from .small_extent import MAX_SERIAL_STATIC_WORK, MIN_PARALLEL_ELEMENTS, MIN_PARALLEL_TILE_WORK, serial_when_small
 
 
 class MatmulEpilogue(ScheduleRule):
@@ -64,7 +64,13 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, target: Targe
     # row tiles of A stream past it.
     sch.reorder(*batch, n_outer, m_outer, k_outer, k_inner, m_inner, *inner_columns)
     # Accumulate in a tile-sized buffer; the epilogue (or a plain store) reads it per tile.
-    output = compute_epilogue_at(sch, matmul, epilogue, m_outer)
+    try:
+        output = compute_epilogue_at(sch, matmul, epilogue, m_outer)
+        after_tiles = False
+    except (s_tir.ScheduleError, ValueError):  # TVM raises the region analysis' failure as a ValueError
+        # An epilogue that reads the product across tiles (a power spectrum's column pairs
+        # in packed panels) runs after them, in the same kernel, from the cached product.
+        output, after_tiles = epilogue[-1], True
     tile = sch.fuse(*batch, n_outer, m_outer)
     if parallel:
         sch.parallel(tile)
@@ -80,8 +86,25 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, target: Targe
     sch.unroll(m_inner)
     vectorize_in_registers(sch, n_inner, lanes)
     vectorized_init(sch, matmul, k_outer)
-    _vectorize_tile_store(sch, output, sch.get(n_inner).extent if group > 1 else None)
+    if after_tiles:
+        _schedule_whole_epilogue(sch, output, lanes)
+    else:
+        _vectorize_tile_store(sch, output, sch.get(n_inner).extent if group > 1 else None)
     return sch
+
+
+def _schedule_whole_epilogue(sch, output, lanes: int) -> None:
+    """The epilogue's loops after the tiles: the outer ones fused, and parallel where there are
+    enough elements (``MIN_PARALLEL_ELEMENTS``), the innermost in vectors."""
+    *outer, innermost = sch.get_loops(output)
+    elements = _static_work(sch, output)
+    if outer and (elements is None or elements >= MIN_PARALLEL_ELEMENTS):
+        sch.parallel(sch.fuse(*outer))
+    length = extent(sch, innermost)
+    if isinstance(length, int) and length > lanes:
+        innermost = sch.split(innermost, [None, lanes])[1]
+    if isinstance(length, int) and length > 1:
+        sch.vectorize(innermost)
 
 
 def _static_work(sch, matmul) -> int | None:

@@ -1,0 +1,58 @@
+"""Power spectrum: a matmul, its even and odd columns squared and summed, as one kernel.
+
+An STFT front end's power ``re^2 + im^2`` pairs each real DFT filter's column with its
+imaginary one. ``passes/interleave_power_spectrum.py`` puts the two side by side (column
+``2j`` and ``2j + 1``), so the power of a tile of the product is computed on that tile
+(``MatmulEpilogue``): the product never goes through memory, and the power is no kernel of its
+own. A magnitude's square root or a log after it joins as an element-wise tail.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.dpl import is_op, wildcard
+
+from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+
+
+def _strided_slice_fields(call) -> list[list[int]] | None:
+    """A strided_slice's axes, begin, end and strides as ints (strides 1 when absent), or None."""
+    try:
+        fields = [[int(v) for v in arg.fields] for arg in call.args[1:]]
+    except (AttributeError, TypeError):
+        return None
+    return fields if len(fields) == 4 else [*fields, [1] * len(fields[0])]
+
+
+class PowerSpectrum(FusionRule):
+    name = "power_spectrum"
+    description = "matmul -> even columns^2 + odd columns^2 (an STFT's power spectrum, its filters interleaved)"
+    absorbs_elementwise_tail = True
+    runs_before = ("gemm_epilogue",)
+
+    def variants(self):
+        lhs, rhs = wildcard(), wildcard()
+        matmul = is_op("relax.matmul")(lhs, rhs)
+        even = is_op("relax.strided_slice")(matmul, varg_default_wildcard=True)
+        odd = is_op("relax.strided_slice")(matmul, varg_default_wildcard=True)
+        power = is_op("relax.add")(is_op("relax.multiply")(even, even), is_op("relax.multiply")(odd, odd))
+        return [("matmul_even_odd_squares", power,
+                 {"lhs": lhs, "rhs": rhs, "matmul": matmul, "even": even, "odd": odd, "power": power})]
+
+    def anchor(self, context):
+        return context.annotated_expr["matmul"]
+
+    def check(self, context):
+        found = context.annotated_expr
+        dtype = dtype_of(found["matmul"])
+        if dtype not in FLOAT_DTYPES:
+            return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
+        shape = static_shape(found["matmul"])
+        if shape is None:
+            return "the matmul's shape is not static"
+        columns, last = shape[-1], len(shape) - 1
+        slices = [_strided_slice_fields(found[name]) for name in ("even", "odd")]
+        expected = [[[last], [start], [columns], [2]] for start in (0, 1)]
+        if any(s is None for s in slices) or sorted(slices) != expected and [
+                [[a % len(shape) for a in s[0]], *s[1:]] for s in sorted(slices)] != expected:
+            return "the squares are not of the product's even and odd columns (step 2 along its last axis)"
+        return None
