@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import FLOAT_DTYPES, FusionRule, dtype_of, static_shape
+from .base import FusionRule, non_float_reason, static_shape
 
 
 def _strided_slice_fields(call) -> list[list[int]] | None:
@@ -43,16 +43,16 @@ class PowerSpectrum(FusionRule):
 
     def check(self, context):
         found = context.annotated_expr
-        dtype = dtype_of(found["matmul"])
-        if dtype not in FLOAT_DTYPES:
-            return f"dtype {dtype} is not supported ({', '.join(FLOAT_DTYPES)})"
+        reason = non_float_reason(found["matmul"])
+        if reason:
+            return reason
         shape = static_shape(found["matmul"])
         if shape is None:
             return "the matmul's shape is not static"
-        columns, last = shape[-1], len(shape) - 1
+        rank, columns = len(shape), shape[-1]
         slices = [_strided_slice_fields(found[name]) for name in ("even", "odd")]
-        expected = [[[last], [start], [columns], [2]] for start in (0, 1)]
-        if any(s is None for s in slices) or sorted(slices) != expected and [
-                [[a % len(shape) for a in s[0]], *s[1:]] for s in sorted(slices)] != expected:
+        taken = sorted([[axis % rank for axis in axes], begin, end, strides]
+                       for axes, begin, end, strides in filter(None, slices))
+        if taken != [[[rank - 1], [start], [columns], [2]] for start in (0, 1)]:
             return "the squares are not of the product's even and odd columns (step 2 along its last axis)"
         return None
