@@ -177,8 +177,7 @@ def spectrum_halves(add: relax.Call, bindings: dict, readers: dict) -> tuple[_Ha
     real, imaginary = sorted(halves, key=lambda half: half.range)
     if columns % 2 or real.range != (0, columns // 2) or imaginary.range != (columns // 2, columns):
         return None
-    if len(real.after) != len(imaginary.after) or not all(
-            a.op.same_as(b.op) and tvm_ffi.structural_equal(a.attrs, b.attrs) for a, b in zip(real.after, imaginary.after)):
+    if not (_same_views(real.before, imaginary.before) and _same_views(real.after, imaginary.after)):
         return None
     steps = [*real.vars, *imaginary.vars, *add.args]
     chain = [bindings[var] for var in steps] + [add]
@@ -187,6 +186,11 @@ def spectrum_halves(add: relax.Call, bindings: dict, readers: dict) -> tuple[_Ha
                 any(call.same_as(step) for step in chain) for call in readers.get(var, ())):
             return None  # read outside the power, or a graph output
     return real, imaginary, weight.value.numpy()
+
+
+def _same_views(first: list[relax.Call], second: list[relax.Call]) -> bool:
+    return len(first) == len(second) and all(
+        a.op.same_as(b.op) and tvm_ffi.structural_equal(a.attrs, b.attrs) for a, b in zip(first, second))
 
 
 def interleaved(weight: np.ndarray) -> np.ndarray:
