@@ -81,6 +81,26 @@ def test_run_takes_a_dict_a_list_in_input_order_or_one_array(mlp_artifact, x_inp
         assert said in info.value.message and "the model takes 1: x" in info.value.message
 
 
+def test_inputs_off_alignment_strided_or_changed_after_prepare_run_as_a_copy(mlp_artifact, x_input):
+    """The kernels take 64-byte aligned buffers (an input off it crashed the call when handed
+    over as it was): each input is copied into a buffer of the call's own, aligned, which a
+    sliced, transposed or later-changed array of the caller does not reach."""
+    model = tvm_fusion.load(mlp_artifact)
+    expected = model.run({"x": x_input})["y"]
+    backing = np.zeros(x_input.size + 1, np.float32)
+    off_alignment = backing[1:].reshape(x_input.shape)
+    off_alignment[:] = x_input
+    assert off_alignment.ctypes.data % 64 != 0
+    np.testing.assert_array_equal(model.run({"x": off_alignment})["y"], expected)
+    np.testing.assert_array_equal(model.run({"x": np.asfortranarray(x_input)})["y"], expected)
+    mine = x_input.copy()
+    (tensor,) = model.prepare({"x": mine})
+    mine[:] = 0
+    np.testing.assert_array_equal(tensor.numpy(), x_input)
+    assert np.from_dlpack(tensor).ctypes.data % 64 == 0
+    np.testing.assert_array_equal(model.run_prepared([tensor]).numpy(), expected)
+
+
 def test_load_in_process_checks_inputs(mlp_artifact, x_input):
     model = tvm_fusion.load(mlp_artifact)
     assert model.inputs == [{"name": "x", "shape": [4, 16], "dtype": "float32"}]
