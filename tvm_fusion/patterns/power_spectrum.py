@@ -2,9 +2,9 @@
 
 An STFT front end's power ``re^2 + im^2`` pairs each real DFT filter's column with its
 imaginary one. ``passes/interleave_power_spectrum.py`` puts the two side by side (column
-``2j`` and ``2j + 1``), so the power of a tile of the product is computed on that tile
-(``MatmulEpilogue``): the product never goes through memory, and the power is no kernel of its
-own. A magnitude's square root or a log after it joins as an element-wise tail.
+``2j`` and ``2j + 1``), so the power is computed in the product's kernel (``MatmulEpilogue``:
+on each tile, or after the tiles where a packed weight puts a pair across a panel's lanes): the
+power is no kernel of its own reading the product back. A magnitude's square root or a log after it joins as an element-wise tail.
 """
 
 from __future__ import annotations
