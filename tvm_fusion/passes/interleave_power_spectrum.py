@@ -31,7 +31,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..patterns import PatternReport
-from ..patterns.base import scalar_constant, static_shape
+from ..patterns.base import scalar_constant, static_shape, strided_slice_fields
 from .rebinding import mutate_functions, rebind, vars_in
 from .sink_views import ELEMENTWISE_OPS
 
@@ -135,14 +135,10 @@ def trace_half(var, bindings: dict) -> _Half | None:
 def column_range(step: relax.Call, axis: int) -> tuple[int, int] | None:
     """The range of ``axis`` a strided_slice takes, in steps of 1, when it takes every other axis
     whole (as exporters spell it: silero's slice names all axes, ends past the extent); else None."""
-    shape = static_shape(step.args[0])
-    try:
-        axes, begin, end = ([int(v) for v in arg.fields] for arg in step.args[1:4])
-        strides = [int(v) for v in step.args[4].fields] if len(step.args) > 4 else [1] * len(axes)
-    except (AttributeError, TypeError):  # symbolic bounds
+    shape, fields = static_shape(step.args[0]), strided_slice_fields(step)
+    if shape is None or fields is None:
         return None
-    if shape is None:
-        return None
+    axes, begin, end, strides = fields
     taken = None
     for ax, first, last, stride in zip(axes, begin, end, strides):
         ax, size = ax % len(shape), shape[ax % len(shape)]
@@ -204,6 +200,7 @@ def composed_views(shape: tuple[int, ...], views: list[relax.Call]) -> tuple[lis
     (None: the order is kept, so the chain is a reshape, which moves no data) and the result's
     shape."""
     index = np.arange(int(np.prod(shape))).reshape(shape)
+    strides = index.strides
     for view in views:
         name = _op(view)
         if name == "relax.permute_dims":
@@ -213,7 +210,6 @@ def composed_views(shape: tuple[int, ...], views: list[relax.Call]) -> tuple[lis
         else:
             index = np.squeeze(index, None if view.attrs.axis is None else tuple(int(a) for a in view.attrs.axis))
     kept = [axis for axis, size in enumerate(shape) if size != 1]
-    strides = np.arange(int(np.prod(shape))).reshape(shape).strides
     order = sorted(kept, key=lambda axis: -strides[axis])  # outermost first
     # The position, among the non-unit source axes, that each non-unit result axis walks.
     walked = [order.index(next(axis for axis in kept if index.strides[position] == strides[axis]))

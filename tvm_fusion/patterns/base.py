@@ -139,6 +139,16 @@ def close_to(value: float | None, expected: float, rel: float = 1e-4) -> bool:
     return value is not None and abs(value - expected) <= rel * max(1.0, abs(expected))
 
 
+def strided_slice_fields(call: relax.Call) -> list[list[int]] | None:
+    """A strided_slice's axes, begin, end and strides as ints (strides 1 where absent), or None
+    where one is symbolic."""
+    try:
+        fields = [[int(v) for v in arg.fields] for arg in call.args[1:]]
+    except (AttributeError, TypeError):
+        return None
+    return fields if len(fields) == 4 else [*fields, [1] * len(fields[0])]
+
+
 def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     """The static shape of a tensor-typed expression, or None if any dim is symbolic."""
     shape = getattr(getattr(expr, "ty", None), "shape", None)

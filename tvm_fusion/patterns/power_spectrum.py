@@ -4,23 +4,15 @@ An STFT front end's power ``re^2 + im^2`` pairs each real DFT filter's column wi
 imaginary one. ``passes/interleave_power_spectrum.py`` puts the two side by side (column
 ``2j`` and ``2j + 1``), so the power is computed in the product's kernel (``MatmulEpilogue``:
 on each tile, or after the tiles where a packed weight puts a pair across a panel's lanes): the
-power is no kernel of its own reading the product back. A magnitude's square root or a log after it joins as an element-wise tail.
+power is no kernel of its own reading the product back. A magnitude's square root or a log after
+it joins as an element-wise tail.
 """
 
 from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from .base import FusionRule, non_float_reason, static_shape
-
-
-def _strided_slice_fields(call) -> list[list[int]] | None:
-    """A strided_slice's axes, begin, end and strides as ints (strides 1 when absent), or None."""
-    try:
-        fields = [[int(v) for v in arg.fields] for arg in call.args[1:]]
-    except (AttributeError, TypeError):
-        return None
-    return fields if len(fields) == 4 else [*fields, [1] * len(fields[0])]
+from .base import FusionRule, non_float_reason, static_shape, strided_slice_fields
 
 
 class PowerSpectrum(FusionRule):
@@ -50,7 +42,7 @@ class PowerSpectrum(FusionRule):
         if shape is None:
             return "the matmul's shape is not static"
         rank, columns = len(shape), shape[-1]
-        slices = [_strided_slice_fields(found[name]) for name in ("even", "odd")]
+        slices = [strided_slice_fields(found[name]) for name in ("even", "odd")]
         taken = sorted([[axis % rank for axis in axes], begin, end, strides]
                        for axes, begin, end, strides in filter(None, slices))
         if taken != [[[rank - 1], [start], [columns], [2]] for start in (0, 1)]:

@@ -107,9 +107,9 @@ def _schedule_whole_epilogue(sch, output, lanes: int) -> None:
         sch.vectorize(innermost)
 
 
-def _static_work(sch, matmul) -> int | None:
-    """The matmul's multiply-adds, when static."""
-    extents = [var.dom.extent for var in sch.get(matmul).iter_vars]
+def _static_work(sch, block) -> int | None:
+    """The block's iterations, when static: a matmul's multiply-adds, an epilogue's elements."""
+    extents = [var.dom.extent for var in sch.get(block).iter_vars]
     return math.prod(int(e) for e in extents) if all(isinstance(e, tirx.IntImm) for e in extents) else None
 
 
