@@ -91,3 +91,37 @@ def test_a_row_16_does_not_divide_is_reduced_over_its_padding(width):
 def test_must_not_pad_a_row_16_divides_a_short_row_or_another_axis(shape, axis):
     fast = relax.transform.LegalizeOps(fast_math_legalize_map())(softmax_module(shape, axis))
     assert reduction_extents(fast) == [shape[axis]] * 2
+
+
+def test_isnan_by_its_bits_is_exact():
+    mod = relax.transform.LegalizeOps(fast_math_legalize_map())(single_op_module(relax.op.isnan))
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, np.finfo(np.float32).max,
+                        np.finfo(np.float32).tiny / 2], dtype="float32")
+    payloads = np.array([0x7F800001, 0x7FC00000, 0xFFFFFFFF, 0xFF800001], dtype="uint32").view("float32")
+    x = np.resize(np.concatenate([special, payloads]), 8 * 64).astype("float32").reshape(8, 64)
+    np.testing.assert_array_equal(run(mod, x), np.isnan(x))
+
+
+def test_nan_guard_vectorizes():
+    """A softmax's NaN guard ``where(isnan(p), 0, p)``: with ``tirx.isnan`` in the select, TVM's
+    vectorizer left the loop scalar (LLVM's then gathered its loads); by the bits, it is vectors."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.where(relax.op.isnan(x), relax.const(0.0, "float32"), x))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(fast_math_legalize_map()), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    sch = s_tir.Schedule(func)
+    *producers, guard = sch.get_child_blocks(get_root_block(sch))
+    for block in producers:
+        sch.compute_inline(block)
+    _, columns = sch.get_loops(guard)
+    sch.vectorize(sch.split(columns, [None, 16])[1])
+    kernel = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
+    llvm_ir = tvm.compile(kernel, target=tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})).mod
+    code = llvm_ir.inspect_source("ll")
+    assert "load <16 x float>" in code and "gather" not in code

@@ -61,6 +61,14 @@ def match_matmul(block: s_tir.SBlock) -> MatmulAxes | None:
     return None
 
 
+def panel_weight(block: s_tir.SBlock):
+    """B of a matmul block that reads its weight in column panels ([panels, K, columns]), else None."""
+    axes = match_matmul(block)
+    if axes is None or axes.n_inner is None:
+        return None
+    return _product_operands(block.body)[2].source
+
+
 def rows_from_batch(block: s_tir.SBlock, axes: MatmulAxes) -> MatmulAxes:
     """``axes`` with a batch axis as the rows when the matmul has one row per batch item and a
     weight shared by the batch: an LSTM's outputs [steps, 1, K] times a classifier's [K, N] are

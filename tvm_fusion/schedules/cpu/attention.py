@@ -29,18 +29,20 @@ key is never part of any row's softmax and needs no -inf mask.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import tvm_ffi
-from tvm import ir, s_tir, tirx
-from tvm.ir.expr import TensorLoad, TensorRegion
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from ...kernels.blocks import among, is_spatial
+from ...kernels.blocks import is_spatial
 from ...kernels.matmul import match_matmul
 from ...targets.target_info import vector_lanes
+from .attention_padding import pad_axis, rewritten
 from .helpers import (MIN_VECTOR_PIECE, compute_epilogue_at, cpu_schedule, extent, largest_divisor, power_of_two_width,
                       tile_factor, vectorized_init)
 from .small_extent import MIN_PARALLEL_TILE_WORK, serial_when_small
@@ -57,6 +59,7 @@ class _Parts:
     """The blocks of a fused attention function, in dataflow order."""
 
     q_tile: object | None  # producer of the scores' Q operand (a head-split transpose), if any
+    k_tile: object | None  # producer of the scores' K operand where it computes (a scale), if any
     scores: object
     logits: object | None  # what the softmax max reads, when it is not the raw scores
     row_max: object
@@ -88,7 +91,7 @@ class Attention(ScheduleRule):
             for symbolic, pad in ((keys, lambda: _pad_keys(sch, parts, _TILE_KEYS)),
                                   (rows, lambda: _pad_queries(sch, parts, row_tile))):
                 if not isinstance(symbolic, int):
-                    sch, parts = _rewritten(sch, parts, pad())
+                    sch, parts = rewritten(sch, parts, pad())
             _schedule(sch, parts, row_tile, lanes)
         except s_tir.ScheduleError:
             return None  # a variant the structural checks did not anticipate: leave it to other rules
@@ -113,19 +116,23 @@ def _find_parts(sch: s_tir.Schedule) -> _Parts | None:
         return None
 
     writers = {stmt.writes[0].source: i for i, stmt in enumerate(stmts)}
-    q_buffer, _ = _matmul_operands(scores)
+    q_buffer, k_buffer = _matmul_operands(scores)
     probs_buffer, _ = _matmul_operands(context)
     i_logits = writers.get(_reduced_buffer(stmts[i_max]))
     i_exp = writers.get(_reduced_buffer(stmts[i_sum]))
     i_probs = writers.get(probs_buffer)
     i_q = writers.get(q_buffer)
+    i_k = writers.get(k_buffer)
+    if i_k is not None and _copies(stmts[i_k]):
+        i_k = None
     if i_logits is None or i_exp is None or i_probs is None:
         return None
     if not (i_scores <= i_logits < i_max < i_exp < i_sum < i_probs < i_context):
         return None
-    kept = {i_scores, i_logits, i_max, i_exp, i_sum, i_probs, i_context, i_q}
+    kept = {i_scores, i_logits, i_max, i_exp, i_sum, i_probs, i_context, i_q, i_k}
     return _Parts(
         q_tile=blocks[i_q] if i_q is not None else None,
+        k_tile=blocks[i_k] if i_k is not None else None,
         scores=blocks[i_scores],
         logits=blocks[i_logits] if i_logits != i_scores else None,
         row_max=blocks[i_max], exp=blocks[i_exp], row_sum=blocks[i_sum],
@@ -133,6 +140,13 @@ def _find_parts(sch: s_tir.Schedule) -> _Parts | None:
         merge=blocks[i_context + 1:],
         others=[b for i, b in enumerate(blocks[:i_context]) if i not in kept],
     )
+
+
+def _copies(stmt) -> bool:
+    """Whether a block only moves data (a transpose or reshape: its value is one load)."""
+    value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
+    value = value.value if isinstance(value, tirx.Cast) else value
+    return isinstance(value, TensorLoad)
 
 
 def _is_row_reduction(stmt, combiner, row_axes: int) -> bool:
@@ -197,17 +211,6 @@ def _row_tile(rows, keys, lanes: int) -> int:
     return tile
 
 
-def _rewritten(sch: s_tir.Schedule, parts: _Parts, func: tirx.PrimFunc) -> tuple[s_tir.Schedule, _Parts]:
-    """A schedule of the rewritten ``func`` and the same parts in it (found by block name)."""
-    new = s_tir.Schedule(func)
-
-    def same(block):
-        return None if block is None else new.get_sblock(sch.get(block).name_hint)
-
-    return new, _Parts(**{field: [same(b) for b in value] if isinstance(value, list) else same(value)
-                          for field, value in vars(parts).items()})
-
-
 def _pad_queries(sch: s_tir.Schedule, parts: _Parts, tile: int) -> tirx.PrimFunc:
     """Pad the query rows of every block from Qᵀ to the context (not the head merge) up to whole
     row tiles; see the module docstring."""
@@ -215,85 +218,14 @@ def _pad_queries(sch: s_tir.Schedule, parts: _Parts, tile: int) -> tirx.PrimFunc
              parts.probs, parts.context]
     rows, _ = _lengths(sch, parts)
     reductions = (parts.row_max, parts.row_sum)  # out[.., row]; every other block: out[.., row, x]
-    return _pad_axis(sch, [(b, -1 if b in reductions else -2) for b in chain if b is not None], rows, tile)
+    return pad_axis(sch, [(b, -1 if b in reductions else -2) for b in chain if b is not None], rows, tile)
 
 
 def _pad_keys(sch: s_tir.Schedule, parts: _Parts, tile: int) -> tirx.PrimFunc:
     """Pad the keys of the Q·Kᵀ tile and its scale/mask epilogue up to whole key tiles; the
     softmax and probs·V blocks still read only the real keys."""
     _, keys = _lengths(sch, parts)
-    return _pad_axis(sch, [(b, -1) for b in (parts.scores, parts.logits) if b is not None], keys, tile)
-
-
-def _pad_axis(sch: s_tir.Schedule, targets: list, extent: tirx.Expr, tile: int) -> tirx.PrimFunc:
-    """The function with one axis of some blocks padded from ``extent`` to whole ``tile``s.
-
-    ``targets`` holds (block, axis of the buffer it writes). Each block's iterator on that axis and
-    its root loop get the padded extent, and so do the buffers they write; the blocks' reads of
-    any other buffer (the inputs: Q, K, a mask) on that iterator are clamped to ``extent - 1``, so
-    the padding repeats the last real row or key. Schedule primitives keep a block's domain and
-    would predicate the padding away, hence the rewrite (``tvm_ffi.structural_map``).
-    """
-    padded = tirx.floordiv(extent + (tile - 1), tile) * tile
-    last = extent - 1
-    names, iters, old_buffers, new_buffers = [], [], [], []
-    for block, axis in targets:
-        stmt = sch.get(block)
-        buffer, index = stmt.body.buffer, stmt.body.indices[axis]
-        shape = list(buffer.shape)
-        shape[axis] = padded
-        names.append(stmt.name_hint)
-        iters.append(index)
-        old_buffers.append(buffer)
-        new_buffers.append(tirx.decl_buffer(shape, buffer.dtype, buffer.name, scope=buffer.scope()))
-    func = sch.mod["main"]
-    loops = []  # the root loops bound to the padded iterators
-
-    def find_loops(realize: s_tir.SBlockRealize) -> None:
-        if realize.block.name_hint in names:
-            it = iters[names.index(realize.block.name_hint)]
-            loops.extend(value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-                         if iv.var.same_as(it))
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, find_loops))
-
-    def is_padded(buffer) -> bool:
-        return among(buffer, old_buffers) or among(buffer, new_buffers)
-
-    def clamp_load(load: TensorLoad) -> TensorLoad:
-        if is_padded(load.source):
-            return load
-        return tirx.BufferLoad(load.source, [tirx.min(i, last) if among(i, iters) else i
-                                             for i in load.indices])
-
-    def clamp_region(region: TensorRegion) -> TensorRegion:
-        if is_padded(region.source):
-            return region
-        return tirx.BufferRegion(region.source, [
-            ir.Range.from_min_extent(tirx.min(r.min, last), r.extent) if among(r.min, iters) else r
-            for r in region.region])
-
-    def block(stmt: s_tir.SBlock) -> s_tir.SBlock:
-        if stmt.name_hint not in names:
-            return stmt
-        return tvm_ffi.structural_map(stmt, [(TensorLoad, clamp_load), (TensorRegion, clamp_region)])
-
-    def buffer(buf: tirx.Buffer) -> tirx.Buffer:
-        return next((new for old, new in zip(old_buffers, new_buffers) if buf.same_as(old)), buf)
-
-    def iter_var(iv: tirx.IterVar) -> tirx.IterVar:
-        if not among(iv.var, iters):
-            return iv
-        return tirx.IterVar(ir.Range.from_min_extent(0, padded), iv.var, iv.iter_type)
-
-    def loop(stmt: tirx.For) -> tirx.For:
-        if not among(stmt.loop_var, loops):
-            return stmt
-        return tirx.For(stmt.loop_var, stmt.min, padded, stmt.kind, stmt.body, stmt.thread_binding,
-                        stmt.annotations)
-
-    return tvm_ffi.structural_map(func, [(s_tir.SBlock, block), (tirx.Buffer, buffer),
-                                         (tirx.IterVar, iter_var), (tirx.For, loop)])
+    return pad_axis(sch, [(b, -1) for b in (parts.scores, parts.logits) if b is not None], keys, tile)
 
 
 def _schedule(sch: s_tir.Schedule, parts: _Parts, row_tile: int, lanes: int) -> None:
@@ -301,7 +233,7 @@ def _schedule(sch: s_tir.Schedule, parts: _Parts, row_tile: int, lanes: int) -> 
     q_tile = parts.q_tile
     if q_tile is None:
         q_tile = sch.cache_read(parts.scores, _matmul_read_index(sch, parts.scores), "global")
-    for block in (q_tile, parts.scores, parts.logits, parts.exp, parts.probs):
+    for block in (q_tile, parts.k_tile, parts.scores, parts.logits, parts.exp, parts.probs):
         if block is not None:
             ndim = len(sch.get(block).writes[0].source.shape)
             sch.transform_layout(block, ("write", 0), _key_major(ndim))
@@ -309,11 +241,14 @@ def _schedule(sch: s_tir.Schedule, parts: _Parts, row_tile: int, lanes: int) -> 
 
     row = _row_loop(sch, parts.context, row_tile)
     for block in (parts.probs, parts.row_sum, parts.exp, parts.row_max, parts.logits, parts.scores,
-                  q_tile):
+                  q_tile, parts.k_tile):
         if block is not None:
             sch.compute_at(block, row, preserve_unit_loops=True)
+    if parts.k_tile is not None:
+        _key_major_elementwise(sch, parts.k_tile)
 
     _scores_kernel(sch, parts.scores, parts.logits)
+    _transposed_masks(sch, parts, lanes)  # after the tiles: reverse_compute_at wants every producer under them
     for block in (parts.exp, parts.probs):
         _key_major_elementwise(sch, block)
     for block in (parts.row_max, parts.row_sum):
@@ -336,6 +271,40 @@ def _read_padded_keys(sch: s_tir.Schedule, parts: _Parts) -> None:
         ranges = [(r.min, r.min + r.extent) for r in region.region]
         ranges[-2] = (0, padded_keys)
         sch.annotate_buffer_access(block, index, "read", lambda *_: ranges)
+
+
+def _transposed_masks(sch: s_tir.Schedule, parts: _Parts, lanes: int) -> None:
+    """Copy each [.., row, key] mask that the heads (or the batch) share into a key-major
+    buffer once, before the tasks. Read in place, every task gathered its rows' mask one scalar at
+    a time into the key-major logits tile (minilm-l6: a fifth of the kernel's time); copied, each
+    element is transposed once, not once per head, and the tiles read it as row vectors."""
+    if parts.logits is None:
+        return
+    stmt = sch.get(parts.logits)
+    scores = sch.get(parts.scores).writes[0].source
+    logits_size = _static_size(stmt.writes[0].source.shape)
+    masks = [i for i, region in enumerate(stmt.reads)
+             if not region.source.same_as(scores) and _shared_mask(region.source.shape, logits_size)]
+    for index in reversed(masks):  # a copy's read index shifts the later ones
+        copy = sch.cache_read(parts.logits, index, "global")
+        sch.transform_layout(copy, ("write", 0), _key_major(len(sch.get(copy).writes[0].source.shape)))
+        *outer, rows, keys = sch.get_loops(copy)
+        sch.reorder(keys, rows)
+        sch.parallel(sch.fuse(*outer, keys))
+        piece = largest_divisor(extent(sch, rows), lanes)
+        if piece > 1:  # rows gathered a vector at a time, stored contiguously
+            sch.vectorize(sch.split(rows, [None, piece])[1])
+
+
+def _static_size(shape) -> int | None:
+    return math.prod(int(d) for d in shape) if all(isinstance(d, tirx.IntImm) for d in shape) else None
+
+
+def _shared_mask(shape, logits_size: int | None) -> bool:
+    """A static [.., rows, keys] buffer (both > 1) smaller than the logits: read by several heads."""
+    size = _static_size(shape)
+    return (len(shape) >= 2 and size is not None and logits_size is not None and size < logits_size
+            and int(shape[-1]) > 1 and int(shape[-2]) > 1)
 
 
 def _matmul_read_index(sch: s_tir.Schedule, block) -> int:

@@ -10,6 +10,7 @@ from ...kernels.matmul import MatmulAxes, batch_axes, matmul_kernel, rows_from_b
 from ...targets.target_info import num_cores, vector_lanes
 from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorize_in_registers, vectorized_init
 from .matchers import MATMUL_K_UNROLL, matmul_tile_columns, matmul_tile_rows
+from .panel_prefetch import prefetch_next_panel
 from .small_extent import MAX_SERIAL_STATIC_WORK, MIN_PARALLEL_ELEMENTS, MIN_PARALLEL_TILE_WORK, serial_when_small
 
 
@@ -53,6 +54,7 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, target: Targe
     else:  # a weight in column panels: a tile is one panel
         n_outer, n_inner = loops[axes.n], loops[axes.n_inner]
     k_outer, k_inner = sch.split(k_loop, [None, k_unroll])
+    row_tiles = extent(sch, m_outer)
     work = _static_work(sch, matmul)
     parallel = work is None or work > MAX_SERIAL_STATIC_WORK
     group = _column_group(sch, [*batch, n_outer, m_outer], tile_rows, max_rows, num_cores(target) if parallel else 1)
@@ -90,6 +92,8 @@ def _schedule(sch, matmul, epilogue, axes: MatmulAxes, lanes: int, target: Targe
         _schedule_whole_epilogue(sch, output, lanes)
     else:
         _vectorize_tile_store(sch, output, sch.get(n_inner).extent if group > 1 else None)
+    if axes.n_inner is not None and group == 1:
+        sch = prefetch_next_panel(sch, matmul, tile, k_outer, row_tiles)
     return sch
 
 
