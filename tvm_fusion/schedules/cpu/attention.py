@@ -5,7 +5,9 @@ buffers: scores = Q·Kᵀ, logits = scale/mask(scores), max, exp, sum, probs = e
 context = probs·V, then the head merge. This rule computes all of it under one parallel loop
 over (batch, head, block of R query rows), so every seq x seq intermediate shrinks to an
 R x Skv tile that stays in L1/L2; Q, K and V are read straight from the projections (the head
-split transposes are inlined) and the head merge writes the output in place.
+split transposes are inlined; a K the kernel computes, as the dynamo exporter's K * sqrt(scale),
+once per task into a tile) and the head merge writes the output in place. A [.., Sq, Skv] mask
+the heads share is transposed to key-major once, before the tasks.
 
 The tiles are stored key-major ([Skv, R]), so that every step runs on vectors of R query rows:
 the Q·Kᵀ micro-kernel broadcasts K[j, d] against a vector of Qᵀ[d, rows], and the softmax max

@@ -7,8 +7,8 @@ layer's are several times its size), so the first task of every panel waited on 
 lines coming from L3 or memory, the hardware prefetcher only a few lines ahead of the loads.
 Here each task of panel p first asks for its share of panel p + 1 (one row tile's fraction),
 into L2, so the panel's reads overlap the FMAs of the panel before it. The prefetches are one
-burst before the task's K loop: issued inside that loop, they kept LLVM from holding the
-accumulator tile in registers across it.
+burst before the task's K loop: one per K step inside that loop made the kernels slower, not
+faster (a call in the register-tiled loop).
 """
 
 from __future__ import annotations
