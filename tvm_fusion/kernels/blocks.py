@@ -9,6 +9,7 @@ from here, and depends on no schedule.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import tvm
@@ -32,6 +33,20 @@ def is_cpu_kernel(func, target: Target) -> bool:
 
 def is_static(expr) -> bool:
     return isinstance(expr, tirx.IntImm)
+
+
+def static_product(exprs) -> int | None:
+    """The product of ``exprs`` (extents, a shape) when all are static, else None."""
+    exprs = list(exprs)
+    return math.prod(int(e) for e in exprs) if all(is_static(e) for e in exprs) else None
+
+
+def is_copy(block: s_tir.SBlock) -> bool:
+    """A block that only loads (and casts) another buffer: a transpose, a reshape."""
+    value = getattr(block.body, "value", None)
+    if isinstance(value, tirx.Cast):
+        value = value.value
+    return isinstance(value, tvm.ir.TensorLoad)
 
 
 def is_spatial(block: s_tir.SBlock) -> bool:

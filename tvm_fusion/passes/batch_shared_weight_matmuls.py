@@ -35,7 +35,7 @@ from tvm import relax
 
 from ..patterns.base import PatternInstance, PatternReport, static_shape
 from .absorb_elementwise_tails import ELEMENTWISE_MATH_OPS
-from .rebinding import rewrite_blocks, vars_in
+from .rebinding import readers_of, rewrite_blocks, vars_in
 
 MATMUL = "relax.matmul"
 MIN_MATMULS = 2
@@ -61,7 +61,7 @@ def _batch_block(block, report: PatternReport | None):
     builder = relax.BlockBuilder()
     replaced: dict[int, list[relax.VarBinding]] = {}  # first member's index -> the stacked bindings
     removed = set()
-    readers = _readers(bindings)
+    readers = readers_of(bindings)
     position = {binding.var: index for index, binding in enumerate(bindings)}
     for members in groups:
         steps = [members] + _common_epilogue(bindings, members, readers, position)
@@ -89,7 +89,7 @@ def _independent_groups(bindings: list) -> list[list[int]]:
         indices = _same_weight(bindings, indices)
         if len(indices) < MIN_MATMULS:
             continue
-        readers = readers or _readers(bindings)
+        readers = readers or readers_of(bindings)
         # A member's left operand is defined before it, so if it is or descends from a member,
         # that is another member.
         members = {bindings[i].var for i in indices}
@@ -123,23 +123,14 @@ def _same_weight(bindings: list, indices: list[int]) -> list[int]:
     return [i for i in indices if np.array_equal(bindings[i].value.args[1].value.numpy(), first)]
 
 
-def _readers(bindings: list) -> dict:
-    """Variable -> the variables bound to expressions that read it."""
-    readers: dict = {}
-    for binding in bindings:
-        for var in vars_in(binding.value):
-            readers.setdefault(var, []).append(binding.var)
-    return readers
-
-
 def _descendants(readers: dict, roots: set) -> set:
     """Every variable computed from one of ``roots`` (not the roots themselves)."""
     found, frontier = set(), list(roots)
     while frontier:
         for reader in readers.get(frontier.pop(), ()):
-            if reader not in found:
-                found.add(reader)
-                frontier.append(reader)
+            if reader.var not in found:
+                found.add(reader.var)
+                frontier.append(reader.var)
     return found
 
 
@@ -159,7 +150,7 @@ def _common_epilogue(bindings: list, members: list[int], readers: dict, position
             reader = readers.get(var, [])
             if not isinstance(var, relax.DataflowVar) or len(reader) != 1:
                 return steps
-            following.append(position[reader[0]])
+            following.append(position[reader[0].var])
         templates = [_row_wise_template(bindings[i].value, bindings[j].var) for i, j in zip(following, last)]
         if templates[0] is None or not all(t is not None and tvm_ffi.structural_equal(t, templates[0])
                                            for t in templates[1:]):

@@ -32,7 +32,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..patterns import PatternReport
 from ..patterns.base import scalar_constant, static_shape, strided_slice_fields
-from .rebinding import mutate_functions, rebind, vars_in
+from .rebinding import mutate_functions, readers_of, rebind
 from .sink_views import ELEMENTWISE_OPS
 
 PASS_NAME = "interleave_power_spectrum"
@@ -154,7 +154,8 @@ def column_range(step: relax.Call, axis: int) -> tuple[int, int] | None:
 
 def spectrum_halves(add: relax.Call, bindings: dict, readers: dict) -> tuple[_Half, _Half, np.ndarray] | None:
     """(real half, imaginary half, the ``[K, 2n]`` weight) of ``add`` when it is the power of one
-    matmul's column halves that nothing else reads; None otherwise."""
+    matmul's column halves that nothing else reads (``readers``: ``readers_of`` the block); None
+    otherwise."""
     if _op(add) != "relax.add":
         return None
     squares = [bindings.get(arg) for arg in add.args]
@@ -179,7 +180,7 @@ def spectrum_halves(add: relax.Call, bindings: dict, readers: dict) -> tuple[_Ha
     chain = [bindings[var] for var in steps] + [add]
     for var in steps:
         if not isinstance(var, relax.DataflowVar) or not all(
-                any(call.same_as(step) for step in chain) for call in readers.get(var, ())):
+                any(reader.value.same_as(step) for step in chain) for reader in readers.get(var, ())):
             return None  # read outside the power, or a graph output
     return real, imaginary, weight.value.numpy()
 
@@ -225,15 +226,6 @@ def _by_element(step: relax.Expr, var: relax.Var) -> bool:
         for arg in step.args[1:]))
 
 
-def _readers(bindings: list) -> dict:
-    """Variable -> every bound value that reads it (calls, tuples, aliases alike)."""
-    readers: dict = {}
-    for binding in bindings:
-        for var in vars_in(binding.value):
-            readers.setdefault(var, []).append(binding.value)
-    return readers
-
-
 @mutator
 class _Rewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, report: PatternReport):
@@ -246,7 +238,7 @@ class _Rewriter(PyExprMutator):
 
     def visit_dataflow_block_(self, block):
         self.block = list(block.bindings)
-        self.readers = _readers(self.block)
+        self.readers = readers_of(self.block)
         return super().visit_dataflow_block_(block)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -268,7 +260,7 @@ class _Rewriter(PyExprMutator):
         # element (a magnitude's square root, a log) commutes with them and comes first.
         elementwise = []
         while len(self.readers.get(last, ())) == 1:
-            step = self.readers[last][0]
+            step = self.readers[last][0].value
             if _op(step) in _VIEWS:
                 views.append(step)
             elif _by_element(step, last):

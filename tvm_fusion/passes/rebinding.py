@@ -69,3 +69,12 @@ def vars_in(expr: relax.Expr) -> set:
     found = set()
     relax.analysis.post_order_visit(expr, lambda e: found.add(e) if isinstance(e, relax.Var) else None)
     return found
+
+
+def readers_of(bindings) -> dict:
+    """Variable -> the bindings, in order, whose values read it (calls, tuples, aliases alike)."""
+    readers: dict = {}
+    for binding in bindings:
+        for var in vars_in(binding.value):
+            readers.setdefault(var, []).append(binding)
+    return readers

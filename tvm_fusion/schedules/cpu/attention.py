@@ -31,7 +31,6 @@ key is never part of any row's softmax and needs no -inf mask.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import tvm_ffi
@@ -41,7 +40,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from ...kernels.blocks import is_spatial
+from ...kernels.blocks import is_copy, is_spatial, static_product
 from ...kernels.matmul import match_matmul
 from ...targets.target_info import vector_lanes
 from .attention_padding import pad_axis, rewritten
@@ -125,7 +124,7 @@ def _find_parts(sch: s_tir.Schedule) -> _Parts | None:
     i_probs = writers.get(probs_buffer)
     i_q = writers.get(q_buffer)
     i_k = writers.get(k_buffer)
-    if i_k is not None and _copies(stmts[i_k]):
+    if i_k is not None and is_copy(stmts[i_k]):  # a head split, inlined instead
         i_k = None
     if i_logits is None or i_exp is None or i_probs is None:
         return None
@@ -142,13 +141,6 @@ def _find_parts(sch: s_tir.Schedule) -> _Parts | None:
         merge=blocks[i_context + 1:],
         others=[b for i, b in enumerate(blocks[:i_context]) if i not in kept],
     )
-
-
-def _copies(stmt) -> bool:
-    """Whether a block only moves data (a transpose or reshape: its value is one load)."""
-    value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
-    value = value.value if isinstance(value, tirx.Cast) else value
-    return isinstance(value, TensorLoad)
 
 
 def _is_row_reduction(stmt, combiner, row_axes: int) -> bool:
@@ -284,7 +276,7 @@ def _transposed_masks(sch: s_tir.Schedule, parts: _Parts, lanes: int) -> None:
         return
     stmt = sch.get(parts.logits)
     scores = sch.get(parts.scores).writes[0].source
-    logits_size = _static_size(stmt.writes[0].source.shape)
+    logits_size = static_product(stmt.writes[0].source.shape)
     masks = [i for i, region in enumerate(stmt.reads)
              if not region.source.same_as(scores) and _shared_mask(region.source.shape, logits_size)]
     for index in reversed(masks):  # a copy's read index shifts the later ones
@@ -298,13 +290,9 @@ def _transposed_masks(sch: s_tir.Schedule, parts: _Parts, lanes: int) -> None:
             sch.vectorize(sch.split(rows, [None, piece])[1])
 
 
-def _static_size(shape) -> int | None:
-    return math.prod(int(d) for d in shape) if all(isinstance(d, tirx.IntImm) for d in shape) else None
-
-
 def _shared_mask(shape, logits_size: int | None) -> bool:
     """A static [.., rows, keys] buffer (both > 1) smaller than the logits: read by several heads."""
-    size = _static_size(shape)
+    size = static_product(shape)
     return (len(shape) >= 2 and size is not None and logits_size is not None and size < logits_size
             and int(shape[-1]) > 1 and int(shape[-2]) > 1)
 

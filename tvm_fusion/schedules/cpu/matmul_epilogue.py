@@ -6,6 +6,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ...kernels.blocks import static_product
 from ...kernels.matmul import MatmulAxes, batch_axes, matmul_kernel, rows_from_batch
 from ...targets.target_info import num_cores, vector_lanes
 from .helpers import compute_epilogue_at, extent, largest_divisor, tile_factor, vectorize_in_registers, vectorized_init
@@ -113,8 +114,7 @@ def _schedule_whole_epilogue(sch, output, lanes: int) -> None:
 
 def _static_work(sch, block) -> int | None:
     """The block's iterations, when static: a matmul's multiply-adds, an epilogue's elements."""
-    extents = [var.dom.extent for var in sch.get(block).iter_vars]
-    return math.prod(int(e) for e in extents) if all(isinstance(e, tirx.IntImm) for e in extents) else None
+    return static_product(var.dom.extent for var in sch.get(block).iter_vars)
 
 
 def _column_group(sch, tile_loops, tile_rows: int, max_rows: int, cores: int) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ...kernels.blocks import is_static
 from ...kernels.matmul import panel_weight
 
 CACHE_LINE_BYTES = 64
@@ -31,7 +32,7 @@ def prefetch_next_panel(sch: s_tir.Schedule, matmul, tile, k_outer, row_tiles) -
     weight = panel_weight(sch.get(matmul))
     if weight is None or not isinstance(row_tiles, int) or row_tiles < MIN_ROW_TILES:
         return sch
-    if not all(isinstance(d, tirx.IntImm) for d in weight.shape):
+    if not all(is_static(d) for d in weight.shape):
         return sch
     panels, depth, columns = (int(d) for d in weight.shape)
     per_line = CACHE_LINE_BYTES * 8 // weight.dtype.bits

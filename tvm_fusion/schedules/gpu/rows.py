@@ -32,7 +32,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.target import Target
 
-from ...kernels.blocks import among, is_spatial
+from ...kernels.blocks import among, is_copy, is_spatial
 
 WARP = 32
 # A warp per row up to this many columns (32 a thread); wider rows take a block of warps.
@@ -162,21 +162,13 @@ def _inline_cheap_blocks(sch: s_tir.Schedule, rows: list) -> bool:
         if not is_spatial(stmt) or among(stmt.writes[0].source, outputs):
             continue
         per_row = len(stmt.iter_vars) == len(rows)
-        if per_row or _is_copy(stmt) or len(sch.get_consumers(block)) == 1:
+        if per_row or is_copy(stmt) or len(sch.get_consumers(block)) == 1:
             try:
                 sch.compute_inline(block)
             except s_tir.ScheduleError:
                 if per_row:
                     return False
     return True
-
-
-def _is_copy(stmt: s_tir.SBlock) -> bool:
-    """A block that only loads (and casts) another buffer: free to inline into any number of readers."""
-    value = getattr(stmt.body, "value", None)
-    if isinstance(value, tirx.Cast):
-        value = value.value
-    return isinstance(value, tvm.ir.TensorLoad)
 
 
 def _outputs(sch: s_tir.Schedule) -> list:
