@@ -2,7 +2,7 @@
 
 For each model two dynamic modules are built once for its range: symbolic kernels only, and
 the same with shape buckets at the model's bucket sizes (static kernels behind a dispatch on
-the exact size, ``tvm_fusion/buckets.py``). At each size a static module is built for exactly
+the exact size, ``tvm_fusion/dispatch/buckets.py``). At each size a static module is built for exactly
 that size. The timed sizes are the bucket sizes plus one size off every bucket, where the
 bucketed module runs its symbolic kernels. At each size the four run interleaved round by
 round (a new random order each round) in one process, on the same inputs, untuned (hand
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tvm_fusion import api
-from tvm_fusion.buckets import bucket_text
+from tvm_fusion.dispatch.buckets import bucket_text
 from tvm_fusion.frontend import onnx as onnx_frontend
 from tvm_fusion.metadata import bench_metadata
 from tvm_fusion.native_log import captured_native_stderr

@@ -37,7 +37,7 @@ LAYERS = [
     ("foundations", {"errors", "files", "native_log", "ordering", "plugins", "bundled", "verify", "report", "accuracy",
                      "render"}),
     ("fusion rules", {"kernels", "patterns"}),
-    ("import", {"frontend", "buckets"}),
+    ("import", {"frontend", "dispatch"}),
     ("configuration and kernel generation", {"config", "targets", "schedules"}),
     ("tuning and runtime", {"tuning", "runtime"}),
     ("passes and export", {"passes", "export", "onnx_export"}),

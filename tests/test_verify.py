@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion import api, cli, verify
-from tvm_fusion.commands import compile as compilation
+from tvm_fusion.commands import references
 from tvm_fusion.errors import VerificationError
 from tvm_fusion.verify import check_outputs, compare_outputs, format_comparisons
 
@@ -118,8 +118,8 @@ def shifted(function, by: float):
 def perturbed_reference(monkeypatch):
     """ONNX Runtime's outputs shifted by 0.5 in every configuration: the compiled module now looks
     wrong, and ONNX Runtime agrees with itself (the output is well-conditioned)."""
-    monkeypatch.setattr(compilation, "reference_outputs", shifted(verify.reference_outputs, 0.5))
-    monkeypatch.setattr(compilation, "reference_variants", shifted(verify.reference_variants, 0.5))
+    monkeypatch.setattr(references, "reference_outputs", shifted(verify.reference_outputs, 0.5))
+    monkeypatch.setattr(references, "reference_variants", shifted(verify.reference_variants, 0.5))
 
 
 def test_compile_refuses_a_wrong_module_and_writes_nothing(tmp_path, mlp_path, config_path, perturbed_reference):
@@ -289,8 +289,8 @@ def test_onnxruntime_agrees_with_itself_on_a_well_conditioned_model(mlp_path):
 def ill_conditioned_reference(monkeypatch):
     """ONNX Runtime's outputs shifted by 0.5, its variants by 0.2: its own spread is 0.3, and the
     compiled module's error of 0.5 is within 2x that."""
-    monkeypatch.setattr(compilation, "reference_outputs", shifted(verify.reference_outputs, 0.5))
-    monkeypatch.setattr(compilation, "reference_variants", shifted(verify.reference_variants, 0.2))
+    monkeypatch.setattr(references, "reference_outputs", shifted(verify.reference_outputs, 0.5))
+    monkeypatch.setattr(references, "reference_variants", shifted(verify.reference_variants, 0.2))
 
 
 def test_compile_passes_an_ill_conditioned_output_and_says_so(tmp_path, capsys, mlp_path, config_path,

@@ -50,16 +50,24 @@ def callable_module(module, prepared: PreparedModel):
 
 
 def kernel_calls(module) -> int:
-    """How many kernel launches one call of ``main`` makes (call_tir sites, also in the Relax
-    function ``main`` calls when a stepped range puts one in front)."""
-    count = 0
+    """How many kernel launches one call of ``main`` makes: its call_tir sites and those of the
+    Relax functions it calls (a stepped range's inner ``main``, a bucket's, a branch's); of an
+    If's two arms, the one that launches more."""
+    counted: dict = {}
 
-    def visit(expr):
-        nonlocal count
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.call_tir":
-            count += 1
+    def launches(expr) -> int:
+        if isinstance(expr, relax.SeqExpr):
+            return sum(launches(b.value) for block in expr.blocks for b in block.bindings) + launches(expr.body)
+        if isinstance(expr, relax.If):
+            return max(launches(expr.true_branch), launches(expr.false_branch))
+        if not isinstance(expr, relax.Call):
+            return 0
+        if getattr(expr.op, "name", "") == "relax.call_tir":
+            return 1
+        if isinstance(expr.op, relax.GlobalVar) and isinstance(module[expr.op], relax.Function):
+            if expr.op not in counted:
+                counted[expr.op] = launches(module[expr.op].body)
+            return counted[expr.op]
+        return 0
 
-    for _gvar, func in module.functions_items():
-        if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
-            relax.analysis.post_order_visit(func, visit)
-    return count
+    return launches(module["main"].body)

@@ -20,7 +20,7 @@ from tvm.target import codegen
 
 from . import bundled
 from .accuracy.bf16_gate import Bf16Tolerance
-from .buckets import parse_bucket
+from .dispatch.buckets import parse_bucket
 from .errors import ConfigError, ShapeError
 from .frontend.dims import parse_range
 from .kernels.cpu_features import has_bf16_kernels
@@ -93,7 +93,7 @@ class PipelineConfig:
     threads: int = 1
     # dynamic dim name -> a size, or a (low, high, step) range compiled symbolically
     dim_defaults: dict[str, int | tuple[int, int, int]] = dataclasses.field(default_factory=dict)
-    # shape buckets (buckets.py): exact points of the ranges, each ((dim name, size), ...)
+    # shape buckets (dispatch/buckets.py): exact points of the ranges, each ((dim name, size), ...)
     buckets: tuple[tuple[tuple[str, int], ...], ...] = ()
     tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
 

@@ -20,6 +20,7 @@ from .config import PipelineConfig, load_config
 from .errors import ShapeError
 from .frontend import onnx as onnx_frontend
 from .frontend.dims import DimRange, evaluate_dim, ranges_of, var_sizes
+from .frontend.if_hoisting import condition_model, take_branch
 from .provenance import import_with_node_names
 
 Progress = Callable[[str], None]
@@ -195,6 +196,18 @@ def prepare_at(prepared: PreparedModel, config, sizes: dict[str, int], progress:
     shapes: dict = {spec.name: spec.shape if spec.value is None else spec.value
                     for spec in onnx_frontend.inputs_at(prepared.inputs, sizes)}
     return prepare(prepared.path, config, shapes, progress)
+
+
+def prepare_branch(prepared: PreparedModel, config, condition: str, taken: bool | None) -> PreparedModel:
+    """``prepared``'s model as it computes when the If deciding ``condition`` takes the branch
+    ``taken`` (``dispatch/branches.py``), or with None only ``condition`` itself, a bool scalar."""
+    whole = prepared.simplified_with_weights()
+    variant = condition_model(whole, condition) if taken is None else take_branch(whole, condition, taken)
+    with config.tvm_target():
+        module = onnx_frontend.import_model(variant, prepared.inputs, importer=import_with_node_names)
+    outputs = [condition] if taken is None else prepared.output_names
+    return PreparedModel(config, prepared.name, prepared.onnx_model, prepared.inputs, outputs, module,
+                         prepared.path, onnx_frontend.elide_weights(variant, prepared.onnx_model))
 
 
 def at_one_size(prepared: PreparedModel, command: str) -> None:

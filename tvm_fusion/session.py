@@ -6,7 +6,8 @@
                its unfused nodes and undone where it differs (``fusion_gate``)
     lowered    LegalizeOps and TVM's FuseOps/FuseTIR, with which kernel came from which group
     scheduled  weights transformed, tuning records applied, hand schedules for the rest; a
-               dynamic model's shape buckets built static and dispatched by ``main``
+               dynamic model's shape buckets built static and dispatched by ``main``, and so
+               the branches of an If the input values decide (``dispatch/branches.py``)
     built      ``tvm.compile``
 
 Each stage is cached on the session, so compile (one target or several), inspect, bench,
@@ -24,7 +25,8 @@ import tvm
 from tvm import relax
 
 from . import fusion_gate
-from .buckets import bucket_points, bucket_suffix, bucket_text, with_buckets
+from .dispatch.branches import SUFFIXES, branch_condition, with_branches
+from .dispatch.buckets import bucket_points, bucket_suffix, bucket_text, with_buckets
 from .build import build, callable_module, kernel_calls, load_tuning
 from .config import PipelineConfig
 from .frontend.dims import ranges_of
@@ -33,7 +35,8 @@ from .fusion_gate import GateReport
 from .passes import GRAPH_PHASES, fusion_pipeline, stock_fusion_pipeline
 from .passes.pipeline import bf16_target, graph_phases_key, is_cpu, lowering_passes, weight_passes
 from .patterns import PatternReport
-from .preparation import PreparedModel, Progress, ShapeArg, prepare, prepare_at, quiet, resolve_config
+from .preparation import (PreparedModel, Progress, ShapeArg, prepare, prepare_at, prepare_branch, quiet,
+                          resolve_config)
 from .provenance import onnx_nodes_of
 from .schedules import RuleError, ScheduleMemo
 
@@ -70,10 +73,12 @@ class Scheduled:
     records: object = None  # tuning.apply.TuningRecords, or None
     gate: GateReport | None = None
     dynamic_module: object = None  # ``module`` without the buckets' dispatch
-    lowered: Lowered | None = None  # before schedules (of the dynamic module)
+    lowered: Lowered | None = None  # before schedules (of the dynamic module, or of the branches' builds)
     buckets: list[Bucket] = dataclasses.field(default_factory=list)
     # schedule rules that raised on a kernel (it went on to the next rule), buckets' included
     schedule_rule_errors: list[RuleError] = dataclasses.field(default_factory=list)
+    # the If condition ``main`` dispatches on, each branch a build of its own (``dispatch/branches.py``)
+    branch_condition: str | None = None
 
 
 class ModelSession:
@@ -118,6 +123,13 @@ class ModelSession:
         if key not in self._prepared:
             self._prepared[key] = prepare_at(prepared, cfg, sizes, self.progress)
         return self._with_config(self._prepared[key], cfg)
+
+    def _branch(self, prepared: PreparedModel, condition: str, taken: bool | None) -> PreparedModel:
+        """``prepared``'s model as one branch of an If computes it, or its condition alone (None)."""
+        key = (_inputs_key(prepared.config), id(prepared.relax_module), condition, taken)
+        if key not in self._prepared:
+            self._prepared[key] = prepare_branch(prepared, prepared.config, condition, taken)
+        return self._with_config(self._prepared[key], prepared.config)
 
     def _with_config(self, prepared: PreparedModel, cfg: PipelineConfig) -> PreparedModel:
         """The same import under another config (stages are cached by the import's identity)."""
@@ -217,7 +229,7 @@ class ModelSession:
 
         ``tuning_log``: a log root, None for the config's stores, False for hand schedules only
         (``build.load_tuning``). With shape buckets in the config, each bucket is a static
-        build of its own and ``main`` dispatches to it (``buckets.py``).
+        build of its own and ``main`` dispatches to it (``dispatch/buckets.py``).
         """
         cfg = resolve_config(config)
         key = (repr(cfg), str(tuning_log), repr(gate_config), excluded)
@@ -235,27 +247,43 @@ class ModelSession:
         for point in bucket_points(cfg.buckets, _ranges(prepared)):
             say(f"bucket {bucket_text(point)}: a static build for that exact size")
             static = self._bucket(prepared, point)
-            gate = dataclasses.replace(gate_config, buckets=()) if gate_config is not None else None
-            bucket_fused = self.fused(static, excluded, gate, say)
-            suffix = bucket_suffix(point)
-            before = dict(records.applied) if records else {}
-            log: dict[str, str] = {}
-            errors: list[RuleError] = []
-            module = callable_module(self._schedule(self.lowered(bucket_fused, static.config).module,
-                                                    static.config, records, log, errors), static)
-            rules.update({name + suffix: rule for name, rule in log.items()})
-            rule_errors += [dataclasses.replace(error, kernel=error.kernel + suffix) for error in errors]
-            if records:  # a bucket's tuned kernels, under their names in the artifact
-                tuned = {name: kernel for name, kernel in records.applied.items() if before.get(name) is not kernel}
-                records.applied = {**before, **{name + suffix: kernel for name, kernel in tuned.items()}}
-            buckets.append(Bucket(point, module, bucket_fused.gate))
+            bucket_module, bucket_gate, _ = self._variant(static, bucket_suffix(point), excluded, gate_config,
+                                                          records, rules, rule_errors, say)
+            buckets.append(Bucket(point, bucket_module, bucket_gate))
         module = with_buckets(dynamic, [(b.sizes, b.module) for b in buckets], _ranges(prepared)) if buckets else dynamic
+        condition = None if buckets else branch_condition(prepared)
+        if condition is not None:
+            say(f"an If decided by the input values ({condition}): a build per branch, main runs the one taken")
+            builds = [self._variant(self._branch(prepared, condition, taken), SUFFIXES[taken], excluded,
+                                    gate_config, records, rules, rule_errors, say) for taken in (None, True, False)]
+            module = dynamic = with_branches(*(scheduled for scheduled, _, _ in builds))
+            # The kernels that run are the branches': profile and the generic-kernel guard read these.
+            lowered = _dispatched_lowered([lowered for _, _, lowered in builds])
         if records and records.applied:
             say(f"tuned schedules from {records.directory} for {len(records.applied)} kernel(s)")
         result = Scheduled(module, fused.report, rules, dict(records.applied) if records else {}, records,
-                           fused.gate, dynamic, lowered, buckets, rule_errors)
+                           fused.gate, dynamic, lowered, buckets, rule_errors, condition)
         self._scheduled[key] = result
         return result
+
+    def _variant(self, variant: PreparedModel, suffix: str, excluded: frozenset[str], gate_config,
+                 records, rules: dict[str, str], rule_errors: list[RuleError], say: Progress):
+        """A static build of a variant of the model (a bucket, a branch), its kernels' rules,
+        rule errors and tuning records noted under the names ``suffix`` gives them in the
+        artifact; the scheduled module, its fusion gate report and its lowered stage."""
+        gate = dataclasses.replace(gate_config, buckets=()) if gate_config is not None else None
+        fused = self.fused(variant, excluded, gate, say)
+        before = dict(records.applied) if records else {}
+        log: dict[str, str] = {}
+        errors: list[RuleError] = []
+        lowered = self.lowered(fused, variant.config)
+        module = callable_module(self._schedule(lowered.module, variant.config, records, log, errors), variant)
+        rules.update({name + suffix: rule for name, rule in log.items()})
+        rule_errors += [dataclasses.replace(error, kernel=error.kernel + suffix) for error in errors]
+        if records:  # the variant's tuned kernels, under their names in the artifact
+            tuned = {name: kernel for name, kernel in records.applied.items() if before.get(name) is not kernel}
+            records.applied = {**before, **{name + suffix: kernel for name, kernel in tuned.items()}}
+        return module, fused.gate, lowered
 
     def release(self, scheduled: Scheduled) -> None:
         """Forget a scheduled stage that will not be built again (compile, once it has built it),
@@ -297,6 +325,17 @@ def optimize(prepared: PreparedModel, tuning_log: str | Path | bool | None = Non
              progress: Progress = quiet) -> Scheduled:
     """The scheduled stage of an already prepared model (scripts and tests build piece by piece)."""
     return ModelSession.of(prepared, progress).scheduled(prepared.config, tuning_log)
+
+
+def _dispatched_lowered(builds: list[Lowered]) -> Lowered:
+    """The lowered stages of the condition's, the then branch's and the else branch's builds as
+    one, under the names their kernels have in the artifact."""
+    def renamed(field: str) -> dict:
+        return {name + SUFFIXES[taken]: value for taken, build in zip((None, True, False), builds)
+                for name, value in getattr(build, field).items()}
+
+    return Lowered(with_branches(*(build.module for build in builds)), renamed("kernel_patterns"),
+                   renamed("kernel_bindings"))
 
 
 def kernel_groups(grouped) -> tuple[dict[str, str], dict[str, list[str]]]:

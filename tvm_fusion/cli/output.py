@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..accuracy.bf16_gate import Bf16Tolerance, format_bf16
-from ..buckets import bucket_text
+from ..dispatch.buckets import bucket_text
 from ..commands.peers import OPENVINO_ROWS
 from ..runtime.latency import LatencyStats
 from ..report import cut_middle, table

@@ -11,13 +11,12 @@ from pathlib import Path
 
 from ..accuracy.bf16_gate import (Bf16GateFailure, check_bf16, classifier_outputs, compare_bf16,
                                    judge_bf16_conditioning, spread_summary)
-from ..buckets import parse_bucket
+from ..dispatch.buckets import parse_bucket
 from ..build import build, kernel_calls
 from ..config import PipelineConfig, with_precision
 from ..errors import ArtifactError, ConfigError, TvmFusionError, VerificationError
 from ..export import artifact_dir, write_artifact
 from ..files import check_writable
-from ..frontend import onnx as onnx_frontend
 from ..frontend.dims import ranges_of, size_points
 from ..metadata import artifact_metadata
 from ..native_log import captured_native_stderr, summarize
@@ -27,11 +26,12 @@ from ..runtime import METADATA_NAME
 from ..session import ModelSession
 from ..targets import ToolchainError, check_toolchain, execution_here, export_options, platform_of, unscheduled_gpu_kernels
 from ..verify import (SPREAD_MULTIPLE, OutputComparison, ReferenceUnavailable, check_outputs, compare_outputs,
-                      ill_conditioned, judge_conditioning, reference_outputs, reference_variants)
+                      ill_conditioned, judge_conditioning)
 from .bf16_kernels import Bf16KernelGate, emulated_declines, judge_bf16_kernels
 from .generic_kernels import generic_kernels
 from .int8_precision import Int8Model, accuracy_against_float, format_accuracy, quantize_for_int8
 from .library_run import cuda_source_modules, run_library
+from .references import References, branch_inputs
 
 
 @dataclasses.dataclass
@@ -87,7 +87,7 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     the model (no kernel for an op at its dtype), its result says so. With ``fusion_gate``, each
     fused instance is checked against its unfused nodes first and undone if it differs
     (``fusion_gate.py``; on targets that run here). ``buckets`` (``["sequence=128", ...]``, as
-    ``--bucket`` takes them) replaces the configs' ``[buckets] sizes`` (see ``buckets.py``).
+    ``--bucket`` takes them) replaces the configs' ``[buckets] sizes`` (see ``dispatch/buckets.py``).
     ``precision`` (``--precision``) replaces the configs' ``[pipeline] precision``; at bf16 and
     auto each matmul is judged alone first and kept float32 where bf16 breaks the gate
     (``bf16_kernels.py``), then the artifact is judged by the bf16 accuracy gate
@@ -119,7 +119,7 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
         quantized = quantize_for_int8(model_path, configs[0], input_shapes, calibration, output_dir, progress)
         model_path = quantized.path
     session = ModelSession(model_path, input_shapes, progress)
-    references = _References()
+    references = References()
     # The gate checks the fusions with a target whose code runs here; what it undoes is undone
     # for every target. It checks them in float32: it judges fusion, not precision.
     gate_config = next((dataclasses.replace(cfg, precision="float32") for cfg in configs
@@ -143,42 +143,13 @@ def compile_targets(model_path: str | Path, configs: list, input_shapes: ShapeAr
     return results
 
 
-class _References:
-    """Seeded inputs and ONNX Runtime's outputs for them, per seed and size, shared by targets;
-    and, when an output is outside the tolerance, ONNX Runtime's own spread on them."""
-
-    def __init__(self):
-        self.entries: dict = {}
-        self.variant_entries: dict = {}
-
-    def variants(self, cfg: PipelineConfig, prepared: PreparedModel, sizes: dict[str, int]) -> dict:
-        """ONNX Runtime's outputs under verify.REFERENCE_VARIANTS for the inputs of ``get``."""
-        key = (id(prepared.onnx_model), cfg.seed, tuple(sorted(sizes.items())))
-        if key not in self.variant_entries:
-            inputs, _ = self.get(cfg, prepared, False, sizes)
-            self.variant_entries[key] = reference_variants(prepared.onnx_model, inputs, cfg.threads)
-        return self.variant_entries[key]
-
-    def get(self, cfg: PipelineConfig, prepared: PreparedModel, with_reference: bool, sizes: dict[str, int]):
-        """Seeded inputs at ``sizes`` (one size per range; {} for a static model) and, with
-        ``with_reference``, ONNX Runtime's outputs for them."""
-        key = (id(prepared.onnx_model), cfg.seed, tuple(sorted(sizes.items())))
-        if key not in self.entries:
-            specs = onnx_frontend.inputs_at(prepared.inputs, sizes)
-            self.entries[key] = [onnx_frontend.random_inputs(prepared.onnx_model, specs, cfg.seed), None]
-        entry = self.entries[key]
-        if with_reference and entry[1] is None:
-            entry[1] = reference_outputs(prepared.onnx_model, entry[0], cfg.threads)
-        return entry[0], entry[1]
-
-
 # The margins of the gate (its allowances times each) that the emulation picks more float32
 # kernels for while the outputs fail it, one rebuild each: a prediction within half the
 # allowances leaves room for what the emulation does not model (``accuracy/bf16_emulation.py``).
 EMULATION_MARGINS = (0.5, 0.25)
 
 
-def _compile_gated(session: ModelSession, references: _References, cfg: PipelineConfig, toolchain: dict,
+def _compile_gated(session: ModelSession, references: References, cfg: PipelineConfig, toolchain: dict,
                    output_dir, verify: bool, say: Progress, **options) -> TargetResult:
     """One target. At bf16 and auto, the matmuls the per-kernel gate declines stay float32;
     while the outputs still fail the gate, the emulation keeps more float32 and the target is
@@ -210,7 +181,7 @@ def _compile_gated(session: ModelSession, references: _References, cfg: Pipeline
                                output_dir, verify, say, precision_note=fallback, **options)
 
 
-def _kernel_gate(session: ModelSession, references: _References, cfg: PipelineConfig, verify: bool,
+def _kernel_gate(session: ModelSession, references: References, cfg: PipelineConfig, verify: bool,
                  gate_config: PipelineConfig | None, say: Progress) -> Bf16KernelGate | None:
     """Each bf16 matmul judged alone where the build is bf16 and verified here; else None."""
     if not (cfg.bf16_kernels() and verify and execution_here(cfg.target).how == "native"):
@@ -219,7 +190,7 @@ def _kernel_gate(session: ModelSession, references: _References, cfg: PipelineCo
     return judge_bf16_kernels(session, prepared, cfg, gate_config, references.get(cfg, prepared, False, {})[0], say)
 
 
-def _compile_target(session: ModelSession, references: _References, cfg: PipelineConfig, toolchain: dict,
+def _compile_target(session: ModelSession, references: References, cfg: PipelineConfig, toolchain: dict,
                     output_dir, verify: bool, say: Progress, tuning_log: str | Path | bool | None = None,
                     gate_config: PipelineConfig | None = None, precision_note: str | None = None,
                     int8: Int8Model | None = None, kernel_gate: Bf16KernelGate | None = None) -> TargetResult:
@@ -266,8 +237,11 @@ def _compile_target(session: ModelSession, references: _References, cfg: Pipelin
                                 "fusion_gate": b.gate.to_json() if b.gate is not None else None}
                                for b in scheduled.buckets]
     device_code: dict = {}
+    changes, unreached = branch_inputs(references, cfg, prepared, scheduled.branch_condition) if verify else ([], [])
+    for taken in unreached:
+        say(f"NOTE: no input value tried makes {scheduled.branch_condition} {taken}: that branch is not verified")
     check = _ArtifactCheck(references, cfg, prepared, metadata, [b.sizes for b in scheduled.buckets], verify,
-                           device_code, say, int8)
+                           device_code, say, int8, changes)
     target_dir = artifact_dir(output_dir, prepared.name, cfg.name)
     options = export_options(cfg.name, cfg.target, device_code)
     report = scheduled.report
@@ -288,9 +262,9 @@ class _ArtifactCheck:
     """Runs on the exported library in the staging directory (what ships is what is checked):
     its outputs against ONNX Runtime's at each size, and what the metadata says about that."""
 
-    def __init__(self, references: _References, cfg: PipelineConfig, prepared: PreparedModel, metadata: dict,
+    def __init__(self, references: References, cfg: PipelineConfig, prepared: PreparedModel, metadata: dict,
                  buckets: list[dict[str, int]], verify: bool, device_code: dict, say: Progress,
-                 int8: Int8Model | None = None):
+                 int8: Int8Model | None = None, changes: list | None = None):
         self.references, self.cfg, self.prepared, self.metadata = references, cfg, prepared, metadata
         self.int8 = int8
         self.verify, self.device_code, self.say = verify, device_code, say
@@ -298,7 +272,9 @@ class _ArtifactCheck:
         # A range is checked at its low end, a typical size and its high end (a kernel's tail
         # handling can be wrong at some sizes only), and at every bucket (its own kernels).
         checked_at = size_points(ranges_of(prepared.inputs))
-        self.sizes = checked_at + [point for point in buckets if point not in checked_at]
+        sizes = checked_at + [point for point in buckets if point not in checked_at]
+        # ... and on inputs changed to take each branch the seeded ones do not (``dispatch/branches.py``).
+        self.points: list[tuple[dict, dict]] = [(point, {}) for point in sizes] + [({}, changed) for changed in changes or []]
         self.comparisons: list[OutputComparison] = []
         # With bf16 kernels the artifact is judged against float32 by the bf16 gate (its own tolerances).
         self.bf16 = metadata["precision"] == "bf16"
@@ -315,20 +291,23 @@ class _ArtifactCheck:
                 updates["verification"] = {"reference": "onnxruntime", "status": "not run",
                                            "reason": execution.reason}
             return updates
-        checked_sizes = []
-        for sizes in self.sizes:
-            at = f" at {', '.join(f'{name}={size}' for name, size in sizes.items())}" if sizes else ""
+        checked_sizes: list[dict] = []
+        checked_branches: list[dict] = []
+        for sizes, changed in self.points:
+            label = ", ".join([*(f"{name}={size}" for name, size in sizes.items()),
+                               *(f"{name}={_shown(value)}" for name, value in changed.items())])
+            at = f" {'with' if changed else 'at'} {label}" if label else ""
             compare = self.verify and not self.no_reference
             try:
-                inputs, expected = self.references.get(cfg, self.prepared, compare, sizes)
+                inputs, expected = self.references.get(cfg, self.prepared, compare, sizes, changed)
             except ReferenceUnavailable as err:
                 say(f"NOT VERIFIED: {err.message}")
                 self.no_reference.append(err.message)
                 updates["verification"] = {"reference": "onnxruntime", "status": "not run", "reason": err.message}
-                inputs, expected = self.references.get(cfg, self.prepared, False, sizes)
+                inputs, expected = self.references.get(cfg, self.prepared, False, sizes, changed)
             say(f"running the artifact{at} ({'natively' if execution.how == 'native' else 'under qemu-aarch64'})")
             outputs = run_library(library, self.metadata, execution.how, inputs)
-            if not sizes:
+            if not sizes and not changed:
                 updates["outputs"] = [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
                                       for name, value in outputs.items()]
             if self.int8 is not None:
@@ -339,30 +318,30 @@ class _ArtifactCheck:
                 say(f"verifying the bf16 build against ONNX Runtime float32{at}")
                 gated = compare_bf16(outputs, expected, cfg.bf16_tolerance(), self.classifiers, cfg.rtol, cfg.atol)
                 gated = judge_bf16_conditioning(gated, outputs, expected,
-                                                lambda: self.references.variants(cfg, self.prepared, sizes),
+                                                lambda: self.references.variants(cfg, self.prepared, sizes, changed),
                                                 cfg.bf16_tolerance())
                 for c in ill_conditioned(gated):
                     say(f"ILL-CONDITIONED output {c.name}{at}: {spread_summary(c)}")
-                if sizes:
-                    gated = [dataclasses.replace(c, name=f"{c.name} @{at.removeprefix(' at')}") for c in gated]
+                if label:
+                    gated = [dataclasses.replace(c, name=f"{c.name} @ {label}") for c in gated]
                 self.comparisons.extend(gated)
                 check_bf16(gated, cfg.bf16_tolerance(), at)
-                checked_sizes.append(sizes)
+                (checked_branches if changed else checked_sizes).append(changed or sizes)
             elif self.verify and not self.no_reference:
                 say(f"verifying against ONNX Runtime{at}")
                 compared = compare_outputs(outputs, expected, cfg.rtol, cfg.atol)
                 compared = judge_conditioning(compared, outputs, expected,
-                                              lambda: self.references.variants(cfg, self.prepared, sizes),
+                                              lambda: self.references.variants(cfg, self.prepared, sizes, changed),
                                               cfg.rtol, cfg.atol)
                 for c in ill_conditioned(compared):
                     if c.reference_spread is not None:
                         say(f"ILL-CONDITIONED output {c.name}{at}: {c.reference_spread.summary()} "
                             f"({SPREAD_MULTIPLE:g}x ONNX Runtime's own)")
-                if sizes:  # one row per output and size: say which size
-                    compared = [dataclasses.replace(c, name=f"{c.name} @{at.removeprefix(' at')}") for c in compared]
+                if label:  # one row per output and size or branch: say which
+                    compared = [dataclasses.replace(c, name=f"{c.name} @ {label}") for c in compared]
                 self.comparisons.extend(compared)
                 check_outputs(compared, cfg.rtol, cfg.atol, at)
-                checked_sizes.append(sizes)
+                (checked_branches if changed else checked_sizes).append(changed or sizes)
         if self.verify and not self.no_reference:
             updates["verification"] = {"reference": "onnxruntime", "rtol": cfg.rtol, "atol": cfg.atol,
                                        "seed": cfg.seed, "outputs": [c.to_json() for c in self.comparisons]}
@@ -375,6 +354,9 @@ class _ArtifactCheck:
                             f"{SPREAD_MULTIPLE:g}x its own worst difference, in multiples of atol + rtol * |reference|"}
             if checked_sizes != [{}]:
                 updates["verification"]["sizes"] = checked_sizes
+            if checked_branches:  # the inputs changed so that another branch of an If ran
+                updates["verification"]["branch_inputs"] = [{name: value.tolist() for name, value in changed.items()}
+                                                            for changed in checked_branches]
             if execution.how != "native":
                 updates["verification"]["ran"] = "qemu-aarch64"
         return updates
@@ -395,3 +377,8 @@ class _ArtifactCheck:
         return ("matches ONNX Runtime" + (" (run under qemu-aarch64)" if self.execution.how == "qemu" else "")
                 + (f"; ILL-CONDITIONED, within {SPREAD_MULTIPLE:g}x ONNX Runtime's own spread: "
                    f"{', '.join(c.name for c in shaky)}" if shaky else ""))
+
+
+def _shown(value) -> str:
+    """An input's value as a check's label gives it: the number of a one-element input."""
+    return str(value.ravel()[0]) if value.size == 1 else f"[{value.size} values]"

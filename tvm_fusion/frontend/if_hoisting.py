@@ -18,6 +18,11 @@ spox export) has its branches of different shapes by design; once the shapes are
 condition is a constant, and ``select_known_branches`` keeps the taken branch alone. So it does
 for an If on a pinned input (``--input-value sr=16000``): silero's spox export needs that, as
 its 8 kHz branch cannot run on 512 samples at all.
+
+An If still undecided after that (its condition reads an input's value) can be built once per
+branch (``dispatch/branches.py``): ``take_branch`` is the model as one branch computes it,
+``condition_model`` the condition alone, and ``inputs_taking`` finds input values that take a
+given branch, so that compile verifies both.
 """
 
 from __future__ import annotations
@@ -143,16 +148,99 @@ def select_known_branches(model: onnx.ModelProto, feeds: list[dict[str, np.ndarr
         decided = 0
         for node, *values in zip(ready, *runs):
             if all(np.array_equal(value, values[0]) for value in values):
-                taken = node.input[1] if bool(values[0]) else node.input[2]
-                node.CopyFrom(helper.make_node("Identity", [taken], list(node.output), name=node.name))
+                _decide(node, bool(values[0]))
                 decided += 1
         if not decided:
             break
         # The branches not taken go at once: shape inference (for the next round's types) may fail on them.
-        live = ancestors(resolved, [value.name for value in resolved.graph.output])
-        del resolved.graph.node[:]
-        resolved.graph.node.extend(live)
+        _drop_dead_nodes(resolved)
     return resolved
+
+
+def undecided_conditions(model: onnx.ModelProto) -> list[str]:
+    """The conditions (bool scalars) of the hoisted selects still in ``model``, in graph order:
+    one per If whose branch only the input values decide."""
+    conditions: list[str] = []
+    for node in model.graph.node:
+        if _is_select(node) and node.input[0] not in conditions:
+            conditions.append(node.input[0])
+    return conditions
+
+
+def take_branch(model: onnx.ModelProto, condition: str, taken: bool) -> onnx.ModelProto:
+    """``model`` as it computes when ``condition`` is ``taken``: each select on it an Identity
+    of that side, the other branch gone."""
+    resolved = onnx.ModelProto()
+    resolved.CopyFrom(model)
+    for node in resolved.graph.node:
+        if _is_select(node) and node.input[0] == condition:
+            _decide(node, taken)
+    _drop_dead_nodes(resolved)
+    return resolved
+
+
+def condition_model(model: onnx.ModelProto, condition: str) -> onnx.ModelProto:
+    """The part of ``model`` that computes ``condition``, as a model whose one output it is (a
+    bool scalar); its inputs are ``model``'s, so that it is called with the same arguments."""
+    part = onnx.ModelProto()
+    part.CopyFrom(model)
+    del part.graph.output[:]
+    part.graph.output.append(helper.make_tensor_value_info(condition, onnx.TensorProto.BOOL, []))
+    _drop_dead_nodes(part)
+    read = {name for node in part.graph.node for name in node.input}
+    kept = [init for init in part.graph.initializer if init.name in read]
+    del part.graph.initializer[:]
+    part.graph.initializer.extend(kept)
+    return part
+
+
+def shared_weight_share(model: onnx.ModelProto, condition: str) -> float:
+    """The share of ``model``'s weight bytes that both branches of ``condition`` read: what a
+    build per branch would hold twice."""
+    sizes = {init.name: int(np.prod(init.dims)) * helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+             for init in model.graph.initializer}  # from dims: the weights' data may be elided
+    read = [{name for node in take_branch(model, condition, taken).graph.node for name in node.input}
+            for taken in (True, False)]
+    total = sum(sizes.values())
+    return sum(size for name, size in sizes.items() if name in read[0] and name in read[1]) / total if total else 0.0
+
+
+def inputs_taking(model: onnx.ModelProto, condition: str, feed: dict[str, np.ndarray],
+                  taken: bool) -> dict[str, np.ndarray] | None:
+    """``feed`` itself when ``condition`` is ``taken`` on it, else ``feed`` with the inputs
+    ``condition`` reads changed so that it is, or None when no value tried does that. Tried:
+    each number the condition's nodes hold (``sr == 16000`` holds 16000), 0 and 1, filled into
+    every small input it reads."""
+    nodes = ancestors(model, [condition])
+    read = {name for node in nodes for name in node.input}
+    deciding = [name for name, value in feed.items() if name in read and value.size <= _MAX_DECIDING_ELEMENTS]
+    held = {init.name: init for init in model.graph.initializer}
+    numbers = {0.0, 1.0}
+    for node in nodes:
+        tensors = [held[name] for name in node.input if name in held]
+        tensors += [a.t for a in node.attribute if a.type == onnx.AttributeProto.TENSOR]
+        numbers.update(float(v) for t in tensors for v in numpy_helper.to_array(t).ravel()[:_MAX_DECIDING_ELEMENTS])
+    tried = [feed] + [{**feed, **{name: np.full(feed[name].shape, number, feed[name].dtype) for name in deciding}}
+             for number in sorted(numbers)]
+    results = evaluate(model, [condition], tried if deciding else [feed], {condition: onnx.TensorProto.BOOL})
+    return next((feed for feed, (value,) in zip(tried, results or []) if bool(value) == taken), None)
+
+
+# An input of at most this many elements can decide an If (a sample rate, a flag, a mode).
+_MAX_DECIDING_ELEMENTS = 16
+
+
+def _decide(select: onnx.NodeProto, taken: bool) -> None:
+    """A hoisted select turned into an Identity of the value the branch ``taken`` computes."""
+    value = select.input[1] if taken else select.input[2]
+    select.CopyFrom(helper.make_node("Identity", [value], list(select.output), name=select.name))
+
+
+def _drop_dead_nodes(model: onnx.ModelProto) -> None:
+    """Remove the nodes no graph output reads."""
+    live = ancestors(model, [value.name for value in model.graph.output])
+    del model.graph.node[:]
+    model.graph.node.extend(live)
 
 
 def deciding_inputs(model: onnx.ModelProto) -> list[str]:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import re
 
-from .errors import ShapeError
-from .frontend.dims import DimRange
+from ..errors import ShapeError
+from ..frontend.dims import DimRange
+from .renaming import add_renamed
 
 DYNAMIC_MAIN = "main_dynamic"
 _BUCKET = re.compile(r"\s*([A-Za-z_][\w.:-]*)\s*=\s*(\d+)\s*")
@@ -106,8 +107,8 @@ def with_buckets(dynamic, specialized: list[tuple[dict[str, int], object]], rang
                             dynamic.get_global_var("main"): fresh}, attrs=dynamic.attrs)
 
     builder = relax.BlockBuilder()
-    dynamic_main = _add_renamed(builder, dynamic, lambda name: DYNAMIC_MAIN if name == "main" else name)
-    bucket_mains = [(point, _add_renamed(builder, module, lambda name, s=bucket_suffix(point): name + s))
+    dynamic_main = add_renamed(builder, dynamic, lambda name: DYNAMIC_MAIN if name == "main" else name)
+    bucket_mains = [(point, add_renamed(builder, module, lambda name, s=bucket_suffix(point): name + s))
                     for point, module in specialized]
 
     def dispatch(remaining):
@@ -135,40 +136,6 @@ def with_buckets(dynamic, specialized: list[tuple[dict[str, int], object]], rang
         builder.emit_func_output(builder.match_cast(chosen, returned))
     merged = builder.get()
     return tvm.IRModule(dict(merged.functions_items()), attrs=dynamic.attrs)
-
-
-def _add_renamed(builder, module, rename):
-    """Add every function of ``module`` under ``rename(name)``, calls and global symbols
-    following; the GlobalVar of the renamed ``main``."""
-    from tvm import relax, tirx  # deferred: keeps TVM out of --help (module docstring)
-
-    renamed = {}
-    for gvar, func in module.functions_items():
-        new_name = rename(gvar.name_hint)
-        if isinstance(func, tirx.PrimFunc):
-            renamed[gvar] = builder.add_func(func.with_attr("global_symbol", new_name), new_name)
-        else:
-            renamed[gvar] = builder.add_func(func, new_name)
-    mutator = _renamer(renamed)
-    for gvar, func in module.functions_items():
-        if isinstance(func, relax.Function):
-            body = mutator.visit_expr(func)
-            if body.attrs and "global_symbol" in body.attrs:
-                body = body.with_attr("global_symbol", renamed[gvar].name_hint)
-            builder.update_func(renamed[gvar], body)
-    return renamed[module.get_global_var("main")]
-
-
-def _renamer(renamed):
-    """A mutator pointing calls (and ``call_tir``'s kernel argument) at the renamed GlobalVars."""
-    from tvm import relax  # deferred: keeps TVM out of --help (module docstring)
-
-    @relax.expr_functor.mutator
-    class GlobalVarRenamer(relax.PyExprMutator):
-        def visit_global_var_(self, op):
-            return renamed.get(op, op)
-
-    return GlobalVarRenamer()
 
 
 def _shape_vars(ty) -> list:

@@ -1,4 +1,4 @@
-"""Shape buckets (tvm_fusion/buckets.py): parsing, checks against the ranges, and the
+"""Shape buckets (tvm_fusion/dispatch/buckets.py): parsing, checks against the ranges, and the
 dispatching ``main``. Compiles with buckets, verified against ONNX Runtime at each bucket,
 are in test_dynamic_shapes.py."""
 
@@ -13,7 +13,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import helpers
-from tvm_fusion.buckets import bucket_points, parse_bucket, with_buckets
+from tvm_fusion.dispatch.buckets import bucket_points, parse_bucket, with_buckets
 from tvm_fusion.config import parse_config
 from tvm_fusion.errors import ConfigError, ShapeError
 from tvm_fusion.frontend.dims import DimRange
