@@ -106,6 +106,12 @@ _MAX_MULTIPLY_ADDS_PER_OUTPUT = 7.5
 # 8 lanes, where the FMAs are half as fast per byte moved: AVX2 keeps Winograd there.
 _MAX_FILTER_VALUES_PER_MAP_VALUE = 32
 _FILTER_BYTES_IN_CACHE = 1 << 20
+# Multiply-adds two cores do in the time one float32 filter value streams in from memory: the
+# FMA peak over the triad bandwidth (Emerald Rapids, 2 cores: 268 G multiply-adds/s, 49.6 GB/s:
+# 5.4 per byte, 22 per value). A conv whose tiles reuse each transformed filter value fewer
+# times waits on its filters: opennsfw-tf's 3x3 convs of 128 channels over 14x14 (16 tiles of
+# F(4x4), 49 of F(2x2)) ran the model 7 % faster as F(2x2) (6.20 -> 5.77 ms, OpenVINO f32 6.04).
+_MULTIPLY_ADDS_PER_STREAMED_VALUE = 24
 
 
 def is_winograd_block(name: str, stage: str) -> bool:
@@ -126,8 +132,9 @@ def winograd_tile(kernel_size, strides, dilation, groups: int, data_shape, out_s
 
     A map the tile does not divide is covered by whole tiles, the last row and column of tiles
     reaching past it (computed on zeros, not stored). The tile is the one with the fewest
-    multiply-adds over that cover (ties: F(2x2), whose constants round less); F(4x4) needs
-    ``_MIN_LARGE_TILES`` tiles. A deep conv over a small map, whose transformed filters outweigh
+    multiply-adds over that cover, or the longer time its transformed filters take to stream
+    in where they are too large to stay in cache (``_cost_per_output``; ties: F(2x2), whose
+    constants round less); F(4x4) needs ``_MIN_LARGE_TILES`` tiles. A deep conv over a small map, whose transformed filters outweigh
     the map (``_MAX_FILTER_VALUES_PER_MAP_VALUE``, with 16 lanes), stays direct."""
     if (tuple(kernel_size) != (3, 3) or tuple(strides) != (1, 1) or tuple(dilation) != (1, 1)
             or groups != 1 or dtype != "float32" or data_shape is None or out_shape is None):
@@ -136,15 +143,28 @@ def winograd_tile(kernel_size, strides, dilation, groups: int, data_shape, out_s
     _, out_chunks, rows, columns, out_block = out_shape
     if min(in_chunks * in_block, out_chunks * out_block) < _MIN_CHANNELS:
         return None
-    candidates = [(_multiply_adds_per_output(tile, rows, columns), tile) for tile in (2, 4)
+    channel_pairs = in_chunks * in_block * out_chunks * out_block
+    candidates = [(_cost_per_output(tile, rows, columns, channel_pairs), tile) for tile in (2, 4)
                   if tile == 2 or -(-rows // tile) * -(-columns // tile) >= _MIN_LARGE_TILES]
-    cost, tile = min(candidates, default=(None, None))
-    if cost is None or cost > _MAX_MULTIPLY_ADDS_PER_OUTPUT:
+    _, tile = min(candidates, default=(None, None))
+    if tile is None or _multiply_adds_per_output(tile, rows, columns) > _MAX_MULTIPLY_ADDS_PER_OUTPUT:
         return None
-    filter_values = (tile + 2) ** 2 * in_chunks * in_block * out_chunks * out_block
+    filter_values = (tile + 2) ** 2 * channel_pairs
     outweigh = (in_block >= 16 and filter_values * 4 > _FILTER_BYTES_IN_CACHE
                 and filter_values > _MAX_FILTER_VALUES_PER_MAP_VALUE * in_chunks * in_block * rows * columns)
     return None if outweigh else tile
+
+
+def _cost_per_output(tile: int, rows: int, columns: int, channel_pairs: int) -> float:
+    """F(tile x tile)'s time per output and channel pair in multiply-adds: its multiply-adds,
+    or, where its transformed filters are past ``_FILTER_BYTES_IN_CACHE`` (read from memory on
+    every call), the time their bytes take to stream in when that is longer: each of the
+    (tile+2)^2 matrix products reuses a filter value once per tile of the map, and a map of few
+    tiles waits on the filters (``_MULTIPLY_ADDS_PER_STREAMED_VALUE``)."""
+    tiles = -(-rows // tile) * -(-columns // tile)
+    if (tile + 2) ** 2 * channel_pairs * 4 > _FILTER_BYTES_IN_CACHE:
+        tiles = max(tiles, _MULTIPLY_ADDS_PER_STREAMED_VALUE)
+    return tiles * (tile + 2) ** 2 / (rows * columns)
 
 
 def _multiply_adds_per_output(tile: int, rows: int, columns: int) -> float:
