@@ -80,8 +80,8 @@ PROVENANCE = {
                                "`benchmarks/bench_targets.py`"),
     "tuning.json": Provenance("0c05eb171f28", "2026-11-30", "AMD Zen 5, 2 cores (target key llvm-znver5-2c)",
                               "`benchmarks/bench_tuning.py`, 200 trials per model"),
-    "winograd.json": Provenance("b38b009b7aeb", "2026-12-03", None, "`benchmarks/bench_winograd.py`, "
-                                "the kernel alone, interleaved in one process"),
+    "winograd.json": Provenance("5e4bc5c32467", "2026-12-07", "Intel Xeon (Emerald Rapids), 2 cores",
+                                "`benchmarks/bench_winograd.py`, the kernel alone, interleaved in one process"),
     "zoo.json": Provenance("a2d8c080aded", "2026-12-02",
                            "2-core Intel Xeons with AVX-512: the nine CNN rows on a Sapphire/Emerald Rapids "
                            "class machine, the other rows on another AVX-512 class; a row marked * names "
