@@ -56,3 +56,17 @@ def test_declines_conv(lowered, prim_funcs, target):
     mod = lowered(lambda x, w: nn.conv2d(x, w), x=(1, 4, 8, 8), w=(4, 4, 1, 1))
     for func in prim_funcs(mod).values():
         assert Pooling().apply(func, target, False) is None
+
+
+@pytest.mark.parametrize("layout, shape, padded_pass", [
+    ("NCHW16c", (1, 4, 15, 17, 16), False),  # the vector is the channel block: pad read in the window
+    ("NCHW", (1, 16, 15, 17), True),         # the vector runs along the padded columns: a pass first
+])
+def test_a_pad_beside_the_vector_axis_is_read_in_the_window(assert_schedule_matches, layout, shape, padded_pass):
+    """In NCHW[x]c the pad's select depends on the row and column only, one condition per
+    vector: it is inlined into the window's loads, and no pass writes a padded map."""
+    funcs = assert_schedule_matches(Pooling(), lambda x: nn.max_pool2d(x, 3, 2, (0, 0, 1, 1), layout=layout),
+                                    rtol=0, atol=0, x=shape)
+    (func,) = funcs.values()
+    assert len(loop_kinds(func).parallel) == (2 if padded_pass else 1)
+    assert ("pad" in func.script()) == padded_pass
