@@ -141,9 +141,9 @@ def inspect_model(model_path: str | Path, config=None, input_shapes: ShapeArg = 
         prepared = session.prepared(config)
         fused = session.fused(prepared)
         lowered = session.lowered(fused, prepared.config)
-        kernels = kernel_calls(lowered.module)
         stock_kernels = session.stock_kernel_calls(prepared.config)
         scheduled = session.scheduled(prepared.config)
+        kernels = kernel_calls(scheduled.dynamic_module)  # per call: one branch of a dispatched If
         generic = generic_kernels(scheduled, prepared)
     simplified = prepared.simplified_with_weights()  # coverage reads constants
     report = fused.report

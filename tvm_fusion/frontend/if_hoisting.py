@@ -219,7 +219,8 @@ def inputs_taking(model: onnx.ModelProto, condition: str, feed: dict[str, np.nda
     for node in nodes:
         tensors = [held[name] for name in node.input if name in held]
         tensors += [a.t for a in node.attribute if a.type == onnx.AttributeProto.TENSOR]
-        numbers.update(float(v) for t in tensors for v in numpy_helper.to_array(t).ravel()[:_MAX_DECIDING_ELEMENTS])
+        arrays = [numpy_helper.to_array(t) for t in tensors]
+        numbers.update(float(v) for a in arrays if a.dtype.kind in "biuf" for v in a.ravel()[:_MAX_DECIDING_ELEMENTS])
     tried = [feed] + [{**feed, **{name: np.full(feed[name].shape, number, feed[name].dtype) for name in deciding}}
              for number in sorted(numbers)]
     results = evaluate(model, [condition], tried if deciding else [feed], {condition: onnx.TensorProto.BOOL})
