@@ -55,6 +55,11 @@ class GateReport:
     rtol: float
     atol: float
 
+    @property
+    def undone_bindings(self) -> frozenset[str]:
+        """The bindings of every fusion the gate undid: what stays unfused in another build."""
+        return frozenset(name for failure in self.undone for name in failure.bindings)
+
     def to_json(self) -> dict:
         return {"checked": self.checked, "rtol": self.rtol, "atol": self.atol,
                 "undone": [dataclasses.asdict(f) for f in self.undone]}

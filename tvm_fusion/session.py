@@ -161,8 +161,7 @@ class ModelSession:
                 say or self.progress)
         module, report, gate = self._gates[gate_key]
         if graph_phases_key(gate_config) != graph_phases_key(prepared.config):  # another target's layout
-            undone = frozenset(name for failure in gate.undone for name in failure.bindings)
-            module, report = self._fuse(prepared, undone)
+            module, report = self._fuse(prepared, gate.undone_bindings)
         return Fused(module, report, gate)
 
     def _fuse(self, prepared: PreparedModel, excluded: frozenset[str]):
@@ -241,21 +240,26 @@ class ModelSession:
         rules: dict[str, str] = {}
         rule_errors: list[RuleError] = []
         fused = self.fused(prepared, excluded, gate_config, say)
-        lowered = self.lowered(fused, cfg)
-        dynamic = callable_module(self._schedule(lowered.module, cfg, records, rules, rule_errors), prepared)
+        points = bucket_points(cfg.buckets, _ranges(prepared))
+        condition = branch_condition(prepared)  # never with a range, so never with buckets
         buckets = []
-        for point in bucket_points(cfg.buckets, _ranges(prepared)):
-            say(f"bucket {bucket_text(point)}: a static build for that exact size")
-            static = self._bucket(prepared, point)
-            bucket_module, bucket_gate, _ = self._variant(static, bucket_suffix(point), excluded, gate_config,
-                                                          records, rules, rule_errors, say)
-            buckets.append(Bucket(point, bucket_module, bucket_gate))
-        module = with_buckets(dynamic, [(b.sizes, b.module) for b in buckets], _ranges(prepared)) if buckets else dynamic
-        condition = None if buckets else branch_condition(prepared)
-        if condition is not None:
+        if condition is None:
+            lowered = self.lowered(fused, cfg)
+            dynamic = callable_module(self._schedule(lowered.module, cfg, records, rules, rule_errors), prepared)
+            for point in points:
+                say(f"bucket {bucket_text(point)}: a static build for that exact size")
+                static = self._bucket(prepared, point)
+                bucket_module, bucket_gate, _ = self._variant(static, bucket_suffix(point), excluded, gate_config,
+                                                              records, rules, rule_errors, say)
+                buckets.append(Bucket(point, bucket_module, bucket_gate))
+            module = with_buckets(dynamic, [(b.sizes, b.module) for b in buckets], _ranges(prepared)) if buckets else dynamic
+        else:
             say(f"an If decided by the input values ({condition}): a build per branch, main runs the one taken")
-            builds = [self._variant(self._branch(prepared, condition, taken), SUFFIXES[taken], excluded,
-                                    gate_config, records, rules, rule_errors, say) for taken in (None, True, False)]
+            # The branches hold the inlined model's fusions, at its shapes: what its gate undid
+            # stays undone in them, without gating each build again.
+            undone = fused.gate.undone_bindings if fused.gate is not None else excluded
+            builds = [self._variant(self._branch(prepared, condition, taken), SUFFIXES[taken], undone, None,
+                                    records, rules, rule_errors, say) for taken in (None, True, False)]
             module = dynamic = with_branches(*(scheduled for scheduled, _, _ in builds))
             # The kernels that run are the branches': profile and the generic-kernel guard read these.
             lowered = _dispatched_lowered([lowered for _, _, lowered in builds])

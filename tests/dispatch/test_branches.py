@@ -97,6 +97,9 @@ def test_main_runs_only_the_branch_taken_and_matches_onnxruntime(tmp_path, confi
     # Verified on each branch: the seeded sr (0 or 1) takes the else branch, 16000 the then branch.
     assert result.metadata["verification"]["branch_inputs"] == [{"sr": 16000}]
     assert [c.name for c in result.comparisons] == ["y", "y @ sr=16000"]
+    # Only the builds per branch are scheduled: every kernel the metadata names is one of theirs.
+    assert result.metadata["schedule_rules"]
+    assert all(name.endswith(("_then", "_else", "_condition")) for name in result.metadata["schedule_rules"])
     model = load(result.artifact)
     called: set[str] = set()
 

@@ -134,8 +134,9 @@ def winograd_tile(kernel_size, strides, dilation, groups: int, data_shape, out_s
     reaching past it (computed on zeros, not stored). The tile is the one with the fewest
     multiply-adds over that cover, or the longer time its transformed filters take to stream
     in where they are too large to stay in cache (``_cost_per_output``; ties: F(2x2), whose
-    constants round less); F(4x4) needs ``_MIN_LARGE_TILES`` tiles. A deep conv over a small map, whose transformed filters outweigh
-    the map (``_MAX_FILTER_VALUES_PER_MAP_VALUE``, with 16 lanes), stays direct."""
+    constants round less); F(4x4) needs ``_MIN_LARGE_TILES`` tiles. A deep conv over a small
+    map, whose transformed filters outweigh the map (``_MAX_FILTER_VALUES_PER_MAP_VALUE``, with
+    16 lanes), stays direct."""
     if (tuple(kernel_size) != (3, 3) or tuple(strides) != (1, 1) or tuple(dilation) != (1, 1)
             or groups != 1 or dtype != "float32" or data_shape is None or out_shape is None):
         return None
