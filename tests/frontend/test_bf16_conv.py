@@ -4,6 +4,8 @@ the kernel, built as written for the host, equals that product of bf16-rounded o
 rows follow output rows where OW has a divisor that fills a tile; and convs it does not take
 are declined with a reason."""
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import onnxruntime
@@ -14,8 +16,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from helpers import blocked_weight
-from tvm_fusion.frontend.bf16_conv import emit_bf16_conv2d
-from tvm_fusion.frontend.conv_patches import (ConvGeometry, conv_geometry, flat_rows, oihw_weight, patch_rows,
+from tvm_fusion.frontend.bf16_conv import BF16_PATCHES, emit_bf16_conv2d
+from tvm_fusion.frontend.conv_patches import (DIRECT_INPUT, ConvGeometry, conv_geometry, flat_rows, oihw_weight,
+                                              patch_rows, patches_te, pixel_major, reads_input_directly,
                                               rows_per_output_row, weight_matrix)
 from tvm_fusion.passes.pipeline import lowering_passes
 
@@ -73,8 +76,11 @@ LAYOUT_CASES = [(case, layout) for case in CASES for layout in ("NCHW", "NCHW16c
                 if layout == "NCHW" or CASES[case][0][1] % BLOCK == 0]
 
 
+@pytest.mark.parametrize("tile_row_depth", [0, 16])
 @pytest.mark.parametrize("case, layout", LAYOUT_CASES)
-def test_patches_times_weight_matrix_is_the_conv(case, layout):
+def test_patches_times_weight_matrix_is_the_conv(case, layout, tile_row_depth):
+    """Also where a blocked input's k runs pixel major, as the tiles that read it directly
+    want it (a tile row of 16 k: every blocked case's channels fill whole rows)."""
     shape, out_channels, k, strides, pads, dilations = CASES[case]
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -84,6 +90,7 @@ def test_patches_times_weight_matrix_is_the_conv(case, layout):
     call = conv_call(data.shape, kernel.shape, layout, strides=strides, padding=pads, dilation=dilations)
     geometry = conv_geometry(call)
     assert isinstance(geometry, ConvGeometry), geometry
+    geometry = dataclasses.replace(geometry, tile_row_depth=tile_row_depth)
     plain = oihw_weight(kernel, str(call.attrs.kernel_layout))
     np.testing.assert_array_equal(plain, weight)
     product = patch_rows(data, geometry) @ weight_matrix(plain, geometry)  # [pixels, Co]
@@ -189,3 +196,40 @@ def test_bf16_weight_order_matches_the_blocked_patches():
     row = ((1 * 3 + 0) * 3 + 2) * BLOCK + 3
     np.testing.assert_array_equal(matrix[row], weight[:, BLOCK + 3, 0, 2])
 
+
+
+def direct_geometry(**changes) -> ConvGeometry:
+    """A blocked 3x3 conv of 64 channels with output rows of 20 (tiles of 10 or 20), whose AMX
+    tiles take 32 k a row (bf16's)."""
+    geometry = ConvGeometry(BLOCK, BLOCK, 1, 64, 12, 20, 32, 12, 20, (3, 3), (1, 1), (1, 1), (1, 1),
+                            tile_row_depth=32)
+    return dataclasses.replace(geometry, **changes)
+
+
+@pytest.mark.parametrize("changes, direct", [
+    ({}, True),
+    ({"kernel": (1, 1), "padding": (0, 0)}, False),  # its patches are its input, converted as read
+    ({"channels": 48}, False),  # a tile row of 32 k would straddle two taps
+    ({"width": 17, "out_width": 17}, False),  # flat rows: a tile's pixels straddle output rows
+    ({"data_block": 0}, False),  # NCHW: its pixel-major patches are copied as they are
+    ({"tile_row_depth": 0}, False),  # no AMX tiles to read it
+], ids=["3x3-64-channels", "1x1", "48-channels", "prime-width", "nchw", "register-tiles"])
+def test_which_convs_tiles_read_the_input_directly(changes, direct):
+    geometry = direct_geometry(**changes)
+    assert reads_input_directly(geometry) == direct
+    assert pixel_major(geometry) == (direct or not geometry.data_block)
+
+
+def test_a_direct_convs_patches_are_pixel_major_runs_marked_for_the_tiles():
+    """Its input converted into [N, H + 2, W + 2, C] (the padding written), k over (kh, kw,
+    channel): each kernel row of a patch one run of 3 x 64 values, and the patch block carries
+    what the tile loads need to find a row in the converted input."""
+    geometry = direct_geometry()
+    data = tvm.te.placeholder((1, 4, 12, 20, BLOCK), "float32", "x")
+    patches = patches_te(data, geometry, BF16_PATCHES)
+    converted = patches.op.input_tensors[0]
+    assert [int(d) for d in converted.shape] == [1, 14, 22, 64]
+    assert [int(v) for v in patches.op.attrs[DIRECT_INPUT]] == [12, 1, 1, 1, 1, 3, 64]
+    weight = np.arange(32 * 64 * 9, dtype=np.float32).reshape(32, 64, 3, 3)
+    row = (1 * 3 + 2) * 64 + 17  # tap (1, 2), channel 17
+    np.testing.assert_array_equal(weight_matrix(weight, geometry)[row], weight[:, 17, 1, 2])

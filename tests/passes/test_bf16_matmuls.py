@@ -21,6 +21,7 @@ from tvm.script import relax as R
 from tvm_fusion.config import load_config
 from tvm_fusion.frontend.bf16_conv import BF16_PATCHES
 from tvm_fusion.frontend.bf16_matmul import pack_weight
+from tvm_fusion.frontend.conv_patches import DIRECT_INPUT
 from tvm_fusion.passes.bf16_matmuls import Bf16Matmuls, bf16_candidates
 from tvm_fusion.passes.blocked_layout_legalize import winograd_tile_of
 from tvm_fusion.passes.pipeline import GRAPH_PHASES, fusion_pipeline, lowering_passes
@@ -504,6 +505,28 @@ def test_register_tiles_keep_a_conv_per_output_row_that_four_divides():
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(cnn_model(8, 76)))
     assert patch_row_shapes(Bf16Matmuls(AMX)(fused)) == [(8 * 76,)] * 2
     assert patch_row_shapes(Bf16Matmuls(zen4, winograd=False)(fused)) == [(8, 76)] * 2
+
+
+def test_on_amx_a_conv_of_whole_tile_rows_of_channels_reads_its_input_directly():
+    """The second 3x3 conv's 32 channels are one 32-k tile row of bf16 per tap: on AMX its
+    patch block is marked for the tiles to read the input directly (pixel major); the first
+    conv's 16 channels keep their patches, and on Zen 4's registers both do."""
+    def marked(mod):
+        found = []
+
+        def visit(block):
+            if block.name_hint == BF16_PATCHES.patches_name:
+                found.append(DIRECT_INPUT in block.annotations)
+
+        for func in mod.functions.values():
+            if isinstance(func, tvm.tirx.PrimFunc):
+                tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, visit))
+        return sorted(found)
+
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(cnn_model()))
+    assert marked(Bf16Matmuls(AMX)(fused)) == [False, True]
+    assert marked(Bf16Matmuls(zen4, winograd=False)(fused)) == [False, False]
 
 
 def one_conv_model(channels: int, out_channels: int, kernel: list[int], strides: list[int], pads: list[int],

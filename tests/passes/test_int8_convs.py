@@ -6,10 +6,12 @@ small for tiles, in NCHW, or on a target without AVX512-VNNI stay float32 convs.
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from helpers import blocked_weight
 from tvm_fusion.config import parse_config
+from tvm_fusion.frontend.conv_patches import DIRECT_INPUT
 from tvm_fusion.passes.int8_convs import Int8Convs
 from tvm_fusion.passes.pipeline import graph_phases_key, lowering_passes
 
@@ -43,6 +45,12 @@ def quantized_conv(channels=64, out_channels=32, size=8, kernel=3, zero_point=7,
     return bb.get()
 
 
+def kernel_blocks(func: tvm.tirx.PrimFunc, name: str) -> list:
+    found = []
+    tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, lambda b: found.append(b) if b.name_hint == name else None))
+    return found
+
+
 def op_names(mod) -> list[str]:
     return [b.value.op.name for b in mod["main"].body.blocks[0].bindings]
 
@@ -63,6 +71,10 @@ def test_a_quantized_conv_becomes_the_int8_kernel_with_the_same_values(input_dty
                                "relax.nn.relu"]
     kernel = after["main"].body.blocks[0].bindings[3].value.args[0]
     assert kernel.name_hint == "int8_conv2d" and isinstance(after[kernel], tvm.tirx.PrimFunc)
+    # On AMX tiles the 64 channels are whole 64-byte tile rows of k: the tiles read the
+    # converted input directly (pixel major, no patch matrix once scheduled); registers keep patches.
+    patch_annotations = [block.annotations for block in kernel_blocks(after[kernel], "int8_conv_patches")]
+    assert [DIRECT_INPUT in a for a in patch_annotations] == [target is AMX]
     info = np.iinfo(input_dtype)
     x = np.random.default_rng(2).integers(info.min, info.max + 1, (1, 64, 8, 8)).astype(input_dtype)
     np.testing.assert_array_equal(run(after, x), run(before, x))

@@ -36,6 +36,13 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
     # 2 x 3 x 17 = 102 pixels (no divisor from 8 to 16): 112 patch rows, 10 of them padding
     "batch-padded-rows": ConvGeometry(16, 16, 2, 16, 3, 17, 32, 3, 17, (3, 3), (1, 1), (1, 1), (1, 1)),
 }
+# Convs whose AMX tiles read the converted input directly (channels in whole 64-byte tile rows:
+# ``conv_patches.reads_input_directly``): a 3x3 at stride 1, and a strided, dilated one of a batch.
+DIRECT_CONVS = {
+    "3x3-direct": ConvGeometry(16, 16, 1, 64, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1), tile_row_depth=64),
+    "strided-dilated-batch-direct": ConvGeometry(16, 16, 2, 128, 15, 28, 32, 8, 14, (3, 3), (2, 2), (2, 1), (1, 1),
+                                                 tile_row_depth=64),
+}
 
 
 def int8_conv_module(geometry: ConvGeometry, offset: int = 3, seed: int = 0) -> tvm.IRModule:

@@ -38,6 +38,9 @@ from .packed_weights import round_up
 # readers; the patches' k loop as the extents of (channel block, kh, kw, channel in block).
 READ_MANY_TIMES = "tvm_fusion.read_many_times"
 PATCH_LOOPS = "tvm_fusion.patch_loops"
+# On a conv's patch block whose rows the tiles may read from the converted input instead
+# (``reads_input_directly``): [OH, row stride, column stride, row dilation, column dilation, KW, C].
+DIRECT_INPUT = "tvm_fusion.direct_input"
 # Input channels a conv of a blocked input (NCHW{b}c) needs for a patch kernel: with fewer, each
 # patch value feeds too few products for the tiles to pay for the copies ...
 MIN_CHANNELS = 16
@@ -50,6 +53,8 @@ MIN_PIXELS = 16
 # Rows of an AMX tile (schedules/cpu/amx_tiles.py): a tile of fewer than MIN_TILE_ROWS rows
 # wastes most of its 16.
 TILE_ROWS, MIN_TILE_ROWS = 16, 5
+# Bytes of an AMX tile row: an A-tile row holds 32 bf16 or 64 int8 k (``tile_row_depth``).
+TILE_ROW_BYTES = 64
 # An NCHW input's channels per pixel in the patches are padded to this (ConvGeometry.patch_channels).
 NCHW_CHANNEL_MULTIPLE = 2
 # Channels an NCHW input needs: basic-pitch's 1-channel 1x256 filters over its audio took its
@@ -89,7 +94,9 @@ class ConvGeometry:
     """What the kernel needs of a conv: its layouts' channel blocks (0: NCHW), the input's
     ``[N, C, H, W]``, the output's ``[Co, OH, OW]``, its kernel, strides, dilation and
     (top, left) padding; the fewest rows a tile within an output row may have
-    (``rows_per_output_row``: an AMX tile's by default, fewer for register tiles)."""
+    (``rows_per_output_row``: an AMX tile's by default, fewer for register tiles); and the k of
+    one AMX A-tile row where the kernel's tiles may load the converted input directly (32 bf16,
+    64 int8; 0: always through a patch matrix, as register tiles read it: ``reads_input_directly``)."""
 
     data_block: int
     out_block: int
@@ -105,6 +112,7 @@ class ConvGeometry:
     dilation: tuple[int, int]
     padding: tuple[int, int]
     min_tile_rows: int = MIN_TILE_ROWS
+    tile_row_depth: int = 0
 
     @property
     def patch_channels(self) -> int:
@@ -205,7 +213,7 @@ def weight_matrix(weight: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
     k over (channel block, kh, kw, channel in block) for a blocked input, (kh, kw, channel) for NCHW."""
     out_channels, channels, kh, kw = weight.shape
     block = geometry.data_block
-    if not block:  # k over (kh, kw, channel), the padding channels' rows zero
+    if pixel_major(geometry):  # k over (kh, kw, channel), the padding channels' rows zero
         padded = np.pad(weight, ((0, 0), (0, geometry.patch_channels - channels), (0, 0), (0, 0)))
         return np.ascontiguousarray(padded.transpose(2, 3, 1, 0).reshape(-1, out_channels))
     blocked = weight.reshape(out_channels, channels // block, block, kh, kw).transpose(1, 3, 4, 2, 0)
@@ -220,6 +228,26 @@ def rows_per_output_row(geometry: ConvGeometry) -> bool:
     columns wide: a conv1d's, 1): tiles of so few rows would waste most of each instruction."""
     width = geometry.out_width
     return max(d for d in range(1, TILE_ROWS + 1) if width % d == 0) >= geometry.min_tile_rows
+
+
+def reads_input_directly(geometry: ConvGeometry) -> bool:
+    """Whether the AMX tiles of this conv can load its patch rows from the converted input
+    itself: a blocked input's KxK conv (a 1x1's patches are its input already) converted pixel
+    major (``[N, H', W', C]``, its padding written), whose channels are whole A-tile rows of k
+    (each row of a tile then lies within one tap, at one address per pixel), and whose tiles stay
+    within an output row (``rows_per_output_row``: a tile's pixels are then a column stride of
+    ``C`` values apart). The patch matrix is kept in the kernel as written (register tiles read
+    it) and the AMX rules drop it (``schedules/cpu/direct_tiles.py``)."""
+    g = geometry
+    return bool(g.tile_row_depth and g.data_block and g.kernel != (1, 1) and g.channels % g.tile_row_depth == 0
+                and rows_per_output_row(g))
+
+
+def pixel_major(geometry: ConvGeometry) -> bool:
+    """Whether the patch k runs over (kh, kw, channel) from an input converted pixel major: an
+    NCHW input's, and a blocked one that ``reads_input_directly``; else over (channel block, kh,
+    kw, channel in block)."""
+    return not geometry.data_block or reads_input_directly(geometry)
 
 
 def _rows_shape(geometry: ConvGeometry) -> tuple[int, ...]:
@@ -282,8 +310,9 @@ def patches_te(data: te.Tensor, geometry: ConvGeometry, operand: PatchOperand) -
     ``operand`` elements: the input is converted once, then copied into the patches (each value
     KH x KW times). A 1x1 conv's patches read each value at most once: its conversion is left
     for the rules to inline into them, saving a pass over the input. An NCHW input's are
-    ``_pixel_major_patches_te``'s."""
-    if not geometry.data_block:
+    ``_pixel_major_patches_te``'s, and so are those of a blocked input the AMX tiles read
+    directly (``reads_input_directly``)."""
+    if pixel_major(geometry):
         return _pixel_major_patches_te(data, geometry, operand)
     attrs = {} if tuple(geometry.kernel) == (1, 1) else {READ_MANY_TIMES: 1}
     converted = te.compute(data.shape, lambda *i: operand.convert(data[i]), name=operand.input_name, attrs=attrs)
@@ -304,7 +333,9 @@ def _pixel_major_patches_te(data: te.Tensor, geometry: ConvGeometry, operand: Pa
     """An NCHW input's patches: the input converted once into ``geometry.padded_input`` (pixel
     major, its padding zeros), so that a patch row is KH runs of ``KW x channels`` contiguous
     values (k over kh, kw, channel), each copied as one vector. Read from the channel planes,
-    a row's values would be gathered one by one (a 24-channel 3x1 conv's ran slower than float32)."""
+    a row's values would be gathered one by one (a 24-channel 3x1 conv's ran slower than float32).
+    A blocked input's (``reads_input_directly``) is converted the same way, a block's channels
+    one vector, and its patch block is marked ``DIRECT_INPUT`` for the AMX rules."""
     g = geometry
     top, left = g.padding
     channels = g.patch_channels
@@ -315,7 +346,11 @@ def _pixel_major_patches_te(data: te.Tensor, geometry: ConvGeometry, operand: Pa
 
     def convert(n, y, x, c):
         inside = tvm.tirx.all(y >= top, y < top + g.height, x >= left, x < left + g.width, c < g.channels)
-        at = (n, tvm.tirx.min(c, g.channels - 1), _clamp(y - top, g.height), _clamp(x - left, g.width))
+        y, x = _clamp(y - top, g.height), _clamp(x - left, g.width)
+        if g.data_block:
+            at = (n, c // g.data_block, y, x, c % g.data_block)
+        else:
+            at = (n, tvm.tirx.min(c, g.channels - 1), y, x)
         return _where(inside, operand.convert(data[at]), operand)
 
     converted = te.compute(g.padded_input, convert, name=operand.input_name, attrs={READ_MANY_TIMES: 1})
@@ -328,8 +363,10 @@ def _pixel_major_patches_te(data: te.Tensor, geometry: ConvGeometry, operand: Pa
         value = converted[n, oh * g.strides[0] + r * g.dilation[0], ow * g.strides[1] + s * g.dilation[1], c]
         return value if pixel is None else _where(pixel, value, operand)
 
-    return te.compute((*_rows_shape(g), g.depth), compute, name=operand.patches_name,
-                      attrs={PATCH_LOOPS: [g.kernel[0], run]})
+    attrs = {PATCH_LOOPS: [g.kernel[0], run]}
+    if reads_input_directly(g):
+        attrs[DIRECT_INPUT] = [g.out_height, *g.strides, *g.dilation, g.kernel[1], channels]
+    return te.compute((*_rows_shape(g), g.depth), compute, name=operand.patches_name, attrs=attrs)
 
 
 def _clamp(index: tvm.tirx.PrimExpr, bound: int) -> tvm.tirx.PrimExpr:
@@ -382,7 +419,7 @@ def patch_rows(activation: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
                                x0:x0 + g.strides[1] * g.out_width:g.strides[1]])
     stacked = np.stack(taps, axis=2)  # [N, C, taps, OH, OW]
     n, c = stacked.shape[:2]
-    if g.data_block:  # k over (channel block, tap, channel in block)
+    if not pixel_major(g):  # k over (channel block, tap, channel in block)
         b = g.data_block
         stacked = stacked.reshape(n, c // b, b, len(taps), g.out_height, g.out_width).transpose(0, 4, 5, 1, 3, 2)
     else:  # k over (tap, channel), with the padding channels

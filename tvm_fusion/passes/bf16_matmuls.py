@@ -48,7 +48,8 @@ from tvm.target import Target
 
 from ..frontend.bf16_conv import emit_bf16_conv2d
 from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight, packed_weight_shape
-from ..frontend.conv_patches import ConvGeometry, conv_geometry, oihw_weight, patch_rows, weight_matrix
+from ..frontend.conv_patches import (TILE_ROW_BYTES, ConvGeometry, conv_geometry, oihw_weight, patch_rows,
+                                     weight_matrix)
 from ..frontend.packed_weights import COLUMN_BLOCK, REGISTER_TILE_ROWS
 from ..kernels.cpu_features import has_amx_bf16, has_bf16_kernels
 from .blocked_layout_legalize import winograd_tile_of
@@ -60,6 +61,8 @@ MATMUL, PERMUTE_DIMS, CONV2D = "relax.matmul", "relax.permute_dims", "relax.nn.c
 # (the convs of 0.15-0.6M multiply-adds of two PP-OCR models ran 1.1-1.7x slower, kernel alone).
 # Past it the gain depends on the shape (1.2x slower to 0.24x); matmuls gain from 0.6M.
 MIN_CONV_MACS = 1 << 20
+# k per AMX A-tile row of bf16: a conv whose channels fill whole rows has its tiles read its input directly.
+BF16_TILE_ROW_DEPTH = TILE_ROW_BYTES // 2
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Bf16Matmuls")
@@ -151,13 +154,15 @@ class _Product:
     conv: ConvGeometry | None = None
 
 
-def _product_of(value: relax.Expr, bindings: dict) -> _Product | None:
+def _product_of(value: relax.Expr, bindings: dict, tile_row_depth: int = 0) -> _Product | None:
     """``matmul(x, W)``, ``matmul(x, permute_dims(W))`` (an ONNX Gemm with ``transB=1``) or a
-    dense float32 ``conv2d(x, W)`` (``conv_geometry``); None for any other value."""
+    dense float32 ``conv2d(x, W)`` (``conv_geometry``, with the A-tile row depth of the AMX
+    tiles that may read its input directly, 0 without them); None for any other value."""
     if _is_op(value, CONV2D):
         geometry = conv_geometry(value)
         if isinstance(geometry, str) or geometry.pixels * geometry.depth * geometry.out_channels < MIN_CONV_MACS:
             return None
+        geometry = dataclasses.replace(geometry, tile_row_depth=tile_row_depth)
         layout = str(value.attrs.kernel_layout)
         return _Product(value.args[1], False, lambda w: weight_matrix(oihw_weight(w, layout), geometry), geometry)
     if not _is_op(value, MATMUL) or value.attrs.out_dtype not in (None, "", "void", "float32"):
@@ -269,7 +274,7 @@ class _Rewriter(PyExprMutator):
             self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value if replaced is None else replaced))
 
     def _bf16(self, var: relax.Var, original: relax.Expr, value: relax.Expr) -> relax.Expr | None:
-        product = _product_of(original, self.bindings)
+        product = _product_of(original, self.bindings, BF16_TILE_ROW_DEPTH if self.row_multiple == 1 else 0)
         if product is None or (product.conv is not None and self._conv_stays_float32(original, product.conv)):
             return None
         weight_expr = product.weight

@@ -23,15 +23,17 @@ sum without ``vpdpbusd`` is slower than its float32 FMAs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
-from ..frontend.conv_patches import ConvGeometry, conv_geometry, oihw_weight, weight_matrix
+from ..frontend.conv_patches import TILE_ROW_BYTES, ConvGeometry, conv_geometry, oihw_weight, weight_matrix
 from ..frontend.int8_conv import emit_int8_conv2d, int8_conv_weight
-from ..kernels.cpu_features import has_vnni
+from ..kernels.cpu_features import has_amx_int8, has_vnni
 from ..patterns.base import whole_numbers
 from .rebinding import rebind
 
@@ -53,7 +55,7 @@ class Int8Convs:
         target = self.target or Target.current(allow_none=True)
         if target is None or not has_vnni(target):
             return mod
-        rewriter = _Rewriter(mod)
+        rewriter = _Rewriter(mod, TILE_ROW_BYTES if has_amx_int8(target) else 0)
         functions = {gvar: rewriter.visit_expr(func) for gvar, func in mod.functions_items()
                      if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs)}
         if not rewriter.changed:
@@ -64,9 +66,11 @@ class Int8Convs:
         return built
 
 
-def int8_conv_of(call: relax.Call, bindings: dict) -> tuple[ConvGeometry, np.ndarray, int] | None:
+def int8_conv_of(call: relax.Call, bindings: dict, tile_row_depth: int = 0
+                 ) -> tuple[ConvGeometry, np.ndarray, int] | None:
     """(geometry, ``[K, Co]`` int8 weight, the input's byte offset) of a conv the int8 kernel
-    computes exactly, or None."""
+    computes exactly, or None; ``tile_row_depth`` the k of an AMX A-tile row where tiles may
+    read the conv's input directly (``conv_patches.reads_input_directly``), 0 without AMX."""
     if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.nn.conv2d")):
         return None
     geometry = conv_geometry(call)
@@ -76,6 +80,7 @@ def int8_conv_of(call: relax.Call, bindings: dict) -> tuple[ConvGeometry, np.nda
     offset = byte_offset(call.args[0], bindings)
     if offset is None or not 0 <= offset <= 255:  # a zero (the padding) must be a byte too
         return None
+    geometry = dataclasses.replace(geometry, tile_row_depth=tile_row_depth)
     plain = oihw_weight(call.args[1].value.numpy(), str(call.attrs.kernel_layout))
     weight = int8_conv_weight(weight_matrix(plain, geometry))
     return None if weight is None else (geometry, weight, offset)
@@ -104,15 +109,16 @@ def byte_offset(expr: relax.Expr, bindings: dict) -> int | None:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
+    def __init__(self, mod: tvm.IRModule, tile_row_depth: int):
         super().__init__(mod)
+        self.tile_row_depth = tile_row_depth
         self.bindings: dict = {}
         self.changed = False
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         self.bindings[binding.var] = binding.value
         value = self.visit_expr(binding.value)
-        found = int8_conv_of(binding.value, self.bindings)
+        found = int8_conv_of(binding.value, self.bindings, self.tile_row_depth)
         if found is None:
             self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value))
             return

@@ -194,6 +194,14 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
     # 3 channels padded to 4 per pixel: each kernel row of a patch one run of 7 x 4 values
     "rgb-7x7-stem": ConvGeometry(0, 16, 1, 3, 32, 32, 32, 16, 16, (7, 7), (2, 2), (1, 1), (3, 3)),
 }
+# Convs whose tiles read the converted input directly (channels in whole 32-k tile rows:
+# ``conv_patches.reads_input_directly``): a 3x3 at stride 1 in 2 x 2 calls, and a strided,
+# dilated one of a batch with 7-row tiles in 1 x 4 calls.
+DIRECT_CONVS = {
+    "3x3-direct": ConvGeometry(16, 16, 1, 32, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1), tile_row_depth=32),
+    "strided-dilated-batch-direct": ConvGeometry(16, 16, 2, 64, 15, 28, 48, 8, 14, (3, 3), (2, 2), (2, 1), (1, 1),
+                                                 tile_row_depth=32),
+}
 
 
 @pytest.mark.parametrize("conv", CONVS, ids=list(CONVS))
@@ -269,3 +277,35 @@ def test_a_conv_kernel_with_an_elementwise_prologue_takes_the_tiles():
     x = np.random.default_rng(6).standard_normal((1, g.channels // 16, g.height, g.width, 16)).astype(np.float32)
     vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())
     assert_bf16_conv_result(vm["main"](tvm.runtime.tensor(x)).numpy(), x * 0.5, matrix, geometry)
+
+
+@pytest.mark.parametrize("conv", DIRECT_CONVS, ids=list(DIRECT_CONVS))
+def test_a_direct_convs_tiles_load_its_rounded_input(conv):
+    """No patch matrix: the input is rounded once into [N, H', W', C] and every A tile is
+    loaded from it, a column stride of C values (2 bytes each) between its rows."""
+    geometry = DIRECT_CONVS[conv]
+    mod, _ = bf16_conv_module(geometry)
+    script = bf16_kernel(on_tiles(mod, AMX))[1].script()
+    assert "bf16_activation" not in script and 'T.sblock("bf16_conv_input")' in script
+    loads = re.findall(r'tileloadd64", T\.int8\(\d\), T\.address_of\((\w+)\[.*?\]\), T\.int64\((\d+)\)', script)
+    a_loads = {(buffer, stride) for buffer, stride in loads if buffer != "b"}
+    assert a_loads == {("bf16_conv_input", str(2 * geometry.strides[1] * geometry.channels))}
+
+
+@host_amx
+@pytest.mark.parametrize("conv", DIRECT_CONVS, ids=list(DIRECT_CONVS))
+def test_a_direct_conv_matches_the_bf16_reference_on_the_host(conv):
+    geometry = DIRECT_CONVS[conv]
+    mod, matrix = bf16_conv_module(geometry)
+    g = geometry
+    x = np.random.default_rng(7).standard_normal((g.batch, g.channels // 16, g.height, g.width, 16)).astype(np.float32)
+    vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())
+    assert_bf16_conv_result(vm["main"](tvm.runtime.tensor(x)).numpy(), x, matrix, geometry)
+
+
+def test_registers_keep_the_patches_of_a_conv_amx_would_read_directly():
+    """On vdpbf16ps register tiles (no AMX) the same kernel keeps its patch matrix."""
+    mod, _ = bf16_conv_module(DIRECT_CONVS["3x3-direct"])
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    done = scheduled(mod, Bf16MatmulAvx512(), zen4, bf16_kernel)
+    assert 'T.sblock("bf16_activation")' in bf16_kernel(done)[1].script()

@@ -5,6 +5,7 @@ plain TVM in a fresh process (the library's constructor asks Linux for the tile 
 
 from __future__ import annotations
 
+import re
 import signal
 
 import numpy as np
@@ -12,8 +13,8 @@ import onnx
 import pytest
 import tvm
 from helpers import run_python, write_config
-from int8_kernels import (CONVS, assert_scheduled_conv_is_exact, int8_conv_kernel, int8_conv_module, int8_kernel,
-                          int8_module, kernel_assembly, scheduled)
+from int8_kernels import (CONVS, DIRECT_CONVS, assert_scheduled_conv_is_exact, int8_conv_kernel, int8_conv_module,
+                          int8_kernel, int8_module, kernel_assembly, scheduled)
 from loop_structure import loop_kinds
 from machine import host_target
 from onnx import helper, numpy_helper
@@ -203,3 +204,23 @@ def test_a_scheduled_quantized_conv_equals_the_kernel_as_written_on_the_host(con
     """Exact: the same int32 sums, converted and requantized alike (rows per output row, a
     batch, flat rows whose tiles straddle output rows, and flat rows padded to whole tiles)."""
     assert_scheduled_conv_is_exact(CONVS[conv], Int8MatmulAmx(), HOST)
+
+
+@pytest.mark.parametrize("conv", DIRECT_CONVS, ids=list(DIRECT_CONVS))
+def test_a_direct_convs_tiles_load_its_converted_input(conv):
+    """No patch matrix: every A tile is loaded from the input converted once to bytes, a column
+    stride of C bytes between its rows."""
+    geometry = DIRECT_CONVS[conv]
+    done = scheduled(int8_conv_module(geometry), Int8MatmulAmx(), AMX, kernel=int8_conv_kernel)
+    script = int8_conv_kernel(done)[1].script()
+    assert "int8_conv_patches" not in script
+    loads = re.findall(r'tileloadd64", T\.int8\((\d)\), T\.address_of\((\w+)\[.*?\]\), T\.int64\((\d+)\)', script)
+    a_loads = [(buffer, stride) for tile, buffer, stride in loads if buffer != "b"]
+    assert a_loads and set(a_loads) == {("int8_conv_input", str(geometry.strides[1] * geometry.channels))}
+    assert "tdpbusd" in kernel_assembly(done, AMX)
+
+
+@host_amx
+@pytest.mark.parametrize("conv", DIRECT_CONVS, ids=list(DIRECT_CONVS))
+def test_a_direct_conv_equals_the_kernel_as_written_on_the_host(conv):
+    assert_scheduled_conv_is_exact(DIRECT_CONVS[conv], Int8MatmulAmx(), HOST)

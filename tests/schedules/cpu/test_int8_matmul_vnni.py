@@ -5,8 +5,8 @@ never run), run on the host where it has VNNI (less its AMX features, if any).""
 import numpy as np
 import pytest
 import tvm
-from int8_kernels import (CONVS, assert_scheduled_conv_is_exact, int8_conv_kernel, int8_conv_module, int8_kernel,
-                          int8_module, kernel_assembly, scheduled)
+from int8_kernels import (CONVS, DIRECT_CONVS, assert_scheduled_conv_is_exact, int8_conv_kernel, int8_conv_module,
+                          int8_kernel, int8_module, kernel_assembly, scheduled)
 from loop_structure import loop_kinds
 from machine import host_target, host_target_without_amx
 from tvm import relax, te
@@ -137,3 +137,17 @@ def test_a_scheduled_quantized_conv_equals_the_kernel_as_written_on_the_host(con
     """Exact on register tiles of 4, 7 and 3 rows (rows per output row of 40 and 7, flat rows
     of 9 x 17), the patch rows built per tile."""
     assert_scheduled_conv_is_exact(CONVS[conv], Int8MatmulVnni(), HOST_NO_AMX)
+
+
+@pytest.mark.parametrize("conv", DIRECT_CONVS, ids=list(DIRECT_CONVS))
+def test_vnni_registers_keep_the_patches_of_a_conv_amx_would_read_directly(conv):
+    """Only AMX tile loads read a pixel-major input in place: the register kernel keeps its
+    patch matrix, and computes the same conv."""
+    done = scheduled(int8_conv_module(DIRECT_CONVS[conv]), Int8MatmulVnni(), VNNI_NO_AMX, kernel=int8_conv_kernel)
+    assert 'T.sblock("int8_conv_patches")' in int8_conv_kernel(done)[1].script()
+
+
+@pytest.mark.skipif(not has_vnni(HOST), reason="the host CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("conv", DIRECT_CONVS, ids=list(DIRECT_CONVS))
+def test_vnni_computes_a_pixel_major_conv_exactly_on_the_host(conv):
+    assert_scheduled_conv_is_exact(DIRECT_CONVS[conv], Int8MatmulVnni(), HOST_NO_AMX)

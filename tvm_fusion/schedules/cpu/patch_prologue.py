@@ -15,6 +15,7 @@ from tvm import s_tir
 
 from ...frontend.conv_patches import PATCH_LOOPS, PatchOperand
 from ...kernels.blocks import OneReduction
+from .direct_tiles import read_tiles_from_input
 from .helpers import extent_of
 
 # operand elements per vector in the prologue: float32 lanes of an AVX-512 register, and a
@@ -43,6 +44,7 @@ def schedule_with_operand(kernel: OneReduction, operand: PatchOperand,
     scheduled = tile_sum(kernel, operand_per_row_tile=conv)
     if scheduled is not None:
         _vectorize_operand(scheduled, operand.patches_name)
+        scheduled = read_tiles_from_input(scheduled, operand)
     return scheduled
 
 
@@ -52,8 +54,8 @@ def _vectorize_input(sch: s_tir.Schedule, kernel: OneReduction, name: str) -> No
     for block in kernel.prologue:
         if sch.get(block).name_hint.startswith(name):
             *outer, innermost = sch.get_loops(block)
-            if outer:
-                sch.fuse(*outer)
+            if len(outer) > 2:  # the column loop stays serial inside: no division per pixel
+                sch.fuse(*outer[:-1])
             _vectorize_lanes(sch, innermost)
 
 
