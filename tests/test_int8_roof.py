@@ -15,7 +15,7 @@ from tvm_fusion.commands.profile import kernel_profile, plot, roof_kinds, roof_p
 from tvm_fusion.commands.profile.build import ProfiledModule
 from tvm_fusion.commands.profile.report import Gap, ProfileReport
 from tvm_fusion.commands.profile.timing import Timings
-from tvm_fusion.frontend.conv_patches import ConvGeometry
+from tvm_fusion.frontend.conv_geometry import ConvGeometry
 from tvm_fusion.frontend.int8_conv import emit_int8_conv2d
 from tvm_fusion.frontend.integer_matmul import emit_integer_matmul
 from tvm_fusion.kernels.costs import kernel_costs

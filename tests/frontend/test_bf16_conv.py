@@ -17,9 +17,9 @@ from tvm import relax
 
 from helpers import blocked_weight
 from tvm_fusion.frontend.bf16_conv import BF16_PATCHES, emit_bf16_conv2d
-from tvm_fusion.frontend.conv_patches import (DIRECT_INPUT, ConvGeometry, conv_geometry, flat_rows, oihw_weight,
-                                              patch_rows, patches_te, pixel_major, reads_input_directly,
-                                              rows_per_output_row, weight_matrix)
+from tvm_fusion.frontend.conv_geometry import (ConvGeometry, conv_geometry, flat_rows, oihw_weight, patch_rows,
+                                               pixel_major, reads_input_directly, rows_per_output_row, weight_matrix)
+from tvm_fusion.frontend.conv_patches import DIRECT_INPUT, patches_te
 from tvm_fusion.passes.pipeline import lowering_passes
 
 HOST = tvm.target.Target(host_target())

@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_fusion.frontend.conv_patches import ConvGeometry, patch_rows, rows_per_output_row
+from tvm_fusion.frontend.conv_geometry import ConvGeometry, patch_rows, rows_per_output_row
 from tvm_fusion.frontend.int8_conv import emit_int8_conv2d, int8_conv_weight
 from tvm_fusion.passes.pipeline import lowering_passes
 

@@ -195,8 +195,8 @@ def conv_pair_model(channels: int, middle: int, out: int, height: int, width: in
 # conv_pair_model's arguments, and how many of its two convs become int8 kernels
 VNNI_CONVS = {
     # the second conv on 9 x 7 pixels (one-row register tiles) to 24 channels (padded to 32); the
-    # first reads the model input's 24 channels, padded by a layout transform, so it stays float32
-    "stride-2-odd-pixels-24-channels": ((24, 48, 24, 17, 13, 2, 1, 3), 1),
+    # first reads the model input's 24 channels in NCHW, converted pixel major
+    "stride-2-odd-pixels-24-channels": ((24, 48, 24, 17, 13, 2, 1, 3), 2),
     "unpadded-8x17-flat-rows": ((32, 64, 24, 10, 19, 1, 0, 1), 2),  # 17 columns: rows not per output row
     "padded-3x3-then-1x1": ((16, 80, 16, 12, 12, 1, 1, 1), 2),
 }

@@ -1,7 +1,8 @@
 """Int8Convs: a quantized conv (a float32 conv of ``x - x_zp`` by whole-number weights) becomes
 the int8 kernel on an AVX512-VNNI target, with AMX-INT8 or without (Zen 4), computing the same
-values; convs whose input is not provably bytes, whose weights int8 cannot hold, which are too
-small for tiles, in NCHW, or on a target without AVX512-VNNI stay float32 convs."""
+values (an NCHW input's on pixel-major patch runs); convs whose input is not provably bytes,
+whose weights int8 cannot hold, which are too small for tiles, in NCHW with patch runs of a
+partial group of 4 k, or on a target without AVX512-VNNI stay float32 convs."""
 
 import numpy as np
 import pytest
@@ -86,9 +87,25 @@ MUST_NOT = {
     "fractional weights": dict(weight_scale=0.5),
     "weights past int8": dict(weight_scale=2.0),
     "fewer than 64 products per value": dict(channels=16, kernel=1),
-    "an NCHW input": dict(blocked=False),
+    # an NCHW input's pixel-major patch runs must fill whole groups of 4 k: 10 x 3 x 3 = 90 do not
+    "an NCHW input of 10 channels": dict(blocked=False, channels=10),
     "a 3x3 output (9 pixels)": dict(size=3),
 }
+
+
+@pytest.mark.parametrize("target", [AMX, VNNI_NO_AMX], ids=["amx", "vnni-no-amx"])
+def test_an_nchw_quantized_conv_becomes_the_int8_kernel_on_pixel_major_patches(target):
+    """An RGB stem's shape (3 channels, padded to 4 per pixel: K = 4 x 7 x 7): its input is
+    converted pixel major into bytes, each kernel row of a patch one run, the padding the zero
+    point's byte; the same values as the float32 conv of whole numbers."""
+    before = quantized_conv(channels=3, out_channels=32, size=16, kernel=7, blocked=False)
+    after = Int8Convs(target)(before)
+    assert op_names(after) == ["relax.astype", "relax.subtract", "relax.call_tir", "relax.nn.relu"]
+    kernel = after["main"].body.blocks[0].bindings[2].value.args[0]
+    (patches,) = kernel_blocks(after[kernel], "int8_conv_patches")
+    assert [int(v) for v in patches.annotations["tvm_fusion.patch_loops"]] == [7, 7 * 4]
+    x = np.random.default_rng(3).integers(0, 256, (1, 3, 16, 16)).astype("uint8")
+    np.testing.assert_array_equal(run(after, x), run(before, x))
 
 
 @pytest.mark.parametrize("case", MUST_NOT)

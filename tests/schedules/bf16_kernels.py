@@ -11,7 +11,7 @@ import tvm
 from tvm import relax, te
 
 from tvm_fusion.frontend.bf16_conv import conv_te, emit_bf16_conv2d
-from tvm_fusion.frontend.conv_patches import ConvGeometry, patch_rows, weight_matrix
+from tvm_fusion.frontend.conv_geometry import ConvGeometry, patch_rows, weight_matrix
 from tvm_fusion.frontend.bf16_matmul import emit_bf16_matmul, pack_weight
 from tvm_fusion.passes.pipeline import lowering_passes
 

@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_fusion.frontend.conv_patches import ConvGeometry
+from tvm_fusion.frontend.conv_geometry import ConvGeometry
 from tvm_fusion.frontend.int8_conv import emit_int8_conv2d
 from tvm_fusion.frontend.integer_matmul import emit_integer_matmul
 from tvm_fusion.passes.pipeline import lowering_passes
@@ -36,8 +36,11 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
     # 2 x 3 x 17 = 102 pixels (no divisor from 8 to 16): 112 patch rows, 10 of them padding
     "batch-padded-rows": ConvGeometry(16, 16, 2, 16, 3, 17, 32, 3, 17, (3, 3), (1, 1), (1, 1), (1, 1)),
 }
+# An NCHW input (an RGB stem: 3 channels padded to 4 per pixel), converted pixel major: each
+# kernel row of a patch one run of 7 x 4 bytes.
+RGB_STEM = ConvGeometry(0, 16, 1, 3, 32, 32, 32, 16, 16, (7, 7), (2, 2), (1, 1), (3, 3))
 # Convs whose AMX tiles read the converted input directly (channels in whole 64-byte tile rows:
-# ``conv_patches.reads_input_directly``): a 3x3 at stride 1, and a strided, dilated one of a batch.
+# ``conv_geometry.reads_input_directly``): a 3x3 at stride 1, and a strided, dilated one of a batch.
 DIRECT_CONVS = {
     "3x3-direct": ConvGeometry(16, 16, 1, 64, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1), tile_row_depth=64),
     "strided-dilated-batch-direct": ConvGeometry(16, 16, 2, 128, 15, 28, 32, 8, 14, (3, 3), (2, 2), (2, 1), (1, 1),
@@ -45,12 +48,20 @@ DIRECT_CONVS = {
 }
 
 
+def input_shape(geometry: ConvGeometry) -> tuple[int, ...]:
+    """The conv's input shape: NCHW16c, or NCHW where ``data_block`` is 0."""
+    g = geometry
+    if g.data_block:
+        return (g.batch, g.channels // g.data_block, g.height, g.width, g.data_block)
+    return (g.batch, g.channels, g.height, g.width)
+
+
 def int8_conv_module(geometry: ConvGeometry, offset: int = 3, seed: int = 0) -> tvm.IRModule:
     """main(x) = round(conv(x, w) * 0.01) through the int8 conv kernel (a requantization's
-    shape of epilogue), lowered; ``x`` NCHW16c float32 whole numbers with ``x + offset`` bytes."""
+    shape of epilogue), lowered; ``x`` (``input_shape``) float32 whole numbers with ``x + offset`` bytes."""
     g = geometry
     weight = np.random.default_rng(seed).integers(-128, 128, (g.depth, g.out_channels)).astype(np.int8)
-    x = relax.Var("x", relax.TensorType((g.batch, g.channels // 16, g.height, g.width, 16), "float32"))
+    x = relax.Var("x", relax.TensorType(input_shape(g), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -66,8 +77,7 @@ def assert_scheduled_conv_is_exact(geometry: ConvGeometry, rule, target) -> None
     alike."""
     g = geometry
     mod = int8_conv_module(g)
-    x = (np.random.default_rng(4).integers(0, 256, (g.batch, g.channels // 16, g.height, g.width, 16)) - 3).astype(
-        np.float32)
+    x = (np.random.default_rng(4).integers(0, 256, input_shape(g)) - 3).astype(np.float32)
     results = []
     for module in (mod, scheduled(mod, rule, target, kernel=int8_conv_kernel)):
         vm = relax.VirtualMachine(tvm.compile(module, target=target), tvm.cpu())

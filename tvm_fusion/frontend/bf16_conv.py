@@ -13,7 +13,8 @@ import tvm
 from tvm import relax, te
 
 from .bf16_matmul import DEPTH_BLOCK, PROLOGUE_NAME, bf16_bits, pack_weight, sum_te
-from .conv_patches import ConvGeometry, PatchOperand, output_te, patches_te
+from .conv_geometry import ConvGeometry
+from .conv_patches import PatchOperand, output_te, patches_te
 
 PRIMFUNC_NAME = "bf16_conv2d"  # the kernel's: inspect credits the epilogue FuseOps gives it
 BF16_PATCHES = PatchOperand("uint16", DEPTH_BLOCK, bf16_bits, 0, "bf16_conv_input", PROLOGUE_NAME, "bf16_conv_output")

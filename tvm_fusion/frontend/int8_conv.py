@@ -25,7 +25,8 @@ import tvm
 from tvm import relax, te
 
 from ..patterns.base import whole_numbers
-from .conv_patches import ConvGeometry, PatchOperand, output_te, patches_te
+from .conv_geometry import ConvGeometry
+from .conv_patches import PatchOperand, output_te, patches_te
 from .integer_matmul import DEPTH_BLOCK, pack_weight, sum_te
 
 PRIMFUNC_NAME = "int8_conv2d"  # the kernel's: inspect credits the epilogue FuseOps gives it

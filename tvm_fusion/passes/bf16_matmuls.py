@@ -48,8 +48,8 @@ from tvm.target import Target
 
 from ..frontend.bf16_conv import emit_bf16_conv2d
 from ..frontend.bf16_matmul import bf16_matmul_declines, emit_bf16_matmul, pack_weight, packed_weight_shape
-from ..frontend.conv_patches import (TILE_ROW_BYTES, ConvGeometry, conv_geometry, oihw_weight, patch_rows,
-                                     weight_matrix)
+from ..frontend.conv_geometry import (TILE_ROW_BYTES, ConvGeometry, conv_geometry, oihw_weight, patch_rows,
+                                      weight_matrix)
 from ..frontend.packed_weights import COLUMN_BLOCK, REGISTER_TILE_ROWS
 from ..kernels.cpu_features import has_amx_bf16, has_bf16_kernels
 from .blocked_layout_legalize import winograd_tile_of

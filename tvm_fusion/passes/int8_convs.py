@@ -8,11 +8,13 @@ Here each such ``conv2d`` becomes the kernel of ``frontend/int8_conv.py`` where
 * its input is provably whole numbers in a window of 256 values (``byte_offset``): a uint8 or
   int8 tensor cast to float32, less whole-number scalar constants, through layout transforms;
 * its weight is a constant of whole numbers in int8's range (``int8_conv_weight``), it is dense
-  with at least 16 output pixels (``conv_geometry``), it reads a blocked input (in NCHW each
-  patch element is a gather of its own: a quantized PP-OCR classifier kept in NCHW ran slower on
-  int8 convs than on float32 ones), and it sums at least ``MIN_DEPTH`` products per output value.
+  with at least 16 output pixels (``conv_geometry``), and it sums at least ``MIN_DEPTH``
+  products per output value. An NCHW input (an RGB stem) is converted to bytes pixel major, each
+  kernel row of a patch one run (``conv_patches.py``), where those runs fill whole groups of 4
+  k (``DEPTH_BLOCK``): a stem's 7x7 taps over 4 bytes a pixel then take the tiles instead of
+  float32 FMAs on the whole numbers.
 
-It runs after the layout phase (the kernel reads the conv's blocked input as it is) and before
+It runs after the layout phase (the kernel reads the conv's input in its layout) and before
 the fusions: FuseOps then puts the bias, the requantization and the QuantizeLinear and
 DequantizeLinear after it into the same kernel. Only for a target with AVX512-VNNI
 (``has_vnni``, the target given or else the current one): ``Int8MatmulAmx`` schedules the
@@ -31,8 +33,9 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
-from ..frontend.conv_patches import TILE_ROW_BYTES, ConvGeometry, conv_geometry, oihw_weight, weight_matrix
+from ..frontend.conv_geometry import TILE_ROW_BYTES, ConvGeometry, conv_geometry, oihw_weight, weight_matrix
 from ..frontend.int8_conv import emit_int8_conv2d, int8_conv_weight
+from ..frontend.integer_matmul import DEPTH_BLOCK
 from ..kernels.cpu_features import has_amx_int8, has_vnni
 from ..patterns.base import whole_numbers
 from .rebinding import rebind
@@ -70,13 +73,14 @@ def int8_conv_of(call: relax.Call, bindings: dict, tile_row_depth: int = 0
                  ) -> tuple[ConvGeometry, np.ndarray, int] | None:
     """(geometry, ``[K, Co]`` int8 weight, the input's byte offset) of a conv the int8 kernel
     computes exactly, or None; ``tile_row_depth`` the k of an AMX A-tile row where tiles may
-    read the conv's input directly (``conv_patches.reads_input_directly``), 0 without AMX."""
+    read the conv's input directly (``conv_geometry.reads_input_directly``), 0 without AMX."""
     if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.nn.conv2d")):
         return None
     geometry = conv_geometry(call)
-    if isinstance(geometry, str) or not geometry.data_block or geometry.depth < MIN_DEPTH or not isinstance(
-            call.args[1], tvm.ir.GenericConst):
+    if isinstance(geometry, str) or geometry.depth < MIN_DEPTH or not isinstance(call.args[1], tvm.ir.GenericConst):
         return None
+    if not geometry.data_block and geometry.depth % DEPTH_BLOCK:
+        return None  # an NCHW input's pixel-major patch runs must fill whole groups of 4 k
     offset = byte_offset(call.args[0], bindings)
     if offset is None or not 0 <= offset <= 255:  # a zero (the padding) must be a byte too
         return None

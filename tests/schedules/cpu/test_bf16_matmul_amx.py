@@ -17,7 +17,7 @@ from loop_structure import loop_kinds
 from machine import host_target
 from tvm import relax, te
 
-from tvm_fusion.frontend.conv_patches import ConvGeometry
+from tvm_fusion.frontend.conv_geometry import ConvGeometry
 from tvm_fusion.kernels.cpu_features import has_amx_bf16
 from tvm_fusion.schedules.cpu import Bf16MatmulAmx, Bf16MatmulAvx512
 from tvm_fusion.schedules.cpu.amx_tiles import square_rows
@@ -195,7 +195,7 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
     "rgb-7x7-stem": ConvGeometry(0, 16, 1, 3, 32, 32, 32, 16, 16, (7, 7), (2, 2), (1, 1), (3, 3)),
 }
 # Convs whose tiles read the converted input directly (channels in whole 32-k tile rows:
-# ``conv_patches.reads_input_directly``): a 3x3 at stride 1 in 2 x 2 calls, and a strided,
+# ``conv_geometry.reads_input_directly``): a 3x3 at stride 1 in 2 x 2 calls, and a strided,
 # dilated one of a batch with 7-row tiles in 1 x 4 calls.
 DIRECT_CONVS = {
     "3x3-direct": ConvGeometry(16, 16, 1, 32, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1), tile_row_depth=32),

@@ -13,8 +13,8 @@ import onnx
 import pytest
 import tvm
 from helpers import run_python, write_config
-from int8_kernels import (CONVS, DIRECT_CONVS, assert_scheduled_conv_is_exact, int8_conv_kernel, int8_conv_module,
-                          int8_kernel, int8_module, kernel_assembly, scheduled)
+from int8_kernels import (CONVS, DIRECT_CONVS, RGB_STEM, assert_scheduled_conv_is_exact, int8_conv_kernel,
+                          int8_conv_module, int8_kernel, int8_module, kernel_assembly, scheduled)
 from loop_structure import loop_kinds
 from machine import host_target
 from onnx import helper, numpy_helper
@@ -224,3 +224,18 @@ def test_a_direct_convs_tiles_load_its_converted_input(conv):
 @pytest.mark.parametrize("conv", DIRECT_CONVS, ids=list(DIRECT_CONVS))
 def test_a_direct_conv_equals_the_kernel_as_written_on_the_host(conv):
     assert_scheduled_conv_is_exact(DIRECT_CONVS[conv], Int8MatmulAmx(), HOST)
+
+
+def test_an_rgb_stems_quantized_conv_takes_the_tiles_on_pixel_major_runs():
+    """Its input converted to bytes pixel major (the padding the zero point's byte), each kernel
+    row of a patch one run of 28 bytes copied as a vector, the sum on AMX tiles."""
+    done = scheduled(int8_conv_module(RGB_STEM), Int8MatmulAmx(), AMX, kernel=int8_conv_kernel)
+    script = int8_conv_kernel(done)[1].script()
+    assert "int8_conv_input = T.sblock_alloc_buffer((T.int64(1), T.int64(37), T.int64(37), T.int64(4))" in script
+    assert "T.vectorized(T.int64(28))" in script and '"tvm_fusion.patch_loops": [7, 28]' in script
+    assert "tdpbusd" in kernel_assembly(done, AMX)
+
+
+@host_amx
+def test_an_rgb_stems_quantized_conv_equals_the_kernel_as_written_on_the_host():
+    assert_scheduled_conv_is_exact(RGB_STEM, Int8MatmulAmx(), HOST)

@@ -5,8 +5,8 @@ never run), run on the host where it has VNNI (less its AMX features, if any).""
 import numpy as np
 import pytest
 import tvm
-from int8_kernels import (CONVS, DIRECT_CONVS, assert_scheduled_conv_is_exact, int8_conv_kernel, int8_conv_module,
-                          int8_kernel, int8_module, kernel_assembly, scheduled)
+from int8_kernels import (CONVS, DIRECT_CONVS, RGB_STEM, assert_scheduled_conv_is_exact, int8_conv_kernel,
+                          int8_conv_module, int8_kernel, int8_module, kernel_assembly, scheduled)
 from loop_structure import loop_kinds
 from machine import host_target, host_target_without_amx
 from tvm import relax, te
@@ -151,3 +151,9 @@ def test_vnni_registers_keep_the_patches_of_a_conv_amx_would_read_directly(conv)
 @pytest.mark.parametrize("conv", DIRECT_CONVS, ids=list(DIRECT_CONVS))
 def test_vnni_computes_a_pixel_major_conv_exactly_on_the_host(conv):
     assert_scheduled_conv_is_exact(DIRECT_CONVS[conv], Int8MatmulVnni(), HOST_NO_AMX)
+
+
+@pytest.mark.skipif(not has_vnni(HOST), reason="the host CPU has no AVX512-VNNI")
+def test_an_rgb_stems_quantized_conv_is_exact_on_registers_on_the_host():
+    """Its pixel-major patch runs of 28 bytes read by vpdpbusd register tiles."""
+    assert_scheduled_conv_is_exact(RGB_STEM, Int8MatmulVnni(), HOST_NO_AMX)

@@ -4,7 +4,7 @@ A patch kernel (``frontend/conv_patches.py``) copies every input value KH x KW t
 rows, stores them and reloads them as A tiles: on a 3x3 conv most of the kernel's time (the
 copies, then the tile loads waiting on those stores). Where the input is converted pixel major
 (``[N, H', W', C]``, its padding written) and C is whole A-tile rows of k
-(``conv_patches.reads_input_directly``), the k of one tile row lie within one tap's channels,
+(``conv_geometry.reads_input_directly``), the k of one tile row lie within one tap's channels,
 at one address per pixel, and a tile's rows (consecutive pixels of one output row) are a
 column stride of C values apart. So each ``tileloadd`` of a patch tile can read the converted
 input itself, with that stride: ``read_tiles_from_input`` points the loads there and drops the
