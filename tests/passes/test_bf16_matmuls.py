@@ -527,6 +527,9 @@ def test_on_amx_a_conv_of_whole_tile_rows_of_channels_reads_its_input_directly()
     fused = fusion_pipeline(load_config(None), PatternReport(), phases=GRAPH_PHASES)(from_onnx(cnn_model()))
     assert marked(Bf16Matmuls(AMX)(fused)) == [False, True]
     assert marked(Bf16Matmuls(zen4, winograd=False)(fused)) == [False, False]
+    # the bf16 gate's candidates see the convs as the pass builds them for each target
+    assert {c.conv.tile_row_depth for c in bf16_candidates(fused, AMX)} == {32}
+    assert {c.conv.tile_row_depth for c in bf16_candidates(fused, zen4, winograd=False)} == {0}
 
 
 def one_conv_model(channels: int, out_channels: int, kernel: list[int], strides: list[int], pads: list[int],

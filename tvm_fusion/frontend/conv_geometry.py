@@ -90,7 +90,7 @@ class ConvGeometry:
 
     @property
     def padded_input(self) -> tuple[int, int, int, int]:
-        """An NCHW input as the kernel converts it: ``[N, H', W', channels]`` (pixel-major, the
+        """A pixel-major input as the kernel converts it: ``[N, H', W', channels]`` (the
         padding around it written as zeros, ``patch_channels`` per pixel), so that each tap's
         ``KW x channels`` values are one contiguous run."""
         height, width = ((out - 1) * stride + (kernel - 1) * dilation + 1 for out, stride, kernel, dilation in zip(
@@ -172,7 +172,8 @@ def oihw_weight(weight: np.ndarray, layout: str) -> np.ndarray:
 
 def weight_matrix(weight: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
     """The plain ``[Co, C, KH, KW]`` weight as the ``[K, Co]`` matrix the patch rows multiply:
-    k over (channel block, kh, kw, channel in block) for a blocked input, (kh, kw, channel) for NCHW."""
+    k over (kh, kw, channel) for an input converted pixel major (``pixel_major``), else over
+    (channel block, kh, kw, channel in block)."""
     out_channels, channels, kh, kw = weight.shape
     block = geometry.data_block
     if pixel_major(geometry):  # k over (kh, kw, channel), the padding channels' rows zero

@@ -80,7 +80,8 @@ class Bf16Matmuls:
         if target is None or not has_bf16_kernels(target):
             return mod
         rewriter = _Rewriter(mod, self.declined, keep_winograd=self.winograd and keeps_winograd_convs(target),
-                             row_multiple=1 if has_amx_bf16(target) else REGISTER_TILE_ROWS)
+                             row_multiple=1 if has_amx_bf16(target) else REGISTER_TILE_ROWS,
+                             tile_row_depth=_tile_row_depth(target))
         functions = _rewrite_functions(mod, rewriter)
         if not rewriter.changed:
             return mod
@@ -120,9 +121,15 @@ def keeps_winograd_convs(target: Target) -> bool:
     return not has_amx_bf16(target)
 
 
+def _tile_row_depth(target: Target) -> int:
+    """The k of an A-tile row whose convs' tiles may read their input directly: AMX's, 0 without it."""
+    return BF16_TILE_ROW_DEPTH if has_amx_bf16(target) else 0
+
+
 def bf16_candidates(mod: tvm.IRModule, target: Target, winograd: bool = True) -> list[Bf16Candidate]:
     """The matmuls ``Bf16Matmuls(target, winograd=winograd)`` rewrites in ``mod``, ``mod`` unchanged."""
-    rewriter = _Rewriter(mod, frozenset(), candidates=[], keep_winograd=winograd and keeps_winograd_convs(target))
+    rewriter = _Rewriter(mod, frozenset(), candidates=[], keep_winograd=winograd and keeps_winograd_convs(target),
+                         tile_row_depth=_tile_row_depth(target))
     _rewrite_functions(mod, rewriter)
     return rewriter.candidates
 
@@ -206,11 +213,12 @@ class _Rewriter(PyExprMutator):
     are added to it as it goes (``rewrite`` per function, composites first)."""
 
     def __init__(self, mod: tvm.IRModule, declined: frozenset[str], candidates: list | None = None,
-                 keep_winograd: bool = False, row_multiple: int = 1):
+                 keep_winograd: bool = False, row_multiple: int = 1, tile_row_depth: int = 0):
         super().__init__(mod)
         self.declined = declined
         self.keep_winograd = keep_winograd  # convs that float32 computes by Winograd stay float32
         self.row_multiple = row_multiple  # a matmul's rows padded to a multiple of the register tiles
+        self.tile_row_depth = tile_row_depth  # a conv's geometry: where AMX tiles may read its input directly
         self.candidates = candidates  # a list: record each matmul it would rewrite, rewrite none
         self.calls = _calls(mod)
         self.changed = False
@@ -274,7 +282,7 @@ class _Rewriter(PyExprMutator):
             self.set_var_remap(binding.var, rebind(self.builder_, binding.var, value if replaced is None else replaced))
 
     def _bf16(self, var: relax.Var, original: relax.Expr, value: relax.Expr) -> relax.Expr | None:
-        product = _product_of(original, self.bindings, BF16_TILE_ROW_DEPTH if self.row_multiple == 1 else 0)
+        product = _product_of(original, self.bindings, self.tile_row_depth)
         if product is None or (product.conv is not None and self._conv_stays_float32(original, product.conv)):
             return None
         weight_expr = product.weight

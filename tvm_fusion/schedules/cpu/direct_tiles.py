@@ -67,13 +67,12 @@ def read_tiles_from_input(sch: s_tir.Schedule, operand: PatchOperand) -> s_tir.S
             moved = tirx.call_intrin("handle", "tirx.address_of", input_element(line, first_column + row, k))
             return tirx.call_llvm_intrin("void", call.args[0], call.args[1], moved, stride)
 
-        def stray(node: TensorLoad) -> TensorLoad:
+        def stray(node: TensorLoad) -> None:
             if node.source.same_as(tile):
                 left_over.append(node)
-            return node
 
         body = tvm_ffi.structural_map(stmt.body, [(Call, load)])
-        tvm_ffi.structural_map(body, [(TensorLoad, stray)])  # any left: not only tile loads read it
+        tvm_ffi.structural_walk(body, (TensorLoad, stray))  # any left: not only tile loads read it
         reads = [region if not region.source.same_as(patches) else tirx.BufferRegion(
             converted, [ir.Range.from_min_extent(0, extent) for extent in converted.shape]) for region in stmt.reads]
         return s_tir.SBlock(stmt.iter_vars, reads, stmt.writes, stmt.name_hint, body, stmt.init,
@@ -93,7 +92,6 @@ def read_tiles_from_input(sch: s_tir.Schedule, operand: PatchOperand) -> s_tir.S
     body = tvm_ffi.structural_map(func.body, [(s_tir.SBlock, block)])
     if left_over or body.same_as(func.body):
         return sch
-    body = tvm_ffi.structural_map(body, [(s_tir.SBlockRealize, realize)])
-    body = tvm_ffi.structural_map(body, [(s_tir.SBlock, unallocated)])
+    body = tvm_ffi.structural_map(body, [(s_tir.SBlockRealize, realize), (s_tir.SBlock, unallocated)])
     return s_tir.Schedule(func.with_body(body))
 
