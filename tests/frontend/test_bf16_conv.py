@@ -18,7 +18,8 @@ from tvm import relax
 from helpers import blocked_weight
 from tvm_fusion.frontend.bf16_conv import BF16_PATCHES, emit_bf16_conv2d
 from tvm_fusion.frontend.conv_geometry import (ConvGeometry, conv_geometry, flat_rows, oihw_weight, patch_rows,
-                                               pixel_major, reads_input_directly, rows_per_output_row, weight_matrix)
+                                               pixel_major, reads_input_directly, reads_runs, rows_per_output_row,
+                                               weight_matrix)
 from tvm_fusion.frontend.conv_patches import DIRECT_INPUT, patches_te
 from tvm_fusion.passes.pipeline import lowering_passes
 
@@ -76,11 +77,13 @@ LAYOUT_CASES = [(case, layout) for case in CASES for layout in ("NCHW", "NCHW16c
                 if layout == "NCHW" or CASES[case][0][1] % BLOCK == 0]
 
 
-@pytest.mark.parametrize("tile_row_depth", [0, 16])
+@pytest.mark.parametrize("tile_row_depth", [0, 16, 32])
 @pytest.mark.parametrize("case, layout", LAYOUT_CASES)
 def test_patches_times_weight_matrix_is_the_conv(case, layout, tile_row_depth):
-    """Also where a blocked input's k runs pixel major, as the tiles that read it directly
-    want it (a tile row of 16 k: every blocked case's channels fill whole rows)."""
+    """Also where the k run pixel major, as the tiles that read the input directly want them:
+    tile rows of 16 k (every blocked case's channels fill whole rows), and of 32 k, where a
+    narrow input's kernel rows are runs padded to whole tile rows (8 channels by 5: 40 k in 48
+    or 64, a stride of 3 along the columns)."""
     shape, out_channels, k, strides, pads, dilations = CASES[case]
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -88,9 +91,8 @@ def test_patches_times_weight_matrix_is_the_conv(case, layout, tile_row_depth):
     expected = ort_conv(x, weight, strides, pads, dilations)
     data, kernel = (x, weight) if layout == "NCHW" else (blocked(x), blocked_weight(weight))
     call = conv_call(data.shape, kernel.shape, layout, strides=strides, padding=pads, dilation=dilations)
-    geometry = conv_geometry(call)
+    geometry = conv_geometry(call, tile_row_depth)
     assert isinstance(geometry, ConvGeometry), geometry
-    geometry = dataclasses.replace(geometry, tile_row_depth=tile_row_depth)
     plain = oihw_weight(kernel, str(call.attrs.kernel_layout))
     np.testing.assert_array_equal(plain, weight)
     product = patch_rows(data, geometry) @ weight_matrix(plain, geometry)  # [pixels, Co]
@@ -206,18 +208,40 @@ def direct_geometry(**changes) -> ConvGeometry:
     return dataclasses.replace(geometry, **changes)
 
 
-@pytest.mark.parametrize("changes, direct", [
-    ({}, True),
-    ({"kernel": (1, 1), "padding": (0, 0)}, False),  # its patches are its input, converted as read
-    ({"channels": 48}, False),  # a tile row of 32 k would straddle two taps
-    ({"width": 17, "out_width": 17}, False),  # flat rows: a tile's pixels straddle output rows
-    ({"data_block": 0}, False),  # NCHW: its pixel-major patches are copied as they are
-    ({"tile_row_depth": 0}, False),  # no AMX tiles to read it
-], ids=["3x3-64-channels", "1x1", "48-channels", "prime-width", "nchw", "register-tiles"])
-def test_which_convs_tiles_read_the_input_directly(changes, direct):
+@pytest.mark.parametrize("changes, direct, run_depth", [
+    ({}, True, 192),
+    ({"kernel": (1, 1), "padding": (0, 0)}, False, 64),  # its patches are its input, converted as read
+    ({"channels": 48}, True, 160),  # a kernel row's 144 k in 5 tile rows
+    ({"channels": 48, "dilation": (1, 2)}, False, 144),  # a tile row of 32 k would straddle two taps
+    ({"channels": 8, "kernel": (5, 5), "padding": (2, 2)}, False, 40),  # 40 k in 64: too much padding
+    ({"channels": 8, "kernel": (3, 39), "padding": (1, 19)}, True, 320),  # basic-pitch's 312 k in 320
+    ({"width": 17, "out_width": 17}, False, 192),  # flat rows: a tile's pixels straddle output rows
+    ({"data_block": 0}, True, 192),  # NCHW: converted pixel major all the same
+    ({"tile_row_depth": 0}, False, 192),  # no AMX tiles to read it
+], ids=["3x3-64-channels", "1x1", "48-channels", "48-channels-dilated", "8-channels-5x5", "8-channels-3x39",
+        "prime-width", "nchw", "register-tiles"])
+def test_which_convs_tiles_read_the_input_directly(changes, direct, run_depth):
     geometry = direct_geometry(**changes)
     assert reads_input_directly(geometry) == direct
     assert pixel_major(geometry) == (direct or not geometry.data_block)
+    assert geometry.run_depth == run_depth and geometry.depth == geometry.kernel[0] * run_depth
+
+
+def test_a_narrow_inputs_padded_runs_read_on_into_zero_weights():
+    """basic-pitch's 8-channel 3x39 conv: each kernel row's 312 k padded to 320 (10 tile rows),
+    the 8 padding k of a run reading the next pixel (a column more of the converted input,
+    zeros past the map) with all-zero weight rows; its 8 output channels are taken (a column
+    block of 16 for half the work), where the patches' copies would not pay."""
+    call = conv_call((1, 8, 6, 40), (8, 8, 3, 39), padding=(1, 19, 1, 19))
+    geometry = conv_geometry(call, 32)
+    assert isinstance(geometry, ConvGeometry) and reads_runs(geometry)
+    assert geometry.padded_input == (1, 8, 40 + 38 + 1, 8)
+    weight = np.random.default_rng(3).standard_normal((8, 8, 3, 39)).astype(np.float32)
+    matrix = weight_matrix(weight, geometry)
+    assert matrix.shape == (960, 8)
+    assert not matrix[312:320].any() and not matrix[632:640].any() and matrix[320:328].any()
+    np.testing.assert_array_equal(matrix[320 + 2 * 8 + 5], weight[:, 5, 1, 2])  # kernel row 1, tap 2, channel 5
+    assert isinstance(conv_geometry(call), str)  # without AMX: its patches would cost more than the tiles save
 
 
 def test_a_direct_convs_patches_are_pixel_major_runs_marked_for_the_tiles():
@@ -229,7 +253,7 @@ def test_a_direct_convs_patches_are_pixel_major_runs_marked_for_the_tiles():
     patches = patches_te(data, geometry, BF16_PATCHES)
     converted = patches.op.input_tensors[0]
     assert [int(d) for d in converted.shape] == [1, 14, 22, 64]
-    assert [int(v) for v in patches.op.attrs[DIRECT_INPUT]] == [12, 1, 1, 1, 1, 3, 64]
+    assert [int(v) for v in patches.op.attrs[DIRECT_INPUT]] == [12, 1, 1, 1, 1, 3 * 64, 64]
     weight = np.arange(32 * 64 * 9, dtype=np.float32).reshape(32, 64, 3, 3)
     row = (1 * 3 + 2) * 64 + 17  # tap (1, 2), channel 17
     np.testing.assert_array_equal(weight_matrix(weight, geometry)[row], weight[:, 17, 1, 2])

@@ -39,12 +39,15 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
 # An NCHW input (an RGB stem: 3 channels padded to 4 per pixel), converted pixel major: each
 # kernel row of a patch one run of 7 x 4 bytes.
 RGB_STEM = ConvGeometry(0, 16, 1, 3, 32, 32, 32, 16, 16, (7, 7), (2, 2), (1, 1), (3, 3))
-# Convs whose AMX tiles read the converted input directly (channels in whole 64-byte tile rows:
-# ``conv_geometry.reads_input_directly``): a 3x3 at stride 1, and a strided, dilated one of a batch.
+# Convs whose AMX tiles read the converted input directly (``conv_geometry.reads_input_directly``):
+# channels in whole 64-byte tile rows, a 3x3 at stride 1 and a strided, dilated one of a batch; and
+# a 16-channel 3x3 read by kernel rows, each run of 48 bytes padded to a tile row of 64.
 DIRECT_CONVS = {
     "3x3-direct": ConvGeometry(16, 16, 1, 64, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1), tile_row_depth=64),
     "strided-dilated-batch-direct": ConvGeometry(16, 16, 2, 128, 15, 28, 32, 8, 14, (3, 3), (2, 2), (2, 1), (1, 1),
                                                  tile_row_depth=64),
+    "16-channels-runs": ConvGeometry(16, 16, 1, 16, 10, 24, 32, 10, 24, (3, 3), (1, 1), (1, 1), (1, 1),
+                                     tile_row_depth=64),
 }
 
 

@@ -5,7 +5,9 @@ multiplies.
 
 The patch k runs over (channel block, kh, kw, channel in block) for a blocked input
 (``NCHW{b}c``), over (kh, kw, channel) for an input converted pixel major: an NCHW one, and a
-blocked one whose AMX tiles read it in place (``reads_input_directly``).
+blocked one whose AMX tiles read it in place (``reads_input_directly``). Where those tiles read
+a narrow input (channels short of a tile row), each kernel row's run of ``KW x channels`` k is
+padded to whole tile rows (``run_depth``), the padding's weights zero.
 """
 
 from __future__ import annotations
@@ -38,12 +40,16 @@ NCHW_CHANNEL_MULTIPLE = 2
 # Channels an NCHW input needs: basic-pitch's 1-channel 1x256 filters over its audio took its
 # bf16 outputs to a cosine of 0.995 against float32.
 MIN_NCHW_CHANNELS = 2
-# Output channels an NCHW input's patches need: past one tile of 16 columns, each patch value is
-# reused enough to pay for the conversion and the copies (with the 3 -> 16 RGB stems of
+# Output channels an NCHW input's patches need (where its tiles copy them): past one tile of 16
+# columns, each patch value is reused enough to pay for the conversion and the copies (with the 3 -> 16 RGB stems of
 # picodet-layout and YOLOv8n as patches, their bf16 builds ran 1.07x and 1.06x slower).
 MIN_NCHW_OUT_CHANNELS = 17
 # K an NCHW input's patches need (half an AMX tile's 32): a 1-channel 3x3 conv's 10 fill a third.
 MIN_NCHW_DEPTH = 16
+# A narrow input's AMX tiles read a kernel row's KW x channels run padded to whole tile rows of k,
+# the padding k multiplied by zero weights: at most this many times the run's k (a 16-channel
+# 3x3's 48 k in 64: 1.33x; an 8-channel 5x5's 40 in 64, 1.6x, keeps its patches).
+MAX_RUN_PADDING = 1.4
 # Rows of a tile below which a flat conv's rows are padded to whole tiles of 16 (``flat_rows``).
 MIN_PADDED_TILE_ROWS = 8
 _BLOCKED = re.compile(r"NCHW(\d+)c")
@@ -84,9 +90,17 @@ class ConvGeometry:
         return self.channels if self.data_block else round_up(self.channels, NCHW_CHANNEL_MULTIPLE)
 
     @property
+    def run_depth(self) -> int:
+        """k per kernel row: its ``KW x patch_channels`` values, padded to whole A-tile rows
+        where the tiles read a narrow input's runs (``reads_runs``)."""
+        run = self.kernel[1] * self.patch_channels
+        return round_up(run, self.tile_row_depth) if reads_runs(self) else run
+
+    @property
     def depth(self) -> int:
-        """K: the values of one receptive field (with an NCHW input's padding channels)."""
-        return self.patch_channels * self.kernel[0] * self.kernel[1]
+        """K: the values of one receptive field (with an NCHW input's padding channels, and the
+        padding of each kernel row's run: ``run_depth``)."""
+        return self.kernel[0] * self.run_depth
 
     @property
     def padded_input(self) -> tuple[int, int, int, int]:
@@ -95,7 +109,9 @@ class ConvGeometry:
         ``KW x channels`` values are one contiguous run."""
         height, width = ((out - 1) * stride + (kernel - 1) * dilation + 1 for out, stride, kernel, dilation in zip(
             (self.out_height, self.out_width), self.strides, self.kernel, self.dilation))
-        return (self.batch, height, width, self.patch_channels)
+        # a padded run reads past its row's last pixel: columns of zeros for the last pixel's
+        past = -(-(self.run_depth - self.kernel[1] * self.patch_channels) // self.patch_channels)
+        return (self.batch, height, width + past, self.patch_channels)
 
     @property
     def pixels(self) -> int:
@@ -110,9 +126,11 @@ def _block(layout: str, plain: str, blocked: re.Pattern) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def conv_geometry(call: relax.Call) -> ConvGeometry | str:
+def conv_geometry(call: relax.Call, tile_row_depth: int = 0) -> ConvGeometry | str:
     """The geometry of a ``relax.nn.conv2d`` call, or why no patch kernel takes it: they
-    take a float32 dense conv (groups 1) of static shapes in NCHW or ``NCHW{b}c``."""
+    take a float32 dense conv (groups 1) of static shapes in NCHW or ``NCHW{b}c``;
+    ``tile_row_depth`` the k of an AMX A-tile row where tiles may read the input directly
+    (``ConvGeometry.tile_row_depth``; 0 without them)."""
     attrs = call.attrs
     data, weight = call.args
     if int(attrs.groups) != 1:
@@ -139,15 +157,15 @@ def conv_geometry(call: relax.Call) -> ConvGeometry | str:
         return f"kernel layout {attrs.kernel_layout}"
     geometry = ConvGeometry(data_block, out_block, n, c, h, w, out_channels, out[2], out[3], kernel,
                             tuple(int(s) for s in attrs.strides), tuple(int(d) for d in attrs.dilation),
-                            (int(attrs.padding[0]), int(attrs.padding[1])))
+                            (int(attrs.padding[0]), int(attrs.padding[1])), tile_row_depth=tile_row_depth)
     if data_block:
-        if c < (MIN_STRIDED_CHANNELS if geometry.strides[1] > 1 else MIN_CHANNELS):
+        if not reads_input_directly(geometry) and c < (MIN_STRIDED_CHANNELS if geometry.strides[1] > 1 else MIN_CHANNELS):
             return f"{c} input channels in blocks: its patches cost more than tiles gain on so few products"
     elif c < MIN_NCHW_CHANNELS:
         return f"{c} input channel: a filter over a raw signal (audio), which bf16's 8-bit mantissa loses"
     elif geometry.depth < MIN_NCHW_DEPTH:
         return f"a receptive field of {c * kernel[0] * kernel[1]} values: under half a tile's k"
-    elif out_channels < MIN_NCHW_OUT_CHANNELS:
+    elif out_channels < MIN_NCHW_OUT_CHANNELS and not reads_input_directly(geometry):
         return (f"{out_channels} output channels from an NCHW input: its conversion and patches cost more "
                 "than one column of tiles saves")
     return geometry
@@ -176,9 +194,11 @@ def weight_matrix(weight: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
     (channel block, kh, kw, channel in block)."""
     out_channels, channels, kh, kw = weight.shape
     block = geometry.data_block
-    if pixel_major(geometry):  # k over (kh, kw, channel), the padding channels' rows zero
+    if pixel_major(geometry):  # k over (kh, kw, channel), the padding channels' and runs' rows zero
         padded = np.pad(weight, ((0, 0), (0, geometry.patch_channels - channels), (0, 0), (0, 0)))
-        return np.ascontiguousarray(padded.transpose(2, 3, 1, 0).reshape(-1, out_channels))
+        runs = padded.transpose(2, 3, 1, 0).reshape(kh, -1, out_channels)
+        runs = np.pad(runs, ((0, 0), (0, geometry.run_depth - runs.shape[1]), (0, 0)))
+        return np.ascontiguousarray(runs.reshape(-1, out_channels))
     blocked = weight.reshape(out_channels, channels // block, block, kh, kw).transpose(1, 3, 4, 2, 0)
     return np.ascontiguousarray(blocked.reshape(-1, out_channels))
 
@@ -195,15 +215,32 @@ def rows_per_output_row(geometry: ConvGeometry) -> bool:
 
 def reads_input_directly(geometry: ConvGeometry) -> bool:
     """Whether the AMX tiles of this conv can load its patch rows from the converted input
-    itself: a blocked input's KxK conv (a 1x1's patches are its input already) converted pixel
-    major (``[N, H', W', C]``, its padding written), whose channels are whole A-tile rows of k
-    (each row of a tile then lies within one tap, at one address per pixel), and whose tiles stay
-    within an output row (``rows_per_output_row``: a tile's pixels are then a column stride of
-    ``C`` values apart). The patch matrix is kept in the kernel as written (register tiles read
-    it) and the AMX rules drop it (``schedules/cpu/direct_tiles.py``)."""
+    itself: a KxK conv (a 1x1's patches are its input already) whose input is converted pixel
+    major (``[N, H', W', C]``, its padding written), whose tile rows each lie at one address per
+    pixel: its channels are whole A-tile rows of k (a row then lies within one tap), or each
+    kernel row's run is read padded (``reads_runs``); and whose tiles stay within an output row
+    (``rows_per_output_row``: a tile's pixels are then a column stride of ``C`` values apart).
+    The patch matrix is kept in the kernel as written (register tiles read it) and the AMX rules
+    drop it (``schedules/cpu/direct_tiles.py``)."""
     g = geometry
-    return bool(g.tile_row_depth and g.data_block and g.kernel != (1, 1) and g.channels % g.tile_row_depth == 0
-                and rows_per_output_row(g))
+    return bool(g.tile_row_depth and g.kernel != (1, 1) and rows_per_output_row(g)
+                and (g.channels % g.tile_row_depth == 0 or _runs_fit(g)))
+
+
+def reads_runs(geometry: ConvGeometry) -> bool:
+    """Whether the tiles read a narrow input (channels short of whole tile rows) by kernel rows:
+    a kernel row's taps are adjacent columns (dilation 1 along them), so its ``KW x C`` values
+    are one run of the pixel-major input, and a run padded to whole tile rows
+    (``MAX_RUN_PADDING``) reads on into the next pixels, whose k have zero weights (so an
+    infinity there, times zero, makes the output NaN where the float32 conv never read it)."""
+    g = geometry
+    return bool(g.tile_row_depth) and g.channels % g.tile_row_depth != 0 and reads_input_directly(g)
+
+
+def _runs_fit(geometry: ConvGeometry) -> bool:
+    g = geometry
+    run = g.kernel[1] * g.patch_channels
+    return g.dilation[1] == 1 and round_up(run, g.tile_row_depth) <= MAX_RUN_PADDING * run
 
 
 def pixel_major(geometry: ConvGeometry) -> bool:
@@ -245,6 +282,8 @@ def patch_rows(activation: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
     if not pixel_major(g):  # k over (channel block, tap, channel in block)
         b = g.data_block
         stacked = stacked.reshape(n, c // b, b, len(taps), g.out_height, g.out_width).transpose(0, 4, 5, 1, 3, 2)
-    else:  # k over (tap, channel), with the padding channels
+    else:  # k over (tap, channel), with the padding channels, each kernel row's run padded
         stacked = np.pad(stacked, ((0, 0), (0, g.patch_channels - c), (0, 0), (0, 0), (0, 0))).transpose(0, 3, 4, 2, 1)
+        stacked = stacked.reshape(g.pixels, g.kernel[0], -1)
+        stacked = np.pad(stacked, ((0, 0), (0, 0), (0, g.run_depth - stacked.shape[2])))
     return np.ascontiguousarray(stacked.reshape(g.pixels, g.depth))

@@ -14,7 +14,7 @@ block): the innermost ``b`` k of a row are ``b`` consecutive values of the input
 prologue reads and writes whole vectors. An NCHW input is converted pixel major, with the
 conv's padding as zeros, and k runs over (kh, kw, channel): each kernel row of a patch is one
 contiguous run of ``KW x channels`` values, copied as a vector (an RGB stem's 3 channels are
-padded to 4). A blocked input whose AMX tiles read it in place (``conv_geometry.reads_input_directly``)
+padded to 4; a narrow blocked input read by AMX tiles has each run padded to whole tile rows). A blocked input whose AMX tiles read it in place (``conv_geometry.reads_input_directly``)
 is converted the same way; its patch block, marked ``DIRECT_INPUT``, is dropped once the tiles
 are scheduled (``schedules/cpu/direct_tiles.py``). A patch matrix re-reads each input value
 ``KH x KW`` times (strided convs fewer): for a 1x1 conv it is the input itself, converted and
@@ -42,7 +42,8 @@ from .packed_weights import round_up
 READ_MANY_TIMES = "tvm_fusion.read_many_times"
 PATCH_LOOPS = "tvm_fusion.patch_loops"
 # On a conv's patch block whose rows the tiles may read from the converted input instead
-# (``reads_input_directly``): [OH, row stride, column stride, row dilation, column dilation, KW, C].
+# (``reads_input_directly``): [OH, row stride, column stride, row dilation, column dilation, k per
+# kernel row (``run_depth``), C].
 DIRECT_INPUT = "tvm_fusion.direct_input"
 
 
@@ -155,18 +156,18 @@ def _pixel_major_patches_te(data: te.Tensor, geometry: ConvGeometry, operand: Pa
         return _where(inside, operand.convert(data[at]), operand)
 
     converted = te.compute(g.padded_input, convert, name=operand.input_name, attrs={READ_MANY_TIMES: 1})
-    run = g.kernel[1] * channels
+    run = g.run_depth  # a padded run's last k read the next pixels (zero weights)
 
     def compute(*index):
         *rows, k = index
         n, oh, ow, pixel = _output_pixel(g, tuple(rows))
-        r, s, c = k // run, k % run // channels, k % channels
+        r, s, c = k // run, k % run // channels, k % run % channels
         value = converted[n, oh * g.strides[0] + r * g.dilation[0], ow * g.strides[1] + s * g.dilation[1], c]
         return value if pixel is None else _where(pixel, value, operand)
 
     attrs = {PATCH_LOOPS: [g.kernel[0], run]}
     if reads_input_directly(g):
-        attrs[DIRECT_INPUT] = [g.out_height, *g.strides, *g.dilation, g.kernel[1], channels]
+        attrs[DIRECT_INPUT] = [g.out_height, *g.strides, *g.dilation, run, channels]
     return te.compute((*_rows_shape(g), g.depth), compute, name=operand.patches_name, attrs=attrs)
 
 

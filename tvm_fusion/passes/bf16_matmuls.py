@@ -8,7 +8,7 @@ dense ``conv2d`` by a constant (NCHW or the blocked layout, any stride, dilation
 becomes the same sum over its input's patches (``frontend/bf16_conv.py``); a grouped or
 depthwise conv, one of a blocked input of fewer than 16 channels (8 strided along its columns)
 or of a one-channel NCHW input, a conv on a pooled map (``conv_geometry`` says why), one of fewer
-than ``MIN_CONV_MACS`` multiply-adds or fewer than 16 output channels, and on a target without
+than ``MIN_CONV_MACS`` multiply-adds or fewer than ``MIN_CONV_OUT_CHANNELS`` output channels, and on a target without
 AMX one that float32 computes by Winograd
 (``keeps_winograd_convs``) stays float32. What feeds and follows them stays float32.
 
@@ -61,6 +61,9 @@ MATMUL, PERMUTE_DIMS, CONV2D = "relax.matmul", "relax.permute_dims", "relax.nn.c
 # (the convs of 0.15-0.6M multiply-adds of two PP-OCR models ran 1.1-1.7x slower, kernel alone).
 # Past it the gain depends on the shape (1.2x slower to 0.24x); matmuls gain from 0.6M.
 MIN_CONV_MACS = 1 << 20
+# Output channels a conv needs: its tiles compute a column block of 16 (the padding's weights zero),
+# so 8 take half of each tile's work; fewer, the float32 kernel is faster.
+MIN_CONV_OUT_CHANNELS = COLUMN_BLOCK // 2
 # k per AMX A-tile row of bf16: a conv whose channels fill whole rows has its tiles read its input directly.
 BF16_TILE_ROW_DEPTH = TILE_ROW_BYTES // 2
 
@@ -166,10 +169,9 @@ def _product_of(value: relax.Expr, bindings: dict, tile_row_depth: int = 0) -> _
     dense float32 ``conv2d(x, W)`` (``conv_geometry``, with the A-tile row depth of the AMX
     tiles that may read its input directly, 0 without them); None for any other value."""
     if _is_op(value, CONV2D):
-        geometry = conv_geometry(value)
+        geometry = conv_geometry(value, tile_row_depth)
         if isinstance(geometry, str) or geometry.pixels * geometry.depth * geometry.out_channels < MIN_CONV_MACS:
             return None
-        geometry = dataclasses.replace(geometry, tile_row_depth=tile_row_depth)
         layout = str(value.attrs.kernel_layout)
         return _Product(value.args[1], False, lambda w: weight_matrix(oihw_weight(w, layout), geometry), geometry)
     if not _is_op(value, MATMUL) or value.attrs.out_dtype not in (None, "", "void", "float32"):
@@ -255,10 +257,10 @@ class _Rewriter(PyExprMutator):
         return new
 
     def _conv_stays_float32(self, conv: relax.Call, geometry: ConvGeometry) -> bool:
-        """A conv of fewer output channels than a column block (a spectrogram's one-channel
-        head: 16 columns computed for each one kept), and with ``keep_winograd`` one that
-        float32 computes by Winograd."""
-        return geometry.out_channels < COLUMN_BLOCK or (self.keep_winograd and bool(winograd_tile_of(conv)))
+        """A conv of fewer than ``MIN_CONV_OUT_CHANNELS`` (a spectrogram's one-channel head: 16
+        columns computed for each one kept), and with ``keep_winograd`` one that float32
+        computes by Winograd."""
+        return geometry.out_channels < MIN_CONV_OUT_CHANNELS or (self.keep_winograd and bool(winograd_tile_of(conv)))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         original = call

@@ -76,7 +76,7 @@ def int8_conv_of(call: relax.Call, bindings: dict, tile_row_depth: int = 0
     read the conv's input directly (``conv_geometry.reads_input_directly``), 0 without AMX."""
     if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.nn.conv2d")):
         return None
-    geometry = conv_geometry(call)
+    geometry = conv_geometry(call, tile_row_depth)
     if isinstance(geometry, str) or geometry.depth < MIN_DEPTH or not isinstance(call.args[1], tvm.ir.GenericConst):
         return None
     if not geometry.data_block and geometry.depth % DEPTH_BLOCK:
@@ -84,7 +84,6 @@ def int8_conv_of(call: relax.Call, bindings: dict, tile_row_depth: int = 0
     offset = byte_offset(call.args[0], bindings)
     if offset is None or not 0 <= offset <= 255:  # a zero (the padding) must be a byte too
         return None
-    geometry = dataclasses.replace(geometry, tile_row_depth=tile_row_depth)
     plain = oihw_weight(call.args[1].value.numpy(), str(call.attrs.kernel_layout))
     weight = int8_conv_weight(weight_matrix(plain, geometry))
     return None if weight is None else (geometry, weight, offset)

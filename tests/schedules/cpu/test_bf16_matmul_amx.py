@@ -20,7 +20,7 @@ from tvm import relax, te
 from tvm_fusion.frontend.conv_geometry import ConvGeometry
 from tvm_fusion.kernels.cpu_features import has_amx_bf16
 from tvm_fusion.schedules.cpu import Bf16MatmulAmx, Bf16MatmulAvx512
-from tvm_fusion.schedules.cpu.amx_tiles import square_rows
+from tvm_fusion.schedules.cpu.amx_tiles import square_rows, tall_rows
 from tvm_fusion.schedules.cpu.bf16_matmul_amx import BF16_TILES
 from tvm_fusion.schedules.registry import rules_for_kind
 from tvm_fusion.targets import export_options, host_cpu_flags
@@ -194,13 +194,20 @@ CONVS = {  # ConvGeometry: data block, out block, N, C, H, W, Co, OH, OW, kernel
     # 3 channels padded to 4 per pixel: each kernel row of a patch one run of 7 x 4 values
     "rgb-7x7-stem": ConvGeometry(0, 16, 1, 3, 32, 32, 32, 16, 16, (7, 7), (2, 2), (1, 1), (3, 3)),
 }
-# Convs whose tiles read the converted input directly (channels in whole 32-k tile rows:
-# ``conv_geometry.reads_input_directly``): a 3x3 at stride 1 in 2 x 2 calls, and a strided,
-# dilated one of a batch with 7-row tiles in 1 x 4 calls.
+# Convs whose tiles read the converted input directly (``conv_geometry.reads_input_directly``):
+# channels in whole 32-k tile rows, a 3x3 at stride 1 in 2 x 2 calls and a strided, dilated one of
+# a batch with 7-row tiles in 1 x 4 calls; and narrow inputs read by kernel rows padded to whole
+# tile rows: 16 channels at a column stride of 3 (48 k in 64), and an NCHW input of 8 channels
+# into 8 outputs by 3 x 15 (basic-pitch's shape: 120 k in 128; one column block, 4 x 1 calls of
+# 4 tiles of 11 rows).
 DIRECT_CONVS = {
     "3x3-direct": ConvGeometry(16, 16, 1, 32, 20, 40, 64, 20, 40, (3, 3), (1, 1), (1, 1), (1, 1), tile_row_depth=32),
     "strided-dilated-batch-direct": ConvGeometry(16, 16, 2, 64, 15, 28, 48, 8, 14, (3, 3), (2, 2), (2, 1), (1, 1),
                                                  tile_row_depth=32),
+    "16-channels-strided-runs": ConvGeometry(16, 16, 1, 16, 9, 30, 32, 9, 10, (3, 3), (1, 3), (1, 1), (1, 1),
+                                             tile_row_depth=32),
+    "nchw-8-channels-runs": ConvGeometry(0, 0, 1, 8, 6, 44, 8, 6, 44, (3, 15), (1, 1), (1, 1), (1, 7),
+                                         tile_row_depth=32),
 }
 
 
@@ -298,9 +305,43 @@ def test_a_direct_conv_matches_the_bf16_reference_on_the_host(conv):
     geometry = DIRECT_CONVS[conv]
     mod, matrix = bf16_conv_module(geometry)
     g = geometry
-    x = np.random.default_rng(7).standard_normal((g.batch, g.channels // 16, g.height, g.width, 16)).astype(np.float32)
+    shape = (g.batch, g.channels // 16, g.height, g.width, 16) if g.data_block else (g.batch, g.channels, g.height,
+                                                                                       g.width)
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
     vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST), target=HOST), tvm.cpu())
     assert_bf16_conv_result(vm["main"](tvm.runtime.tensor(x)).numpy(), x, matrix, geometry)
+
+
+def test_a_narrow_convs_one_column_block_takes_4x1_calls():
+    """8 output channels (one column block of 16): each B tile loaded serves the products of 4
+    A tiles of 11 rows (an output row of 44), the A tiles taking tiles 4 and 5 in turn and the
+    B tiles 6 and 7, instead of a B tile loaded again for every A tile."""
+    mod, _ = bf16_conv_module(DIRECT_CONVS["nchw-8-channels-runs"])
+    done = on_tiles(mod, AMX)
+    assembly = kernel_assembly(done, AMX)
+    for tiles in ("%tmm6, %tmm4, %tmm0", "%tmm6, %tmm5, %tmm1", "%tmm7, %tmm4, %tmm2", "%tmm7, %tmm5, %tmm3"):
+        assert f"tdpbf16ps\t{tiles}" in assembly, tiles
+
+
+@pytest.mark.parametrize("rows, columns, depth, expected", [
+    (264, 16, 960, (4, 44)), (88, 16, 64, (4, 44)), (48, 16, 64, (3, 48)), (24, 16, 32, (2, 24)),
+    (64, 16, 64, (4, 64)),
+    (264, 32, 960, (1, 0)),  # two column blocks: 2 x 2 or 1 x 4 calls
+    (264, 16, 100, (1, 0)),  # a K tail
+    (14, 16, 64, (1, 0)), (17, 16, 64, (1, 0))])  # no two row tiles of 8 or more
+def test_tall_calls_take_one_column_block_of_whole_tiles(rows, columns, depth, expected):
+    assert tall_rows(BF16_TILES, rows, columns, depth) == expected
+
+
+@host_amx
+@pytest.mark.parametrize("m, k, n", [(88, 64, 16), (48, 96, 8), ((2, 24), 32, 12)])
+def test_a_tall_call_matches_the_bf16_reference_on_the_host(m, k, n):
+    """4 x 1 calls of 11 rows; 3 x 1 of 16 with 8 columns (half the block, zero weights) and
+    an odd count of k steps; a batch of 2 x 24 rows in 3 x 1 calls."""
+    mod, weight = bf16_module(m, k, n)
+    a = np.random.default_rng(8).standard_normal((*leading(m), k)).astype(np.float32)
+    vm = relax.VirtualMachine(tvm.compile(on_tiles(mod, HOST_TILES_ONLY), target=HOST_TILES_ONLY), tvm.cpu())
+    assert_bf16_result(vm["main"](tvm.runtime.tensor(a)).numpy(), a, weight)
 
 
 def test_registers_keep_the_patches_of_a_conv_amx_would_read_directly():

@@ -30,6 +30,14 @@ def channel_tile(channels: int, widest: int, shifts: bool = True) -> int:
     return divisor
 
 
+def rows_per_tile(rows: int, channel_tile: int, vectors: int) -> int:
+    """Output rows a tile takes: where the accumulators hold at least 4 of a row's tiles (few
+    channels), the largest divisor of the rows they hold, if at least 2; else 1."""
+    row_tiles = ACCUMULATORS // (channel_tile * vectors)
+    tile = largest_divisor(rows, row_tiles) if row_tiles >= 4 else 1
+    return tile if tile >= 2 else 1
+
+
 def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride, padded):
     """Output rows (batch x channel tiles x rows) across cores; a tile of channels x columns,
     the columns whole vectors (two when the stride is 1; the last tile of a row shifted back
@@ -41,7 +49,7 @@ def assert_register_blocked(func, lanes, batch, channels, rows, columns, stride,
     cols = column_tile(columns, lanes, 2 if stride == 1 or split else 1)
     tile = channel_tile(channels, ACCUMULATORS // -(-cols // lanes))
     loops = loop_kinds(func)
-    conv_rows = batch * -(-channels // tile) * rows
+    conv_rows = batch * -(-channels // tile) * (rows // rows_per_tile(rows, tile, -(-cols // lanes)))
     assert loops.parallel[-1] == conv_rows and len(loops.parallel) == (2 if padded else 1)
     assert loops.vectorized == [cols] * len(loops.vectorized) and len(loops.vectorized) >= 2
     assert tile in loops.unrolled
@@ -118,13 +126,14 @@ def test_a_one_column_map_tiles_its_rows(assert_schedule_matches, lanes):
 
 def test_a_conv_without_epilogue_keeps_a_channel_divisor(assert_schedule_matches, lanes):
     """Without an epilogue the conv accumulates in its output, which a shifted-back channel
-    tile would share with the task before it: the tile stays a divisor of 116 channels."""
+    tile would share with the task before it: the tile stays a divisor of 116 channels (4 on
+    AVX-512 and AVX2 alike, so the tile takes rows too)."""
     funcs = assert_schedule_matches(Conv2dNCHW(), nn.conv2d, rtol=1e-4, atol=1e-4,
                                     x=(1, 116, 14, 14), w=(116, 116, 1, 1))
     (func,) = funcs.values()
     cols = column_tile(14, lanes, 2)
     tile = channel_tile(116, ACCUMULATORS // -(-cols // lanes), shifts=False)
-    assert loop_kinds(func).parallel[-1] == 116 // tile * 14
+    assert loop_kinds(func).parallel[-1] == 116 // tile * (14 // rows_per_tile(14, tile, -(-cols // lanes)))
     assert tile in loop_kinds(func).unrolled and "T.min" not in func.script()
 
 
@@ -150,3 +159,16 @@ def test_a_large_map_takes_its_input_channels_in_chunks(assert_schedule_matches,
     loops = loop_kinds(func)
     assert loops.parallel[-1] == 16 // largest_divisor(16, ACCUMULATORS // -(-column_tile(48, lanes, 2) // lanes)) * 48
     assert set(loops.vectorized) <= {column_tile(48, lanes, 2), lanes}
+
+
+def test_a_few_channel_convs_tile_takes_several_rows(assert_schedule_matches, lanes):
+    """A 1-channel head (basic-pitch's 32 -> 1 by 7 x 3): a row's tile holds 2 vectors of its one
+    channel, so the tile takes the largest divisor of the 12 rows that the accumulators hold
+    (6 on AVX-512 and AVX2 alike), each row's chain of FMAs beside the others; outputs unchanged."""
+    funcs = assert_schedule_matches(Conv2dNCHW(), lambda x, w, b: nn.relu(add(nn.conv2d(x, w, padding=(3, 1)), b)),
+                                    rtol=1e-4, atol=1e-4, x=(1, 32, 12, 40), w=(1, 32, 7, 3), b=(1, 1, 1, 1))
+    (func,) = funcs.values()
+    rows = rows_per_tile(12, 1, -(-column_tile(40, lanes, 2) // lanes))
+    assert rows > 1
+    loops = loop_kinds(func)
+    assert loops.parallel[-1] == 12 // rows and rows in loops.unrolled

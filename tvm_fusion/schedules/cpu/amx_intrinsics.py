@@ -1,9 +1,10 @@
 """The AMX tensor intrinsics the packed-weight sums are tensorized with (``amx_tiles.py``
 schedules them): one call computes an output tile over the whole of K.
 
-Two shapes of call. 1 x 4: one A tile of up to 16 rows meets up to 4 column blocks (C tiles
+Three shapes of call. 1 x 4: one A tile of up to 16 rows meets up to 4 column blocks (C tiles
 side by side), with tiles 6 and 7 for a K tail (or, without one, as more B tiles). 2 x 2: two A
-tiles meet two column blocks, each tile loaded serving two products. The C tiles start at zero
+tiles meet two column blocks, each tile loaded serving two products. R x 1 (R up to 4): R A
+tiles meet the one column block of a narrow sum, each B tile loaded serving R products. The C tiles start at zero
 (``tilezero``) and are stored once at the end; ``ldtilecfg`` sets the calls' shapes (rows below
 16 and a K tail are shapes of the configuration, no padding), once for all the calls of a kernel
 that one thread runs (``_configure``).
@@ -62,6 +63,14 @@ def square_config(rows: int) -> list[int]:
     """``ldtilecfg``'s words for a 2 x 2 call: tiles 0..3 the accumulators (``rows`` each), 4 and
     5 the two A tiles, 6 and 7 the two B tiles."""
     shapes = {j: (rows, TILE_BYTES) for j in range(6)}
+    shapes[6] = shapes[7] = (TILE_ROWS, TILE_BYTES)
+    return _config_words(shapes)
+
+
+def tall_config(rows: int, row_tiles: int) -> list[int]:
+    """``ldtilecfg``'s words for an R x 1 call: tiles 0..R-1 the accumulators (``rows`` each), 4
+    and 5 the A tiles (taken in turn), 6 and 7 the B tiles (one per k step, in turn)."""
+    shapes = {j: (rows, TILE_BYTES) for j in (*range(row_tiles), 4, 5)}
     shapes[6] = shapes[7] = (TILE_ROWS, TILE_BYTES)
     return _config_words(shapes)
 
@@ -261,6 +270,65 @@ def _square_impl(spec: TileProduct, rows: int, depth: int, scope: str):
     return impl
 
 
+def _tall_impl(spec: TileProduct, rows: int, row_tiles: int, depth: int, scope: str):
+    """An R x 1 call (``rows`` = R row tiles of ``rows / R``, one column block of 16): a narrow
+    sum (8 or 16 output channels) has one B tile per k step, which a 1 x 1 call reloads with
+    every A tile (two loads per product); here each B tile serves R products. The A tiles take
+    tiles 4 and 5 in turn, the B tiles 6 and 7 (k steps in pairs), so a load need not wait for
+    the product that reads the tile before. Needs K in whole tiles, as the 2 x 2 call does."""
+    height, full = rows // row_tiles, depth // spec.depth_per_tile
+    a_dtype, b_dtype = spec.operand_dtypes
+    c_dtype, instruction, block = spec.accumulator_dtype, spec.instruction, spec.depth_block
+    a_stride = T.int64(depth * spec.operand_bytes)
+    words = tall_config(height, row_tiles)
+
+    @T.macro
+    def step(a, b, q, b_tile: int):
+        """One k step: its B tile, then each row tile's A tile and product."""
+        _tile_load(b_tile, T.address_of(b[0, q * TILE_ROWS, 0, 0]), T.int64(TILE_BYTES))
+        _tile_load(4, T.address_of(a[0, q * spec.depth_per_tile]), a_stride)
+        T.evaluate(T.call_llvm_intrin("void", instruction, T.int8(0), T.int8(4), T.int8(b_tile)))
+        _tile_load(5, T.address_of(a[height, q * spec.depth_per_tile]), a_stride)
+        T.evaluate(T.call_llvm_intrin("void", instruction, T.int8(1), T.int8(5), T.int8(b_tile)))
+        if row_tiles > 2:
+            _tile_load(4, T.address_of(a[2 * height, q * spec.depth_per_tile]), a_stride)
+            T.evaluate(T.call_llvm_intrin("void", instruction, T.int8(2), T.int8(4), T.int8(b_tile)))
+        if row_tiles > 3:
+            _tile_load(5, T.address_of(a[3 * height, q * spec.depth_per_tile]), a_stride)
+            T.evaluate(T.call_llvm_intrin("void", instruction, T.int8(3), T.int8(5), T.int8(b_tile)))
+
+    @T.prim_func(s_tir=True)
+    def impl(a_handle: T.handle, b_handle: T.handle, c_handle: T.handle) -> None:
+        c_stride = T.int32()
+        a = T.match_buffer(a_handle, (rows, depth), a_dtype, offset_factor=1)
+        b = T.match_buffer(b_handle, (1, depth // block, COLUMN_BLOCK, block), b_dtype, offset_factor=1)
+        c = T.match_buffer(c_handle, (rows, COLUMN_BLOCK), c_dtype, offset_factor=1, strides=[c_stride, 1],
+                           scope=scope)
+        with T.sblock("root"):
+            T.reads(c[0:rows, 0:COLUMN_BLOCK], a[0:rows, 0:depth], b[0:1, 0:depth // block, 0:COLUMN_BLOCK, 0:block])
+            T.writes(c[0:rows, 0:COLUMN_BLOCK])
+            _configure(words)
+            _tile_zero(0)
+            _tile_zero(1)
+            if row_tiles > 2:
+                _tile_zero(2)
+            if row_tiles > 3:
+                _tile_zero(3)
+            for pair in range(full // 2):
+                step(a, b, 2 * pair, 6)
+                step(a, b, 2 * pair + 1, 7)
+            if full % 2 == 1:
+                step(a, b, full - 1, 6)
+            _tile_store(0, T.address_of(c[0, 0]), T.Cast("int64", c_stride * 4))
+            _tile_store(1, T.address_of(c[height, 0]), T.Cast("int64", c_stride * 4))
+            if row_tiles > 2:
+                _tile_store(2, T.address_of(c[2 * height, 0]), T.Cast("int64", c_stride * 4))
+            if row_tiles > 3:
+                _tile_store(3, T.address_of(c[3 * height, 0]), T.Cast("int64", c_stride * 4))
+
+    return impl
+
+
 def _zeroed_by_the_product(dtype: str, rows: int, columns: int, scope: str):
     """Description: the accumulator's init, ``c[i, j] = 0`` (one row: ``c[0, j]``, the form a
     unit row loop leaves); implementation: nothing, as the AMX
@@ -301,13 +369,19 @@ def _zeroed_by_the_product(dtype: str, rows: int, columns: int, scope: str):
 
 
 def register_amx_intrins(spec: TileProduct, rows: int, blocks: int, depth: int,
-                         scope: str = "local", square: bool = False) -> tuple[str, str]:
+                         scope: str = "local", square: bool = False, row_tiles: int = 1) -> tuple[str, str]:
     """(the init's, the product's) tensor intrinsics for a call's shapes and its accumulator's
     scope (a local tile, or the whole sum in memory), registered; ``square``: a 2 x 2 call of
-    ``rows`` = two row tiles by ``blocks`` = 2 (``_square_impl``), else one row tile by ``blocks``."""
-    shape = "2x2" if square else "1x4"
+    ``rows`` = two row tiles by ``blocks`` = 2 (``_square_impl``); ``row_tiles`` R past 1: an R x 1
+    call of ``rows`` = R row tiles by one block (``_tall_impl``); else one row tile by ``blocks``."""
+    shape = "2x2" if square else f"{row_tiles}x1" if row_tiles > 1 else "1x4"
     name = f"tvm_fusion_amx_{spec.name}_{shape}_{rows}x{blocks * COLUMN_BLOCK}x{depth}_{scope}"
-    impl = _square_impl(spec, rows, depth, scope) if square else _one_by_four_impl(spec, rows, blocks, depth, scope)
+    if square:
+        impl = _square_impl(spec, rows, depth, scope)
+    elif row_tiles > 1:
+        impl = _tall_impl(spec, rows, row_tiles, depth, scope)
+    else:
+        impl = _one_by_four_impl(spec, rows, blocks, depth, scope)
     s_tir.TensorIntrin.register(name, _description(spec, rows, blocks, depth, scope), impl, override=True)
     s_tir.TensorIntrin.register(
         f"{name}_init", *_zeroed_by_the_product(spec.accumulator_dtype, rows, blocks * COLUMN_BLOCK, scope),

@@ -103,15 +103,19 @@ def _schedule(sch: s_tir.Schedule, block, epilogue: list, tile_rows: int, per_ti
     rows, columns, depth = (extent_of(sch.get(loop).extent) for loop in (m, n, k))
     blocks = largest_divisor(columns // COLUMN_BLOCK, MAX_BLOCKS)
     square = square_rows(spec, rows, columns, depth)
+    row_tiles, tall = tall_rows(spec, rows, columns, depth) if not square else (1, 0)
     if square:
         tile_rows, blocks = square, 2
+    elif tall:
+        tile_rows = tall
     m_outer, m_inner = sch.split(m, [None, tile_rows])
     n_outer, n_inner = sch.split(n, [None, blocks * COLUMN_BLOCK])
     outer = (n_outer, m_outer) if operand is None and _columns_outer(spec, columns, depth) else (m_outer, n_outer)
     sch.reorder(*outer, m_inner, n_inner, k)
     write_back_tiles(sch, block, batch, outer, epilogue, per_tile, operand)
     init = sch.decompose_reduction(block, m_inner)
-    init_intrin, intrin = register_amx_intrins(spec, tile_rows, blocks, depth, square=bool(square))
+    init_intrin, intrin = register_amx_intrins(spec, tile_rows, blocks, depth, square=bool(square),
+                                               row_tiles=row_tiles)
     if tile_rows == 1:  # a unit row loop leaves no row axis in the blocks: the tile starts at the columns
         sch.tensorize(sch.get_loops(init)[-1], init_intrin)
         sch.tensorize(n_inner, intrin)
@@ -128,6 +132,21 @@ def square_rows(spec: TileProduct, rows: int, columns: int, depth: int) -> int:
         return 0
     tile = max((t for t in range(MIN_SQUARE_TILE_ROWS, TILE_ROWS + 1) if rows % (2 * t) == 0), default=0)
     return 2 * tile
+
+
+def tall_rows(spec: TileProduct, rows: int, columns: int, depth: int) -> tuple[int, int]:
+    """(R, rows) of an R x 1 call for a sum of one column block, or (1, 0) where 1 x 4 calls take
+    it: K in whole tiles, and R row tiles (2 to ``MAX_BLOCKS``) of at least
+    ``MIN_SQUARE_TILE_ROWS`` rows that divide M, the most rows per call, then the fullest tiles
+    (a 264-pixel output row: 4 tiles of 11; 48 rows: 3 of 16)."""
+    if depth % spec.depth_per_tile or columns != COLUMN_BLOCK:
+        return 1, 0
+    shapes = [(r * t, t, r) for r in range(2, MAX_BLOCKS + 1) for t in range(MIN_SQUARE_TILE_ROWS, TILE_ROWS + 1)
+              if rows % (r * t) == 0]
+    if not shapes:
+        return 1, 0
+    call_rows, _, row_tiles = max(shapes)
+    return row_tiles, call_rows
 
 
 def row_partitions(rows: int) -> list[tuple[int, int]]:

@@ -35,6 +35,10 @@ from .symbolic_width import mentions, without_predicates_on
 # half as many channels.
 _MAX_ACCUMULATORS = 16
 _REGISTERS_KEPT_FREE = 4
+# A conv's tile takes several output rows (at least 2) where the accumulators hold at least 4 of
+# a row's tiles (``_row_tile``).
+_MIN_ROW_TILES = 4
+_MIN_ROWS_PER_TILE = 2
 # Input rows one pass over the reduction streams from, and the channel plane from which on
 # each channel's rows are pages apart.
 _MAX_STREAMS = 48
@@ -88,7 +92,15 @@ class Conv2dNCHW(ScheduleRule):
             oc_tile = overlap
         f_outer, f_inner = sch.split(f, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
-        if chunk is None:
+        fits_rows = chunk is None and not overlap and not blocks.tiles_rows
+        oh_tile = _row_tile(sch, y, accumulators // (oc_tile * vectors)) if fits_rows else 1
+        if oh_tile > 1:  # few output channels: rows of the tile keep the FMAs' chains apart
+            y, y_inner = sch.split(y, [None, oh_tile])
+            sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, f_inner, y_inner, x_inner)
+            sch.unroll(y_inner)
+            store_tile_epilogue(sch, blocks.conv, blocks.epilogue, x_outer)
+            init_at = rc
+        elif chunk is None:
             sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, f_inner, x_inner)
             store_tile_epilogue(sch, blocks.conv, blocks.epilogue, x_outer)
             init_at = rc
@@ -109,6 +121,19 @@ class Conv2dNCHW(ScheduleRule):
         else:
             vectorize_innermost(sch, sch.decompose_reduction(blocks.conv, init_at), rows, lanes)
         return x_outer
+
+
+def _row_tile(sch: s_tir.Schedule, rows, row_tiles: int) -> int:
+    """Output rows per tile for a conv of so few output channels that a row's tile takes at
+    most a quarter of the accumulators (a 1-channel head: 2 vectors of columns, each FMA
+    waiting on the one before): the largest divisor of the rows up to ``row_tiles`` (the tiles
+    of a row the accumulators hold), once it is at least 2; else 1. The rows' chains of FMAs
+    then run side by side."""
+    height = extent(sch, rows)
+    if not isinstance(height, int) or row_tiles < _MIN_ROW_TILES:
+        return 1
+    tile = largest_divisor(height, row_tiles)
+    return tile if tile >= _MIN_ROWS_PER_TILE else 1
 
 
 def _pixels_flatten(sch: s_tir.Schedule, blocks: ConvBlocks, lanes: int, channel_tile: int, cores: int) -> bool:

@@ -5,7 +5,8 @@ rows, stores them and reloads them as A tiles: on a 3x3 conv most of the kernel'
 copies, then the tile loads waiting on those stores). Where the input is converted pixel major
 (``[N, H', W', C]``, its padding written) and C is whole A-tile rows of k
 (``conv_geometry.reads_input_directly``), the k of one tile row lie within one tap's channels,
-at one address per pixel, and a tile's rows (consecutive pixels of one output row) are a
+at one address per pixel (for a narrow input, within one kernel row's run of taps, padded to
+whole tile rows: ``conv_geometry.reads_runs``), and a tile's rows (consecutive pixels of one output row) are a
 column stride of C values apart. So each ``tileloadd`` of a patch tile can read the converted
 input itself, with that stride: ``read_tiles_from_input`` points the loads there and drops the
 patch block, after the schedule is done (the tensor intrinsics match a ``[rows, K]`` operand).
@@ -35,15 +36,14 @@ def read_tiles_from_input(sch: s_tir.Schedule, operand: PatchOperand) -> s_tir.S
     if geometry is None:
         return sch
     patches = patch_block.writes[0].source
-    out_height, row_stride, column_stride, row_dilation, column_dilation, kernel_width, channels = (
-        int(v) for v in geometry)
-    run = kernel_width * channels
+    out_height, row_stride, column_stride, row_dilation, column_dilation, run, channels = (int(v) for v in geometry)
     stride = tirx.const(column_stride * channels * converted.dtype.bits // 8, "int64")
     left_over = []  # reads of a patch tile other than a tile load's address
 
     def input_element(line, column, k):
         """The converted input's element at patch row (line, column), k (over kh, kw, channel)."""
-        kh, kw, channel = tirx.floordiv(k, run), tirx.floordiv(tirx.floormod(k, run), channels), tirx.floormod(k, channels)
+        kh, at = tirx.floordiv(k, run), tirx.floormod(k, run)
+        kw, channel = tirx.floordiv(at, channels), tirx.floormod(at, channels)
         y = tirx.floormod(line, out_height) * row_stride + kh * row_dilation
         x = column * column_stride + kw * column_dilation
         return tirx.BufferLoad(converted, [tirx.floordiv(line, out_height), y, x, channel])
