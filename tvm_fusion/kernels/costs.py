@@ -25,6 +25,11 @@ def kernel_costs(func, extent=int, integers: bool = False) -> tuple[int, int]:
         for iv in block.iter_vars:
             size *= extent(iv.dom.extent)
         flops += size * _arith_ops(value, integers)
+    return flops, param_bytes(func, extent)
+
+
+def param_bytes(func, extent=int) -> int:
+    """Bytes of every parameter buffer, each read or written once."""
     nbytes = 0
     for param in func.params:  # buffers in TVM 0.27
         if hasattr(param, "shape"):
@@ -32,7 +37,7 @@ def kernel_costs(func, extent=int, integers: bool = False) -> tuple[int, int]:
             for dim in param.shape:
                 count *= extent(dim)
             nbytes += count * ((tvm.runtime.DataType(str(param.dtype)).bits + 7) // 8)
-    return flops, nbytes
+    return nbytes
 
 
 def has_contraction(func) -> bool:

@@ -20,8 +20,9 @@
                   weights, matmul weights in column panels, subnormal values flushed to zero),
                   then a tuned schedule
                   from the tuning log, else a hand-written TensorIR schedule (stock CPU
-                  schedules none); a kernel with AMX tiles restores its caller's tile
-                  configuration at its end
+                  schedules none); at bf16, a tensor only bf16 kernels read is written
+                  and read as bf16 (``Bf16Activations``); a kernel with AMX tiles restores
+                  its caller's tile configuration at its end
 
 The stock comparison pipeline is TVM's "zero" pipeline: the same lowering without our
 patterns or schedules.
@@ -41,6 +42,7 @@ from ..targets.target_info import vector_lanes
 from ..tuning.apply import ApplyTuningRecords
 from .apply_rewrite_rules import ApplyRewriteRules
 from .batch_shared_weight_matmuls import BatchSharedWeightMatmuls
+from .bf16_activations import Bf16Activations
 from .bf16_matmuls import Bf16Matmuls
 from .blocked_layout import ConvertConvsToBlockedLayout
 from .blocked_layout_legalize import blocked_conv2d_legalize, gather_layout_transform_legalize
@@ -186,8 +188,10 @@ def schedule_passes(config: PipelineConfig, schedule_log: dict[str, str] | None,
         tuned = [ApplyTuningRecords(tuning, config.tvm_target(), log=schedule_log)]
     # Weights are transformed before the tuning log is read: MetaSchedule tunes the kernels
     # that take them (tuning/tasks.py), so records and hand schedules see the same kernel.
+    narrowed = [Bf16Activations(schedule_log)] if config.bf16_kernels() else []
     return [*weight_passes(config), *tuned,
-            ApplySchedules(config.tvm_target(), log=schedule_log, errors=rule_errors, memo=memo), RestoreTileConfig()]
+            ApplySchedules(config.tvm_target(), log=schedule_log, errors=rule_errors, memo=memo), *narrowed,
+            RestoreTileConfig()]
 
 
 def weight_passes(config: PipelineConfig) -> list[tvm.transform.Pass]:

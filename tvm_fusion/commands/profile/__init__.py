@@ -30,7 +30,7 @@ from ...runtime import set_threads
 from ...session import ModelSession
 from .artifact import check_same_kernels, is_artifact, read_artifact
 from .build import ProfiledModule, build_profiled
-from ...kernels.costs import kernel_costs, kernel_kind
+from ...kernels.costs import kernel_costs, kernel_kind, param_bytes
 from .mining import kernel_graph, mine_chains
 from .report import Gap, KernelProfile, ProfileReport
 from .timing import Timings, empty_kernels, time_model
@@ -112,6 +112,10 @@ def kernel_profile(name, func, profiled: ProfiledModule, timings: Timings, peak:
     ``kind``: the roof it is set against (``roof_kinds``). An int8 kernel's integer operations
     count in its ``flops``: its products are the work, though none of them is a FLOP."""
     flops, nbytes = kernel_costs(func, integers=kind == "int8")
+    ran = next((f for gvar, f in profiled.module.functions_items() if gvar.name_hint == name), None) if (
+        profiled.module is not None) else None
+    if isinstance(ran, tvm.tirx.PrimFunc):
+        nbytes = param_bytes(ran)  # as it runs: a map between bf16 kernels is 2 bytes a value
     us = timings.alone_us.get(name, 0.0)
     seconds = us / 1e6 or float("inf")
     gflops, gbps = flops / seconds / 1e9, nbytes / seconds / 1e9

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import tvm
 
+from ...passes.bf16_activations import copied_from
 from ...provenance import kernel_onnx_nodes
 from ...session import ModelSession
 
@@ -17,7 +18,7 @@ Progress = Callable[[str], None]
 
 @dataclasses.dataclass
 class ProfiledModule:
-    module: object            # scheduled, ready to build
+    module: tvm.IRModule | None  # scheduled, ready to build
     lowered: tvm.IRModule     # before schedules: FLOPs are counted here
     schedule_rules: dict[str, str]
     patterns: dict[str, str]  # kernel -> Composite name, or how it was grouped
@@ -34,5 +35,27 @@ def build_profiled(session: ModelSession, config, tuning_log=None,
     prepared = session.prepared(config)
     scheduled = session.scheduled(prepared.config, tuning_log, excluded=excluded)
     covers = kernel_onnx_nodes(scheduled.lowered.kernel_bindings, scheduled.report, prepared.simplified)
-    return ProfiledModule(scheduled.module, scheduled.lowered.module, scheduled.schedule_rules,
-                          scheduled.lowered.kernel_patterns, covers, sorted(scheduled.tuned))
+    patterns = dict(scheduled.lowered.kernel_patterns)
+    lowered = with_copies(scheduled.lowered.module, scheduled.module, patterns, covers)
+    return ProfiledModule(scheduled.module, lowered, scheduled.schedule_rules, patterns, covers,
+                          sorted(scheduled.tuned))
+
+
+def with_copies(lowered: tvm.IRModule, module, patterns: dict, covers: dict) -> tvm.IRModule:
+    """``lowered`` with, for each kernel the schedule phase copied (``Bf16Activations``: a
+    kernel some of whose calls read or write bf16 maps), the original's function, pattern and
+    ONNX nodes under the copy's name."""
+    names = {gvar.name_hint: func for gvar, func in lowered.functions_items()}
+    copies = {gvar.name_hint: copied_from(gvar.name_hint) for gvar, func in module.functions_items()
+              if isinstance(func, tvm.tirx.PrimFunc) and gvar.name_hint not in names}
+    copies = {copy: original for copy, original in copies.items() if original in names}
+    if not copies:
+        return lowered
+    functions = dict(lowered.functions_items())
+    for copy, original in copies.items():
+        functions[tvm.ir.GlobalVar(copy)] = names[original]
+        if original in patterns:
+            patterns[copy] = patterns[original]
+        if original in covers:
+            covers[copy] = covers[original]
+    return tvm.IRModule(functions)
