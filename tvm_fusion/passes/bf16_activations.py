@@ -68,9 +68,9 @@ class Bf16Activations:
         reads_bits = {key: _reads_bf16(kernels[key[0]], key[1]) is not None
                       for key in {key for keys in readers.values() for key in keys}}
         narrowed = {site.var for site in sites
-                    if site.var not in other_uses and site.var in readers
+                    if site.var not in other_uses and site.var in readers and site.kernel not in other_uses
                     and _writes_bf16(kernels[site.kernel], len(site.args))
-                    and all(reads_bits[key] for key in readers[site.var])}
+                    and all(reads_bits[key] and key[0] not in other_uses for key in readers[site.var])}
         if not narrowed:
             return mod
         changes = {site.var: (frozenset(i for i, arg in enumerate(site.args) if arg in narrowed), site.var in narrowed)
@@ -80,7 +80,8 @@ class Bf16Activations:
 
 def _call_sites(mod: tvm.IRModule) -> tuple[list[_Site], set]:
     """Every call_tir of one tensor result bound in a Relax function, and the variables read
-    anywhere but as an argument of one (a function's result, a tuple, another op)."""
+    anywhere but as an argument of one (a function's result, a tuple, another op) with the
+    kernels called otherwise."""
     sites, other_uses = [], set()
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function):
@@ -92,9 +93,9 @@ def _call_sites(mod: tvm.IRModule) -> tuple[list[_Site], set]:
                                                 and isinstance(value.args[1], relax.Tuple)) else None
                 if args is not None and len(value.args) == 2 and isinstance(value.ty, relax.TensorType):
                     sites.append(_Site(gvar, binding.var, value.args[0], tuple(args)))
-                else:
-                    relax.analysis.post_order_visit(value, lambda e: other_uses.add(e) if isinstance(e, relax.Var)
-                                                    else None)
+                else:  # its variables, and the kernels it calls (a call with shape vars): left as they are
+                    relax.analysis.post_order_visit(value, lambda e: other_uses.add(e) if isinstance(
+                        e, (relax.Var, tvm.ir.GlobalVar)) else None)
         relax.analysis.post_order_visit(func.body.body, lambda e: other_uses.add(e) if isinstance(e, relax.Var)
                                         else None)
     return sites, other_uses
