@@ -101,10 +101,6 @@ def _call_sites(mod: tvm.IRModule) -> tuple[list[_Site], set]:
     return sites, other_uses
 
 
-def _param_buffer(func: tirx.PrimFunc, index: int) -> tirx.Buffer:
-    return func.params[index]
-
-
 def _loads(node, buffer: tirx.Buffer) -> list:
     """The loads of ``buffer`` in ``node``."""
     found: list = []
@@ -121,7 +117,7 @@ def _writes_bf16(func: tirx.PrimFunc, inputs: int) -> bool:
     element-wise kernel of selects (basic-pitch's harmonic stacking, 1.7x)."""
     if len(func.params) != inputs + 1:
         return False
-    out = _param_buffer(func, inputs)
+    out = func.params[inputs]
     return (str(out.dtype) == "float32" and not _loads(func.body, out) and has_contraction(func)
             and not configures_tiles(func))
 
@@ -134,7 +130,7 @@ def _bf16_buffer(buffer: tirx.Buffer) -> tirx.Buffer:
 def _reads_bf16(func: tirx.PrimFunc, index: int) -> tirx.PrimFunc | None:
     """``func`` with float32 parameter ``index`` taken as bf16 bits, where every read of it is
     the bf16 rounding of a load (that rounding becomes the load of the bits); else None."""
-    old = _param_buffer(func, index)
+    old = func.params[index]
     if str(old.dtype) != "float32":
         return None
     new = _bf16_buffer(old)
@@ -170,7 +166,7 @@ def _with_buffer(func: tirx.PrimFunc, old: tirx.Buffer, new: tirx.Buffer) -> tir
 def _writes_bits(func: tirx.PrimFunc, index: int) -> tirx.PrimFunc:
     """``func`` storing the bf16 rounding of each value of its output ``index``, the value
     bound once (``bf16_bits`` reads it four times)."""
-    old = _param_buffer(func, index)
+    old = func.params[index]
     new = _bf16_buffer(old)
 
     def store(stmt: tirx.BufferStore) -> tirx.BufferStore:

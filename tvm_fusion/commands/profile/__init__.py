@@ -81,7 +81,8 @@ def profile_model(model_path: str | Path, config=None, input_shapes=None, rounds
     progress(f"timing {len(funcs)} kernels and the whole model, {rounds} interleaved rounds")
     timings = time_model(executable, empty_executable, set(funcs), args, rounds=rounds)
     kinds = roof_kinds(profiled.lowered)
-    kernels = [kernel_profile(name, funcs[name], profiled, timings, peak, kinds.get(name, "float32"))
+    as_run = {gv.name_hint: f for gv, f in profiled.module.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    kernels = [kernel_profile(name, funcs[name], profiled, timings, peak, kinds.get(name, "float32"), as_run.get(name))
                for name in timings.calls]
     total = sum(k.total_us for k in kernels) or 1.0
     for kernel in kernels:
@@ -107,15 +108,15 @@ def roof_kinds(lowered) -> dict[str, str]:
 
 
 def kernel_profile(name, func, profiled: ProfiledModule, timings: Timings, peak: MachinePeak,
-                   kind: str) -> KernelProfile:
+                   kind: str, as_run: tvm.tirx.PrimFunc | None = None) -> KernelProfile:
     """Kernel ``name`` (``func`` before schedules) placed on the roofline by its timings;
     ``kind``: the roof it is set against (``roof_kinds``). An int8 kernel's integer operations
-    count in its ``flops``: its products are the work, though none of them is a FLOP."""
+    count in its ``flops``: its products are the work, though none of them is a FLOP. Its bytes
+    are those of ``as_run`` (the kernel as scheduled) where given: a map between bf16 kernels is
+    2 bytes a value there (``passes/bf16_activations.py``)."""
     flops, nbytes = kernel_costs(func, integers=kind == "int8")
-    ran = next((f for gvar, f in profiled.module.functions_items() if gvar.name_hint == name), None) if (
-        profiled.module is not None) else None
-    if isinstance(ran, tvm.tirx.PrimFunc):
-        nbytes = param_bytes(ran)  # as it runs: a map between bf16 kernels is 2 bytes a value
+    if as_run is not None:
+        nbytes = param_bytes(as_run)
     us = timings.alone_us.get(name, 0.0)
     seconds = us / 1e6 or float("inf")
     gflops, gbps = flops / seconds / 1e9, nbytes / seconds / 1e9

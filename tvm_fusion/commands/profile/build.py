@@ -18,7 +18,7 @@ Progress = Callable[[str], None]
 
 @dataclasses.dataclass
 class ProfiledModule:
-    module: tvm.IRModule | None  # scheduled, ready to build
+    module: tvm.IRModule      # scheduled, ready to build
     lowered: tvm.IRModule     # before schedules: FLOPs are counted here
     schedule_rules: dict[str, str]
     patterns: dict[str, str]  # kernel -> Composite name, or how it was grouped
@@ -58,4 +58,4 @@ def with_copies(lowered: tvm.IRModule, module, patterns: dict, covers: dict) -> 
             patterns[copy] = patterns[original]
         if original in covers:
             covers[copy] = covers[original]
-    return tvm.IRModule(functions)
+    return tvm.IRModule(functions, lowered.attrs)

@@ -92,16 +92,14 @@ class Conv2dNCHW(ScheduleRule):
             oc_tile = overlap
         f_outer, f_inner = sch.split(f, [None, oc_tile])
         x_outer, x_inner = sch.split(x, [None, ow_tile])
-        fits_rows = chunk is None and not overlap and not blocks.tiles_rows
-        oh_tile = _row_tile(sch, y, accumulators // (oc_tile * vectors)) if fits_rows else 1
-        if oh_tile > 1:  # few output channels: rows of the tile keep the FMAs' chains apart
-            y, y_inner = sch.split(y, [None, oh_tile])
-            sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, f_inner, y_inner, x_inner)
-            sch.unroll(y_inner)
-            store_tile_epilogue(sch, blocks.conv, blocks.epilogue, x_outer)
-            init_at = rc
-        elif chunk is None:
-            sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, f_inner, x_inner)
+        if chunk is None:
+            tile = [f_inner, x_inner]
+            oh_tile = 1 if overlap or blocks.tiles_rows else _row_tile(sch, y, accumulators // (oc_tile * vectors))
+            if oh_tile > 1:  # few output channels: rows of the tile keep the FMAs' chains apart
+                y, y_inner = sch.split(y, [None, oh_tile])
+                sch.unroll(y_inner)
+                tile = [f_inner, y_inner, x_inner]
+            sch.reorder(n, f_outer, y, x_outer, rc, ry, rx, *tile)
             store_tile_epilogue(sch, blocks.conv, blocks.epilogue, x_outer)
             init_at = rc
         else:  # a row of accumulators in cache, the input channels in chunks
