@@ -108,6 +108,22 @@ def test_an_nchw_quantized_conv_becomes_the_int8_kernel_on_pixel_major_patches(t
     np.testing.assert_array_equal(run(after, x), run(before, x))
 
 
+@pytest.mark.parametrize("input_dtype, zero_point", [("uint8", 7), ("int8", -3)])
+def test_the_kernel_reads_a_uint8_maps_bytes_not_their_float32_copy(input_dtype, zero_point):
+    """``astype(x, float32) - zp`` of uint8 bytes right before the conv: the kernel reads ``x``
+    itself (the bytes it would convert the copy back to); an int8 map (its bytes are not the
+    kernel's, which are offset by 128) keeps the float32 copy. Same values either way."""
+    before = quantized_conv(channels=64, size=8, kernel=3, blocked=False, input_dtype=input_dtype,
+                            zero_point=zero_point)
+    after = Int8Convs(AMX)(before)
+    call = next(b.value for b in after["main"].body.blocks[0].bindings if b.value.op.name == "relax.call_tir")
+    data = call.args[1][0]
+    assert data.same_as(after["main"].params[0]) == (input_dtype == "uint8")
+    info = np.iinfo(input_dtype)
+    x = np.random.default_rng(4).integers(info.min, info.max + 1, (1, 64, 8, 8)).astype(input_dtype)
+    np.testing.assert_array_equal(run(after, x), run(before, x))
+
+
 @pytest.mark.parametrize("case", MUST_NOT)
 def test_must_not_rewrite(case):
     before = quantized_conv(**MUST_NOT[case])

@@ -1,6 +1,7 @@
 """Squeeze-and-excitation: the gate as one kernel, the rescale folded into the next conv."""
 
 import numpy as np
+import onnx
 import pytest
 import tvm
 import tvm_ffi
@@ -210,3 +211,18 @@ def test_se_block_without_biases_fuses():
     report, module = compile_and_compare(make_model(nodes, {"x": (1, 16, 14, 14)}, "y", weights))
     assert report.variants["squeeze_excitation.se_relu_hardsigmoid"] == 1
     assert len(prim_func_names(module)) == 2
+
+
+def test_a_quantized_se_gate_is_one_kernel_through_its_qdq_pairs(tmp_path):
+    """ONNX Runtime's quantize_static writes the gate through Q/DQ pairs and requantized convs
+    (passes/pooled_gates.py): one ``pooled_gate`` kernel, and the model's output ONNX Runtime's
+    on the same quantized graph."""
+    from tvm_fusion.frontend.static_quantization import quantize_to_qdq
+
+    rng = np.random.default_rng(3)
+    samples = [{"x": rng.standard_normal((1, 16, 14, 14)).astype(np.float32) * 2} for _ in range(4)]
+    path = quantize_to_qdq(se_block_model("HardSigmoid"), tmp_path / "qdq.onnx", samples)
+    report, module = compile_and_compare(onnx.load(str(path)), rtol=0, atol=1e-6)
+    assert report.variants["squeeze_excitation.pooled_gate"] == 1
+    gates = [name for name in prim_func_names(module) if "pooled_gate" in name]
+    assert len(gates) == 1

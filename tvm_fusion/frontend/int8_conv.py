@@ -48,8 +48,11 @@ def int8_conv_weight(weight: np.ndarray) -> np.ndarray | None:
 def conv_te(data: te.Tensor, packed: te.Tensor, correction: te.Tensor, geometry: ConvGeometry,
             offset: int) -> te.Tensor:
     """Input bytes, patches, int32 sum and output layout (plus ``correction``, as float32) in one kernel."""
-    operand = dataclasses.replace(INT8_PATCHES, convert=lambda v: (v + tvm.tirx.const(offset, "float32")).astype(
-        "uint8"), zero=offset)
+    if data.dtype == "uint8":  # the bytes themselves (passes/int8_convs.py, uint8_source)
+        operand = dataclasses.replace(INT8_PATCHES, convert=lambda v: v, zero=offset)
+    else:
+        operand = dataclasses.replace(INT8_PATCHES, convert=lambda v: (v + tvm.tirx.const(offset, "float32")).astype(
+            "uint8"), zero=offset)
     total = sum_te(patches_te(data, geometry, operand), packed)
     return output_te(total, geometry, operand.output_name,
                      lambda value, channel: (value + correction[channel]).astype("float32"))
@@ -57,7 +60,8 @@ def conv_te(data: te.Tensor, packed: te.Tensor, correction: te.Tensor, geometry:
 
 def emit_int8_conv2d(bb: relax.BlockBuilder, data: relax.Expr, geometry: ConvGeometry, weight: np.ndarray,
                      offset: int, name: str = "") -> relax.Expr:
-    """The conv of ``data`` (float32 whole numbers, ``v + offset`` in [0, 255]) by ``weight``
+    """The conv of ``data`` (float32 whole numbers, ``v + offset`` in [0, 255], or those bytes
+    ``v + offset`` themselves as uint8) by ``weight``
     (``[K, Co]`` int8, ``int8_conv_weight``'s) as one int8 kernel; ``name`` the kernel call's
     binding (the conv's, so its kernel traces back to its node)."""
     packed = relax.const(tvm.runtime.tensor(pack_weight(weight)))

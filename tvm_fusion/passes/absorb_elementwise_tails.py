@@ -22,7 +22,7 @@ import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
 from ..patterns.base import same_dims, shape_dims
 from .pad_conv_channels import QUANTIZATION_OPS
-from .rebinding import vars_in
+from .rebinding import vars_in, without_uncalled
 
 # Float math on each element alone: arithmetic, the activations, and a log-mel spectrogram's
 # log or a norm's square root (BatchSharedWeightMatmuls stacks the same ops after its matmuls).
@@ -94,9 +94,7 @@ def absorb_elementwise_tails(mod: tvm.IRModule, rule_names: set[str]) -> tuple[t
     builder.update_func(mod.get_global_var("main"), relax.Function(
         main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty, main.is_pure, main.attrs))
     mod = builder.get()
-    called = _called_functions(mod)
-    for gvar in [gvar for gvar in composites if gvar not in called]:
-        del mod[gvar]
+    mod = without_uncalled(mod, composites)
     return relax.transform.Normalize()(mod), absorbed
 
 
@@ -189,13 +187,3 @@ def _grown_function(builder: relax.BlockBuilder, func: relax.Function, result: r
                            output.ty, func.is_pure, func.attrs)
     composite = str(func.attrs["Composite"])
     return grown.with_attr("Composite", composite + SUFFIX), externals
-
-
-def _called_functions(mod: tvm.IRModule) -> set:
-    """The GlobalVars some function of ``mod`` calls (one walk for all composites)."""
-    called: set = set()
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(
-                func, lambda e: called.add(e) if isinstance(e, relax.GlobalVar) else None)
-    return called

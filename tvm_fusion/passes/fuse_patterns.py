@@ -10,7 +10,9 @@ from tvm.relax import dpl
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.tirx.analysis import undefined_vars
 
+from .absorb_dequantized_inputs import SUFFIX as HEAD_SUFFIX, absorb_dequantized_inputs
 from .absorb_elementwise_tails import SUFFIX, absorb_elementwise_tails
+from .pooled_gates import merge_pooled_gates
 from ..patterns.base import FusionRule, NearMiss, PatternInstance, PatternReport, binding_name, kernel_reason
 
 
@@ -66,6 +68,14 @@ class FusePatterns:
             instance.variant += SUFFIX
             instance.output = tail.output
             instance.absorbed = [*instance.absorbed, *tail.absorbed]
+        mod, heads = absorb_dequantized_inputs(mod, {r.name for r in self.rules if r.absorbs_dequantized_input})
+        by_output = {instance.output: instance for instance in instances}
+        for head in heads:
+            instance = by_output[head.output]
+            instance.variant += HEAD_SUFFIX
+            instance.absorbed = [*head.absorbed, *instance.absorbed]
+        if any(rule.merges_pooled_gates for rule in self.rules):
+            mod = merge_pooled_gates(mod, instances)
         for composite in composite_calls(mod):
             self.report.fired[composite.split(".")[0]] += 1
             self.report.variants[composite] += 1

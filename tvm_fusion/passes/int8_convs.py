@@ -110,6 +110,20 @@ def byte_offset(expr: relax.Expr, bindings: dict) -> int | None:
     return None
 
 
+def uint8_source(expr: relax.Expr, bindings: dict) -> relax.Expr | None:
+    """The uint8 tensor ``t`` where ``expr`` is ``astype(t, "float32")`` less scalar constants
+    (a DequantizeLinear's centered values, ``byte_offset`` 0 plus the constants): ``t`` holds
+    the very bytes the kernel would convert ``expr`` back to, so it reads them, a quarter of the
+    bytes, and the float32 map is not written at all. None for any other chain."""
+    value = bindings.get(expr, expr)
+    while isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.subtract"):
+        value = bindings.get(value.args[0], value.args[0])
+    if (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.astype")
+            and str(value.args[0].ty.dtype) == "uint8"):
+        return value.args[0]
+    return None
+
+
 @mutator
 class _Rewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, tile_row_depth: int):
@@ -127,7 +141,9 @@ class _Rewriter(PyExprMutator):
             return
         geometry, weight, offset = found
         self.changed = True
-        kernel = emit_int8_conv2d(self.builder_, value.args[0], geometry, weight, offset, binding.var.name)
+        source = uint8_source(binding.value.args[0], self.bindings)
+        data = value.args[0] if source is None else self.visit_expr(source)
+        kernel = emit_int8_conv2d(self.builder_, data, geometry, weight, offset, binding.var.name)
         if isinstance(binding.var, relax.DataflowVar):
             self.set_var_remap(binding.var, kernel)  # no alias binding: FuseOps does not fuse through one
         else:

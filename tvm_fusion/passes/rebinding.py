@@ -78,3 +78,15 @@ def readers_of(bindings) -> dict:
         for var in vars_in(binding.value):
             readers.setdefault(var, []).append(binding)
     return readers
+
+
+def without_uncalled(mod: tvm.IRModule, functions) -> tvm.IRModule:
+    """``mod`` less those of ``functions`` (GlobalVars) that no function calls any more (one walk
+    for all of them): the composites a pass replaced by grown ones."""
+    called: set = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: called.add(e) if isinstance(e, relax.GlobalVar) else None)
+    for gvar in [gvar for gvar in functions if gvar not in called]:
+        del mod[gvar]
+    return mod

@@ -110,6 +110,12 @@ class FusionRule:
     # Epilogue fusions: element-wise ops after the match (constants, one residual) join the
     # composite too (passes/absorb_elementwise_tails.py).
     absorbs_elementwise_tail: bool = False
+    # Convs computed in float32 on a quantized map: the map's dequantization (a cast of its bytes,
+    # less scalar constants) joins the composite (passes/absorb_dequantized_inputs.py).
+    absorbs_dequantized_input: bool = False
+    # The squeeze-and-excitation gate: also as any ops spell it on the pooled values, after the
+    # patterns (passes/pooled_gates.py).
+    merges_pooled_gates: bool = False
     # As RewriteRule.kernels: named callees that must be our kernels of these kinds.
     kernels: Mapping[str, str] = {}
 

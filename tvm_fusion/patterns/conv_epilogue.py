@@ -104,6 +104,7 @@ class ConvEpilogue(FusionRule):
     operator = "conv"  # as near misses name it
     runs_before = ("resize_merge",)
     absorbs_elementwise_tail = True
+    absorbs_dequantized_input = True
     description = ("conv2d (strided/dilated/grouped/depthwise) + bias + activation (relu, clip, "
                    "leakyrelu, prelu, sigmoid, silu, hardsigmoid, hardswish) + residual add + activation, "
                    "with an optional per-channel input scale (SE) in front")

@@ -42,6 +42,7 @@ def squeeze_excitation_pattern(activation: str, gate: str):
 class SqueezeExcitation(FusionRule):
     name = "squeeze_excitation"
     runs_before = ("conv_epilogue",)
+    merges_pooled_gates = True  # the gates these patterns do not spell: a quantized model's
     description = "GlobalAveragePool -> 1x1 conv [+ bias] -> act -> 1x1 conv [+ bias] -> (hard)sigmoid: one kernel"
 
     def variants(self):

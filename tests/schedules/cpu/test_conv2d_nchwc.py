@@ -5,12 +5,15 @@ import re
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from loop_structure import float_lanes, loop_kinds, pixel_tile
 from machine import host_target
 from tvm import relax
 from tvm.relax.op import add, nn
 
+from tvm_fusion.passes import FusePatterns
 from tvm_fusion.passes.pipeline import lowering_passes
+from tvm_fusion.patterns import PatternReport, get_pattern
 from tvm_fusion.schedules.cpu import Conv2dNCHW, Conv2dNCHWc
 from tvm_fusion.schedules.cpu.conv2d_nchwc import _SPILL_FREE_UNROLL as SPILL_FREE_UNROLL
 from tvm_fusion.schedules.cpu.conv2d_nchwc import _register_tile
@@ -244,3 +247,43 @@ def test_an_avx512_1x1_conv_tiles_3_or_5_channel_blocks(width, channel_blocks, w
     """A 1x1 conv's short reduction: 16 accumulators as 5x3 or 3x5 load fewer vectors per FMA
     than 8x1 (conv2d_nchwc._odd_blocks_tile)."""
     assert _register_tile(width, channel_blocks, 32, window) == tile
+
+
+@pytest.mark.parametrize("pad", [0, 1], ids=["1x1, no pad", "3x3 padded"])
+def test_a_quantized_maps_dequantization_is_computed_once_per_value(target, pad):
+    """A conv reading a quantized map's bytes (passes/absorb_dequantized_inputs.py) converts each
+    byte once, in a block of its own (inlined into the loads it was a conversion per FMA), and
+    computes what the unscheduled kernel computes."""
+    x_shape, w_shape = (1, 2, 6, 20, BLOCK), (3, 2, 2 * pad + 1, 2 * pad + 1, BLOCK, BLOCK)
+    x = relax.Var("x", relax.TensorType(x_shape, "uint8"))
+    w = relax.Var("w", relax.TensorType(w_shape, "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            centered = relax.op.subtract(relax.op.astype(x, "float32"), relax.const(9.0, "float32"))
+            conv = nn.conv2d(centered, w, padding=pad, data_layout=f"NCHW{BLOCK}c",
+                             kernel_layout=f"OIHW{BLOCK}i{BLOCK}o", out_layout=f"NCHW{BLOCK}c")
+            out = builder.emit_output(nn.relu(conv))
+        builder.emit_func_output(out)
+    fused = FusePatterns([get_pattern("conv_epilogue")], PatternReport())(builder.get())
+    mod = tvm.transform.Sequential(lowering_passes(winograd=False))(fused)
+    (kernel,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    sch = Conv2dNCHWc().apply(kernel, target, False)
+    assert sch is not None
+    blocks = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, (tvm.s_tir.SBlock, blocks.append))
+    conv_block = next(b for b in blocks if b.name_hint == "conv2d_nchwc_update")
+    byte_readers = [b for b in blocks if any(r.source.dtype == "uint8" for r in b.reads)]
+    assert byte_readers and conv_block not in byte_readers
+    rng = np.random.default_rng(0)
+    args = [rng.integers(0, 256, x_shape).astype("uint8"), rng.integers(-9, 9, w_shape).astype("float32"),
+            np.array(9.0, "float32")]  # the zero point: a parameter of the composite
+    result_shape = (1, 3, 6, 20, BLOCK)
+
+    def run(func):
+        out = tvm.runtime.tensor(np.zeros(result_shape, "float32"))
+        built = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+        built["main"](*(tvm.runtime.tensor(a) for a in args), out)
+        return out.numpy()
+
+    np.testing.assert_array_equal(run(sch.mod["main"]), run(kernel))

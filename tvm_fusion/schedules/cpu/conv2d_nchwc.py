@@ -4,8 +4,9 @@ The accumulator tile is ``ow_tile`` output pixels of one row x ``oc_tile`` chann
 vector register each. For every (input channel block, ky, kx, input channel) one input value
 per pixel is broadcast and multiplied into ``oc_tile`` contiguous weight vectors, so each
 load feeds ``ow_tile * oc_tile`` FMAs and no load is strided, whatever the conv's stride.
-An SE gate scaling the input (``conv_epilogue``'s scaled variants) is applied once per value,
-not inlined into the loads (that cost a multiply per broadcast). The pad and the scale are
+An SE gate scaling the input (``conv_epilogue``'s scaled variants), or the dequantization of
+a quantized map's bytes, is applied once per value, not inlined into the loads (that cost a
+multiply or a conversion per broadcast). The pad and the scale are
 computed in each task: a task prepares the input rows its output row reads, in cache, and
 runs every channel tile of the row on them (rows that do not share out evenly over the cores:
 tasks are rows x channel tiles, each preparing its rows itself); a deep conv over a small map,
@@ -65,10 +66,13 @@ class Conv2dNCHWc(ScheduleRule):
         if kernel is None or not static_except(kernel.stmt, (2, 3)):
             return None
         read_ranks = sorted(len(read.source.shape) for read in kernel.stmt.reads)
-        if (iter_kinds(kernel.stmt), read_ranks) == ("SSSSSRRRR", [5, 5, 6]):
-            # An SE scale inlined into the conv's loads costs a multiply per broadcast (half as
-            # many as the FMAs it feeds): scale each value once instead (``_schedule``).
-            kernel = _scale_apart(func, target)
+        computed_map = read_ranks == [5, 5, 6] or any(
+            read.source.dtype != kernel.stmt.writes[0].source.dtype for read in kernel.stmt.reads)
+        if iter_kinds(kernel.stmt) == "SSSSSRRRR" and computed_map:
+            # An SE scale or a dequantization inlined into the conv's loads costs a multiply or
+            # a conversion per broadcast (half as many as the FMAs it feeds, or more): compute
+            # each value once instead (``_schedule``).
+            kernel = _map_apart(func, target)
             if kernel is None:
                 return None
             read_ranks = sorted(len(read.source.shape) for read in kernel.stmt.reads)
@@ -162,19 +166,21 @@ class Conv2dNCHWc(ScheduleRule):
         return x_outer
 
 
-def _scale_apart(func: tirx.PrimFunc, target: Target) -> OneReduction | None:
-    """``func`` with its cheap blocks inlined but the SE scale of the conv's input (the 5-D
-    block before the conv that reads the map and the gate), which stays a block of its own:
-    ``_schedule`` computes it once per value, not per FMA."""
+def _map_apart(func: tirx.PrimFunc, target: Target) -> OneReduction | None:
+    """``func`` with its cheap blocks inlined but the one that computes the conv's input map
+    (an SE scale of the map by its gate, a quantized map's dequantization: the 5-D block the
+    conv reads), which stays a block of its own: ``_schedule`` computes it once per value, not
+    per FMA."""
     sch = cpu_schedule(func, target)
     kernel = only_reduction(sch)
     if kernel is None:
         return None
-    scales = [block for block in kernel.prologue
-              if len(sch.get(block).writes[0].source.shape) == 5 and len(sch.get(block).reads) == 2]
-    if len(scales) != 1:
+    read = {region.source for region in kernel.stmt.reads}
+    maps = [block for block in kernel.prologue
+            if len(sch.get(block).writes[0].source.shape) == 5 and sch.get(block).writes[0].source in read]
+    if len(maps) != 1:
         return None
-    inline_cheap_blocks(sch, keep=scales)
+    inline_cheap_blocks(sch, keep=maps)
     return only_reduction(sch)
 
 

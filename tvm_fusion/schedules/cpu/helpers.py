@@ -76,10 +76,10 @@ def inline_cheap_blocks(sch: s_tir.Schedule, keep: list = ()) -> None:
     sums multiplied out: the rules tried before the Winograd one took nudenet's pipeline from 39
     to 79 s).
     """
-    kept = [sch.get(block) for block in keep]
     for block in sch.get_child_blocks(get_root_block(sch)):
         stmt = sch.get(block)
-        if (not is_spatial(stmt) or has_call(stmt.body) or any(stmt.same_as(k) for k in kept)
+        # A kept block is looked up anew: inlining its producer into it replaced its statement.
+        if (not is_spatial(stmt) or has_call(stmt.body) or any(stmt.same_as(sch.get(k)) for k in keep)
                 or any(is_winograd_block(stmt.name_hint, stage) for stage in WINOGRAD_STAGES)):
             continue
         try:
