@@ -2,7 +2,9 @@
 Q/DQ pairs) is one ``squeeze_excitation.pooled_gate`` composite (passes/pooled_gates.py)."""
 
 import numpy as np
+import pytest
 import tvm
+from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -85,19 +87,38 @@ def test_must_not_merge_a_classifier_head():
     assert not report.instances
 
 
-def test_must_not_merge_a_gate_whose_values_are_read_elsewhere():
-    @I.ir_module
-    class Leaking:
-        @R.function
-        def main(x: R.Tensor((1, 8, 6, 6), "float32")):
-            with R.dataflow():
-                lv = R.mean(x, axis=[2, 3], keepdims=True)
-                lv1 = R.multiply(lv, R.const(20.0, "float32"))
-                lv2 = R.round(lv1)
-                lv3 = R.sigmoid(lv2)
-                gv = (R.multiply(x, lv3), lv1)  # an intermediate is also an output
-                R.output(gv)
-            return gv
+def gate_module(channels: int = 8, leak: bool = False, weights: bool = True):
+    """pool -> round(x * 20) -> [1x1 conv ->] sigmoid -> scale the map; ``leak``: the rounded
+    pool is also an output."""
+    x = relax.Var("x", relax.TensorType((1, channels, 6, 6), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pooled = bb.emit(relax.op.mean(x, axis=[2, 3], keepdims=True))
+            rounded = bb.emit(relax.op.round(relax.op.multiply(pooled, relax.const(20.0, "float32"))))
+            value = rounded
+            if weights:
+                w = np.random.default_rng(0).normal(size=(channels, channels, 1, 1)).astype("float32")
+                value = bb.emit(relax.op.nn.conv2d(value, relax.const(w)))
+            gate = bb.emit(relax.op.sigmoid(value))
+            scaled = bb.emit(relax.op.multiply(x, gate))
+            gv = bb.emit_output(relax.Tuple([scaled, rounded]) if leak else scaled)
+        bb.emit_func_output(gv)
+    return bb.get()
 
-    after, report = fuse(Leaking)
-    tvm.ir.assert_structural_equal(after, Leaking)
+
+def test_a_gate_with_weights_is_one_composite():
+    after, report = fuse(gate_module())
+    assert [i.variant for i in report.instances] == ["squeeze_excitation.pooled_gate"]
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(dict(leak=True), id="an intermediate is also an output"),
+    pytest.param(dict(weights=False), id="no squeeze or excitation by weights (a pool's arithmetic alone)"),
+    pytest.param(dict(channels=320), id="weights past what the gate kernel computes well (320 x 320)"),
+])
+def test_must_not_merge(case):
+    before = gate_module(**case)
+    after, report = fuse(before)
+    tvm.ir.assert_structural_equal(after, before)
+    assert not report.instances

