@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
-from .rebinding import vars_in, without_uncalled
+from .rebinding import composites_of, users_by_index, vars_in, with_main_blocks
 
 SUFFIX = "_dequantized"
 _CAST, _SUBTRACT = tvm.ir.Op.get("relax.astype"), tvm.ir.Op.get("relax.subtract")
@@ -39,9 +39,7 @@ def absorb_dequantized_inputs(mod: tvm.IRModule, rule_names: set[str]) -> tuple[
     """Grow every composite of ``rule_names`` called in ``main`` by the dequantization of its
     first argument (its data), where that argument is one."""
     main = mod["main"]
-    composites = {gvar: func for gvar, func in mod.functions_items()
-                  if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs
-                  and str(func.attrs["Composite"]).split(".")[0] in rule_names}
+    composites = composites_of(mod, rule_names)
     if not composites:
         return mod, []
     absorbed: list[AbsorbedHead] = []
@@ -51,10 +49,7 @@ def absorb_dequantized_inputs(mod: tvm.IRModule, rule_names: set[str]) -> tuple[
     for block in main.body.blocks:
         bindings = list(block.bindings)
         position = {binding.var: index for index, binding in enumerate(bindings)}
-        users: dict = {}
-        for index, binding in enumerate(bindings):
-            for var in vars_in(binding.value):
-                users.setdefault(var, set()).add(index)
+        users = users_by_index(bindings)
         for index, binding in enumerate(bindings):
             call = binding.value if binding is not None else None
             if not (isinstance(call, relax.Call) and call.op in composites and call.args):
@@ -74,11 +69,7 @@ def absorb_dequantized_inputs(mod: tvm.IRModule, rule_names: set[str]) -> tuple[
         blocks.append(kind([b for b in bindings if b is not None]))
     if not absorbed:
         return mod, []
-    builder.update_func(mod.get_global_var("main"), relax.Function(
-        main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty, main.is_pure, main.attrs))
-    mod = builder.get()
-    mod = without_uncalled(mod, composites)
-    return relax.transform.Normalize()(mod), absorbed
+    return with_main_blocks(builder, mod, blocks, composites), absorbed
 
 
 def _dequantization(bindings: list, position: dict, users: dict, returned: set, data: relax.Expr

@@ -22,7 +22,7 @@ import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
 from ..patterns.base import same_dims, shape_dims
 from .pad_conv_channels import QUANTIZATION_OPS
-from .rebinding import vars_in, without_uncalled
+from .rebinding import composites_of, users_by_index, vars_in, with_main_blocks
 
 # Float math on each element alone: arithmetic, the activations, and a log-mel spectrogram's
 # log or a norm's square root (BatchSharedWeightMatmuls stacks the same ops after its matmuls).
@@ -51,9 +51,7 @@ class AbsorbedTail:
 def absorb_elementwise_tails(mod: tvm.IRModule, rule_names: set[str]) -> tuple[tvm.IRModule, list[AbsorbedTail]]:
     """Grow every composite of ``rule_names`` in ``main`` by the element-wise ops after it."""
     main = mod["main"]
-    composites = {gvar: func for gvar, func in mod.functions_items()
-                  if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs
-                  and str(func.attrs["Composite"]).split(".")[0] in rule_names}
+    composites = composites_of(mod, rule_names)
     if not composites:
         return mod, []
     absorbed: list[AbsorbedTail] = []
@@ -62,10 +60,7 @@ def absorb_elementwise_tails(mod: tvm.IRModule, rule_names: set[str]) -> tuple[t
     returned = vars_in(main.body.body)
     for block in main.body.blocks:
         bindings = list(block.bindings)
-        users: dict = {}
-        for index, binding in enumerate(bindings):
-            for var in vars_in(binding.value):
-                users.setdefault(var, set()).add(index)
+        users = users_by_index(bindings)
         for index in range(len(bindings)):
             binding = bindings[index]
             if binding is None or not isinstance(binding.value, relax.Call) or binding.value.op not in composites:
@@ -91,11 +86,7 @@ def absorb_elementwise_tails(mod: tvm.IRModule, rule_names: set[str]) -> tuple[t
         blocks.append(kind([b for b in bindings if b is not None]))
     if not absorbed:
         return mod, []
-    builder.update_func(mod.get_global_var("main"), relax.Function(
-        main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty, main.is_pure, main.attrs))
-    mod = builder.get()
-    mod = without_uncalled(mod, composites)
-    return relax.transform.Normalize()(mod), absorbed
+    return with_main_blocks(builder, mod, blocks, composites), absorbed
 
 
 def _tail(bindings: list, start: int, users: dict, returned: set) -> list[int]:

@@ -22,7 +22,7 @@ from tvm import relax
 import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
 from ..patterns.base import PatternInstance, static_shape
-from .rebinding import vars_in, without_uncalled
+from .rebinding import composites_of, users_by_index, vars_in, with_main_blocks
 
 COMPOSITE = "squeeze_excitation.pooled_gate"
 _MEAN = tvm.ir.Op.get("relax.mean")
@@ -46,18 +46,14 @@ def merge_pooled_gates(mod: tvm.IRModule, instances: list[PatternInstance]) -> t
     """Each pooled gate in ``main`` as one composite. ``instances`` (FusePatterns') loses the
     composites a gate took, their bindings joining the gate's own new instance."""
     main = mod["main"]
-    composites = {gvar: func for gvar, func in mod.functions_items()
-                  if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs}
+    composites = composites_of(mod)
     builder = relax.BlockBuilder(mod)
     returned = vars_in(main.body.body)
     by_output = {instance.output: instance for instance in instances}
     blocks, changed = [], False
     for block in main.body.blocks:
         bindings = list(block.bindings)
-        users: dict = {}
-        for index, binding in enumerate(bindings):
-            for var in vars_in(binding.value):
-                users.setdefault(var, set()).add(index)
+        users = users_by_index(bindings)
         for index, binding in enumerate(bindings):
             if binding is None or not _is_global_pool(binding.value):
                 continue
@@ -83,9 +79,7 @@ def merge_pooled_gates(mod: tvm.IRModule, instances: list[PatternInstance]) -> t
         blocks.append(kind([b for b in bindings if b is not None]))
     if not changed:
         return mod
-    builder.update_func(mod.get_global_var("main"), relax.Function(
-        main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty, main.is_pure, main.attrs))
-    return relax.transform.Normalize()(without_uncalled(builder.get(), composites))
+    return with_main_blocks(builder, mod, blocks, composites)
 
 
 def _is_global_pool(value: relax.Expr) -> bool:

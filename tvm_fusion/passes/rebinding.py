@@ -80,13 +80,34 @@ def readers_of(bindings) -> dict:
     return readers
 
 
-def without_uncalled(mod: tvm.IRModule, functions) -> tvm.IRModule:
-    """``mod`` less those of ``functions`` (GlobalVars) that no function calls any more (one walk
-    for all of them): the composites a pass replaced by grown ones."""
+def composites_of(mod: tvm.IRModule, rule_names: set[str] | None = None) -> dict:
+    """GlobalVar -> function of every composite in ``mod`` (of the rules ``rule_names`` only, when given)."""
+    return {gvar: func for gvar, func in mod.functions_items()
+            if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs
+            and (rule_names is None or str(func.attrs["Composite"]).split(".")[0] in rule_names)}
+
+
+def users_by_index(bindings: list) -> dict:
+    """Variable -> the indices of the bindings whose values read it."""
+    users: dict = {}
+    for index, binding in enumerate(bindings):
+        for var in vars_in(binding.value):
+            users.setdefault(var, set()).add(index)
+    return users
+
+
+def with_main_blocks(builder: relax.BlockBuilder, mod: tvm.IRModule, blocks: list, replaced) -> tvm.IRModule:
+    """``builder``'s module (``mod`` and the functions a pass added) with ``main``'s body made of
+    ``blocks``, less those of the ``replaced`` functions (GlobalVars) that nothing calls any more:
+    the composites a pass grew or merged into new ones."""
+    main = mod["main"]
+    builder.update_func(mod.get_global_var("main"), relax.Function(
+        main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty, main.is_pure, main.attrs))
+    result = builder.get()
     called: set = set()
-    for _, func in mod.functions_items():
+    for _, func in result.functions_items():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, lambda e: called.add(e) if isinstance(e, relax.GlobalVar) else None)
-    for gvar in [gvar for gvar in functions if gvar not in called]:
-        del mod[gvar]
-    return mod
+    for gvar in [gvar for gvar in replaced if gvar not in called]:
+        del result[gvar]
+    return relax.transform.Normalize()(result)
