@@ -49,10 +49,10 @@ def conv_te(data: te.Tensor, packed: te.Tensor, correction: te.Tensor, geometry:
             offset: int) -> te.Tensor:
     """Input bytes, patches, int32 sum and output layout (plus ``correction``, as float32) in one kernel."""
     if data.dtype == "uint8":  # the bytes themselves (passes/int8_convs.py, uint8_source)
-        operand = dataclasses.replace(INT8_PATCHES, convert=lambda v: v, zero=offset)
+        convert = lambda v: v  # noqa: E731
     else:
-        operand = dataclasses.replace(INT8_PATCHES, convert=lambda v: (v + tvm.tirx.const(offset, "float32")).astype(
-            "uint8"), zero=offset)
+        convert = lambda v: (v + tvm.tirx.const(offset, "float32")).astype("uint8")  # noqa: E731
+    operand = dataclasses.replace(INT8_PATCHES, convert=convert, zero=offset)
     total = sum_te(patches_te(data, geometry, operand), packed)
     return output_te(total, geometry, operand.output_name,
                      lambda value, channel: (value + correction[channel]).astype("float32"))

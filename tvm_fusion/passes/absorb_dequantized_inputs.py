@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
+from ..patterns.base import scalar_constant
 from .rebinding import composites_of, users_by_index, vars_in, with_main_blocks
 
 SUFFIX = "_dequantized"
@@ -74,27 +75,32 @@ def absorb_dequantized_inputs(mod: tvm.IRModule, rule_names: set[str]) -> tuple[
 
 def _dequantization(bindings: list, position: dict, users: dict, returned: set, data: relax.Expr
                     ) -> list[int] | None:
-    """The indices of ``astype(bytes, "float32")`` and the subtractions of scalar constants after
-    it that compute ``data``, each read by the next alone; None where ``data`` is anything else."""
-    chain: list[int] = []
+    """The indices of ``dequantization_chain(data)``'s bindings, each read by the next alone (the
+    last by the composite); None where ``data`` is no such chain."""
+    chain = dequantization_chain(data, lambda var: bindings[position[var]].value
+                                 if var in position and bindings[position[var]] is not None else None)
+    if chain is None or any(var in returned or len(users.get(var, ())) != 1 for var in chain):
+        return None
+    return [position[var] for var in chain]
+
+
+def dequantization_chain(data: relax.Expr, value_of) -> list | None:
+    """The variables from ``astype(bytes, "float32")`` to ``data``, each after the first less a
+    scalar constant (a DequantizeLinear's centered values), the cast's first; None where ``data``
+    is anything else. ``value_of(var)``: the value bound to ``var`` (None where unbound)."""
+    chain: list = []
     value = data
     while True:
-        index = position.get(value)
-        if index is None or bindings[index] is None or value in returned or len(users.get(value, ())) != 1:
+        call = value_of(value) if isinstance(value, relax.Var) else None
+        if not isinstance(call, relax.Call):
             return None
-        call = bindings[index].value
-        chain.insert(0, index)
-        if isinstance(call, relax.Call) and call.op == _SUBTRACT and _scalar_constant(call.args[1]):
+        chain.insert(0, value)
+        if call.op == _SUBTRACT and scalar_constant(call.args[1]) is not None:
             value = call.args[0]
             continue
-        if (isinstance(call, relax.Call) and call.op == _CAST and str(call.ty.dtype) == "float32"
-                and str(call.args[0].ty.dtype) in _BYTE_DTYPES):
+        if call.op == _CAST and str(call.ty.dtype) == "float32" and str(call.args[0].ty.dtype) in _BYTE_DTYPES:
             return chain
         return None
-
-
-def _scalar_constant(expr: relax.Expr) -> bool:
-    return isinstance(expr, tvm.ir.GenericConst) and expr.value.numpy().size == 1
 
 
 def _grown_function(builder: relax.BlockBuilder, func: relax.Function, head: list,

@@ -38,6 +38,7 @@ from ..frontend.int8_conv import emit_int8_conv2d, int8_conv_weight
 from ..frontend.integer_matmul import DEPTH_BLOCK
 from ..kernels.cpu_features import has_amx_int8, has_vnni
 from ..patterns.base import whole_numbers
+from .absorb_dequantized_inputs import dequantization_chain
 from .rebinding import rebind
 
 # Products per output value (K) a conv needs: one AMX tile row's 64 bytes. Fewer fill a fraction
@@ -112,16 +113,12 @@ def byte_offset(expr: relax.Expr, bindings: dict) -> int | None:
 
 def uint8_source(expr: relax.Expr, bindings: dict) -> relax.Expr | None:
     """The uint8 tensor ``t`` where ``expr`` is ``astype(t, "float32")`` less scalar constants
-    (a DequantizeLinear's centered values, ``byte_offset`` 0 plus the constants): ``t`` holds
-    the very bytes the kernel would convert ``expr`` back to, so it reads them, a quarter of the
-    bytes, and the float32 map is not written at all. None for any other chain."""
-    value = bindings.get(expr, expr)
-    while isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.subtract"):
-        value = bindings.get(value.args[0], value.args[0])
-    if (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.astype")
-            and str(value.args[0].ty.dtype) == "uint8"):
-        return value.args[0]
-    return None
+    (``dequantization_chain``; ``byte_offset`` 0 plus the constants): ``t`` holds the very bytes
+    the kernel would convert ``expr`` back to, so it reads them, a quarter of the bytes, and the
+    float32 map is not written at all. None for any other chain."""
+    chain = dequantization_chain(expr, bindings.get)
+    source = None if chain is None else bindings[chain[0]].args[0]
+    return source if source is not None and str(source.ty.dtype) == "uint8" else None
 
 
 @mutator

@@ -87,11 +87,12 @@ def _depthwise(conv: relax.Call) -> bool:
     return groups == shape[1] and tuple(weight.value.shape[:2]) == (groups, 1)
 
 
-def global_pool(mean: relax.Call) -> bool:
-    """A mean over a 4-D map's rows and columns, dims kept (an SE block's squeeze)."""
+def global_pool(mean: relax.Call, ranks: tuple[int, ...] = (4,)) -> bool:
+    """A mean over a static map's rows and columns, dims kept (an SE block's squeeze): a 4-D map's,
+    or one of ``ranks`` (5: NCHW[x]c)."""
     shape = static_shape(mean.args[0])
-    return (shape is not None and len(shape) == 4 and bool(mean.attrs.keepdims)
-            and sorted(int(axis) % 4 for axis in mean.attrs.axis) == [2, 3])
+    return (shape is not None and len(shape) in ranks and bool(mean.attrs.keepdims)
+            and sorted(int(axis) % len(shape) for axis in mean.attrs.axis) == [2, 3])
 
 
 def one_pixel(conv: relax.Call) -> bool:

@@ -22,6 +22,7 @@ from tvm import relax
 import tvm.relax.utils  # noqa: F401  (copy_with_new_vars)
 
 from ..patterns.base import PatternInstance, static_shape
+from .pad_conv_channels import global_pool
 from .rebinding import composites_of, users_by_index, vars_in, with_main_blocks
 
 COMPOSITE = "squeeze_excitation.pooled_gate"
@@ -84,11 +85,7 @@ def merge_pooled_gates(mod: tvm.IRModule, instances: list[PatternInstance]) -> t
 
 def _is_global_pool(value: relax.Expr) -> bool:
     """A mean over the rows and columns of a static NCHW or NCHW[x]c map, dims kept."""
-    if not (isinstance(value, relax.Call) and value.op.same_as(_MEAN) and value.attrs.keepdims):
-        return False
-    shape = static_shape(value.args[0])
-    return (shape is not None and len(shape) in (4, 5)
-            and sorted(int(a) % len(shape) for a in value.attrs.axis) == [2, 3])
+    return isinstance(value, relax.Call) and value.op.same_as(_MEAN) and global_pool(value, ranks=(4, 5))
 
 
 def _gate_chain(bindings: list, start: int, users: dict, returned: set, composites: dict) -> list[int] | None:
